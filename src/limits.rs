@@ -1,0 +1,327 @@
+//! Bounded counters: "at most `limit` per `window`" and "at most `limit` at once".
+//!
+//! A counter is one Redis key holding an integer whose TTL is the window. Each
+//! call is one Lua script, so reading the count, deciding and writing happen
+//! in one atomic step on the server, in one round trip, with no lock:
+//!
+//! | call | script | what it does |
+//! |---|---|---|
+//! | [`try_increment`] | `lua/limits/try_increment.lua` | add 1 if the count stays `<= limit` |
+//! | [`try_increment_by`] | same | add `n`, all or nothing |
+//! | [`release`] | `lua/limits/release.lua` | take `n` back, never below zero |
+//! | [`peek`] | `lua/limits/peek.lua` | read the count and time left; writes nothing |
+//!
+//! **As a fixed-window limit** ("100 requests per minute per user"): call
+//! [`try_increment`] per request. The first admitted increment starts the
+//! window (sets the key's expiry); when it expires the count starts again
+//! from zero. Like every fixed window it allows up to `2 × limit` across a
+//! window boundary; [`crate::rate`] will offer smoother algorithms.
+//!
+//! **As a concurrency limit** ("at most 10 exports running"): call
+//! [`try_increment`] when work starts and [`release`] when it ends. The window
+//! is then a safety net: slots held by a crashed caller come back when it
+//! expires, so size it above the longest piece of work.
+//!
+//! A denied call changes nothing, so a client that keeps retrying while denied
+//! does not push its own reset further away.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use std::time::Duration;
+//!
+//! # async fn handler(conn: &mut redis::aio::MultiplexedConnection, user: &str)
+//! #     -> Result<(), nolock::Error> {
+//! let key = format!("limit:{user}");
+//! let admission = nolock::limits::try_increment(conn, &key, 100, Duration::from_secs(60)).await?;
+//! if !admission.admitted {
+//!     let wait = admission.reset_after.unwrap_or_default();
+//!     println!("429 Too Many Requests, retry in {} ms", wait.as_millis());
+//!     return Ok(());
+//! }
+//! println!("200 OK; {} left in this window", admission.remaining);
+//! # Ok(()) }
+//! ```
+
+use std::time::Duration;
+
+use redis::aio::ConnectionLike;
+
+use crate::script::{embedded, Invocation, Reply, Script};
+use crate::{validate, Error, Result};
+
+static TRY_INCREMENT: Script = embedded!("limits/try_increment");
+static RELEASE: Script = embedded!("limits/release");
+static PEEK: Script = embedded!("limits/peek");
+
+/// The outcome of [`try_increment`]: admitted or not, with the counter's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use = "a denied request must be turned away"]
+pub struct Admission {
+    /// True when the increment was applied.
+    pub admitted: bool,
+    /// The counter after the call (unchanged when denied).
+    pub count: u64,
+    /// The limit the call was checked against.
+    pub limit: u64,
+    /// How much more fits before the limit: `limit - count` (0 when the
+    /// counter is at or above the limit, e.g. after the limit was lowered).
+    pub remaining: u64,
+    /// Time until the window resets (the key's PTTL). `None` only if the
+    /// counter has no expiry, which nolock never leaves behind.
+    pub reset_after: Option<Duration>,
+}
+
+/// A counter read by [`peek`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Usage {
+    /// The current count (0 when the key does not exist).
+    pub count: u64,
+    /// Time until the window resets; `None` when there is no counter.
+    pub reset_after: Option<Duration>,
+}
+
+impl Usage {
+    /// How much more fits under `limit`.
+    pub fn remaining(&self, limit: u64) -> u64 {
+        limit.saturating_sub(self.count)
+    }
+}
+
+/// The outcome of [`release`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Released {
+    /// The counter after the call.
+    pub count: u64,
+    /// How much was taken off: `n`, or less when the counter held less.
+    pub released: u64,
+}
+
+/// Add 1 to the counter at `key` if that keeps it at most `limit`.
+///
+/// The first admitted increment sets the key to expire after `window`
+/// (millisecond precision). A denied call writes nothing. One round trip.
+///
+/// # Errors
+///
+/// Before any I/O: [`Error::EmptyKey`], [`Error::ZeroLimit`],
+/// [`Error::OutOfRange`] (limit above 2^53 - 1), [`Error::ZeroDuration`],
+/// [`Error::DurationTooLong`]. From Redis: [`Error::Redis`] (for example
+/// `WRONGTYPE` when the key holds something else; nothing was written) and
+/// [`Error::Indeterminate`] (the increment may have been applied; it is not
+/// retried).
+///
+/// # Example
+///
+/// ```no_run
+/// # async fn run(conn: &mut redis::aio::MultiplexedConnection) -> nolock::Result<()> {
+/// use std::time::Duration;
+/// let a = nolock::limits::try_increment(conn, "api:user:42", 100, Duration::from_secs(60)).await?;
+/// assert!(a.count <= 100);
+/// # Ok(()) }
+/// ```
+pub async fn try_increment<C>(
+    conn: &mut C,
+    key: &str,
+    limit: u64,
+    window: Duration,
+) -> Result<Admission>
+where
+    C: ConnectionLike + Send,
+{
+    try_increment_by(conn, key, 1, limit, window).await
+}
+
+/// Add `n` to the counter at `key` if that keeps it at most `limit`; all or
+/// nothing.
+///
+/// Use it for weighted requests (a batch of 20 items costs 20).
+///
+/// # Errors
+///
+/// As [`try_increment`], plus [`Error::ZeroLimit`] for `n == 0` and
+/// [`Error::InsufficientCapacity`] when `n > limit` (it could never be
+/// admitted, which is different from "not now").
+pub async fn try_increment_by<C>(
+    conn: &mut C,
+    key: &str,
+    n: u64,
+    limit: u64,
+    window: Duration,
+) -> Result<Admission>
+where
+    C: ConnectionLike + Send,
+{
+    let call = try_increment_call(key, n, limit, window)?;
+    let reply = call.run(conn).await?;
+    decode_admission(limit, reply)
+}
+
+pub(crate) fn try_increment_call(
+    key: &str,
+    n: u64,
+    limit: u64,
+    window: Duration,
+) -> Result<Invocation> {
+    validate::key(key)?;
+    let limit = validate::positive("limit", limit)?;
+    let n = validate::positive("n", n)?;
+    if n > limit {
+        return Err(Error::InsufficientCapacity {
+            requested: n,
+            limit,
+        });
+    }
+    let window = validate::millis("window", window)?;
+    Ok(Invocation::new(&TRY_INCREMENT, &[key])
+        .arg(limit)
+        .arg(window)
+        .arg(n))
+}
+
+pub(crate) fn decode_admission(limit: u64, reply: redis::Value) -> Result<Admission> {
+    let mut reply = Reply::new(TRY_INCREMENT.name(), reply)?;
+    let admitted = reply.flag()?;
+    let count = reply.uint()?;
+    let reset_after = pttl(reply.int()?);
+    reply.finish()?;
+    Ok(Admission {
+        admitted,
+        count,
+        limit,
+        remaining: limit.saturating_sub(count),
+        reset_after,
+    })
+}
+
+/// Take up to `n` back from the counter at `key`, never going below zero.
+///
+/// The window (TTL) is kept; a missing key stays missing. Release what you
+/// took with [`try_increment`] when the guarded work ends, to use the counter
+/// as a concurrency limit. Retrying a release after [`Error::Indeterminate`]
+/// may release twice, but never below zero.
+///
+/// # Errors
+///
+/// [`Error::EmptyKey`], [`Error::ZeroLimit`] (`n == 0`), [`Error::OutOfRange`]
+/// before any I/O; [`Error::Redis`] / [`Error::Indeterminate`] from Redis.
+///
+/// # Example
+///
+/// ```no_run
+/// # async fn run(conn: &mut redis::aio::MultiplexedConnection) -> nolock::Result<()> {
+/// use std::time::Duration;
+/// use nolock::limits;
+/// let slot = limits::try_increment(conn, "exports:running", 10, Duration::from_secs(600)).await?;
+/// if slot.admitted {
+///     // ... run the export ...
+///     limits::release(conn, "exports:running", 1).await?;
+/// }
+/// # Ok(()) }
+/// ```
+pub async fn release<C>(conn: &mut C, key: &str, n: u64) -> Result<Released>
+where
+    C: ConnectionLike + Send,
+{
+    validate::key(key)?;
+    let n = validate::positive("n", n)?;
+    let value = Invocation::new(&RELEASE, &[key]).arg(n).run(conn).await?;
+    let mut reply = Reply::new(RELEASE.name(), value)?;
+    let released = Released {
+        count: reply.uint()?,
+        released: reply.uint()?,
+    };
+    reply.finish()?;
+    Ok(released)
+}
+
+/// Read the counter at `key` without changing it.
+///
+/// Runs with `EVALSHA_RO`, so a connection routed to a replica can serve it.
+///
+/// # Errors
+///
+/// [`Error::EmptyKey`] before any I/O; [`Error::Redis`] (e.g. `WRONGTYPE`) and
+/// [`Error::Indeterminate`] from Redis. A read is safe to retry.
+pub async fn peek<C>(conn: &mut C, key: &str) -> Result<Usage>
+where
+    C: ConnectionLike + Send,
+{
+    validate::key(key)?;
+    let value = Invocation::new(&PEEK, &[key]).run(conn).await?;
+    let mut reply = Reply::new(PEEK.name(), value)?;
+    let usage = Usage {
+        count: reply.uint()?,
+        reset_after: pttl(reply.int()?),
+    };
+    reply.finish()?;
+    Ok(usage)
+}
+
+/// A PTTL reply as a duration: negative values mean "no key" (-2) or "no
+/// expiry" (-1).
+fn pttl(ms: i64) -> Option<Duration> {
+    u64::try_from(ms).ok().map(Duration::from_millis)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_input_is_rejected_before_a_command_is_built() {
+        let w = Duration::from_secs(1);
+        assert!(matches!(
+            try_increment_call("", 1, 1, w),
+            Err(Error::EmptyKey)
+        ));
+        assert!(matches!(
+            try_increment_call("k", 1, 0, w),
+            Err(Error::ZeroLimit { what: "limit" })
+        ));
+        assert!(matches!(
+            try_increment_call("k", 0, 1, w),
+            Err(Error::ZeroLimit { what: "n" })
+        ));
+        assert!(matches!(
+            try_increment_call("k", 3, 2, w),
+            Err(Error::InsufficientCapacity {
+                requested: 3,
+                limit: 2
+            })
+        ));
+        assert!(matches!(
+            try_increment_call("k", 1, 1, Duration::ZERO),
+            Err(Error::ZeroDuration { what: "window" })
+        ));
+        assert!(matches!(
+            try_increment_call("k", 1, 1, Duration::MAX),
+            Err(Error::DurationTooLong { what: "window", .. })
+        ));
+    }
+
+    #[test]
+    fn the_command_carries_limit_window_and_n() {
+        let call = try_increment_call("k", 2, 5, Duration::from_millis(1500)).unwrap();
+        assert_eq!(
+            crate::script::words(call.command()),
+            ["EVALSHA", TRY_INCREMENT.sha1(), "1", "k", "5", "1500", "2"]
+        );
+    }
+
+    #[test]
+    fn admissions_decode_with_saturating_remaining() {
+        use redis::Value::Int;
+        let a = decode_admission(3, redis::Value::Array(vec![Int(0), Int(5), Int(10)])).unwrap();
+        assert_eq!(
+            a,
+            Admission {
+                admitted: false,
+                count: 5,
+                limit: 3,
+                remaining: 0,
+                reset_after: Some(Duration::from_millis(10))
+            }
+        );
+    }
+}

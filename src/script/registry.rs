@@ -1,0 +1,192 @@
+use std::sync::{LazyLock, OnceLock};
+
+use include_dir::{include_dir, Dir};
+use redis::aio::ConnectionLike;
+
+use crate::{Error, Result};
+
+static LUA: Dir<'static> = include_dir!("$CARGO_MANIFEST_DIR/lua");
+
+static REGISTRY: LazyLock<Vec<Script>> = LazyLock::new(|| {
+    let mut scripts = Vec::new();
+    collect(&LUA, &mut scripts);
+    scripts.sort_by_key(|script| script.name);
+    scripts
+});
+
+fn collect(dir: &'static Dir<'static>, out: &mut Vec<Script>) {
+    for file in dir.files() {
+        let path = file.path().to_str();
+        let name = path.and_then(|p| p.strip_suffix(".lua"));
+        // Non-UTF-8 files cannot be scripts; the registry test would show them missing.
+        if let (Some(name), Some(source)) = (name, file.contents_utf8()) {
+            out.push(Script::embedded(name, source));
+        }
+    }
+    for sub in dir.dirs() {
+        collect(sub, out);
+    }
+}
+
+/// One embedded Lua script: its name, source and SHA1.
+#[derive(Debug)]
+pub struct Script {
+    name: &'static str,
+    source: &'static str,
+    sha1: OnceLock<String>,
+}
+
+impl Script {
+    pub(crate) const fn embedded(name: &'static str, source: &'static str) -> Self {
+        Script {
+            name,
+            source,
+            sha1: OnceLock::new(),
+        }
+    }
+
+    /// The stable name: the path under `lua/` without `.lua`, e.g. `limits/try_increment`.
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// The Lua source, exactly as sent to `SCRIPT LOAD` and `EVAL`.
+    pub fn source(&self) -> &'static str {
+        self.source
+    }
+
+    /// The lowercase hex SHA1 of the source, as Redis computes it. Computed once.
+    pub fn sha1(&self) -> &str {
+        self.sha1
+            .get_or_init(|| sha1_smol::Sha1::from(self.source).digest().to_string())
+    }
+
+    /// True when the script declares `#!lua flags=no-writes`; it is then run with
+    /// `EVALSHA_RO`/`EVAL_RO`, which replicas accept.
+    pub fn is_read_only(&self) -> bool {
+        self.source
+            .lines()
+            .next()
+            .and_then(|line| line.strip_prefix("#!lua"))
+            .and_then(|rest| rest.trim().strip_prefix("flags="))
+            .is_some_and(|flags| flags.split(',').any(|flag| flag.trim() == "no-writes"))
+    }
+}
+
+/// What [`Scripts::load`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Loaded {
+    /// The names of the scripts now cached on the server, in registry order.
+    pub scripts: Vec<&'static str>,
+}
+
+/// The registry of every script embedded from `lua/`.
+#[derive(Debug, Clone, Copy)]
+pub struct Scripts;
+
+impl Scripts {
+    /// Every embedded script, sorted by name.
+    pub fn all() -> &'static [Script] {
+        &REGISTRY
+    }
+
+    /// The script called `name` (e.g. `"limits/try_increment"`), if embedded.
+    pub fn get(name: &str) -> Option<&'static Script> {
+        REGISTRY.iter().find(|script| script.name == name)
+    }
+
+    /// Send `SCRIPT LOAD` for every embedded script in one pipelined round trip,
+    /// and check each returned SHA1 against the locally computed one.
+    ///
+    /// Calling it is optional: without it, the first call of each script costs
+    /// one extra round trip (the `EVAL` fallback). Call it at startup, and again
+    /// after a connection is re-established if you want to avoid that.
+    ///
+    /// On a cluster connection redis-rs sends `SCRIPT LOAD` to every node.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ShaMismatch`] when the server hashes a source differently;
+    /// [`Error::Redis`] / [`Error::Indeterminate`] when the pipeline fails
+    /// (loading is idempotent, so retrying is always safe).
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let client = redis::Client::open("redis://127.0.0.1/")?;
+    /// let mut conn = client.get_multiplexed_async_connection().await?;
+    /// let loaded = nolock::Scripts::load(&mut conn).await?;
+    /// println!("{} scripts cached", loaded.scripts.len());
+    /// # Ok(()) }
+    /// ```
+    pub async fn load<C>(conn: &mut C) -> Result<Loaded>
+    where
+        C: ConnectionLike + Send,
+    {
+        let mut pipe = redis::pipe();
+        for script in Scripts::all() {
+            pipe.cmd("SCRIPT").arg("LOAD").arg(script.source());
+        }
+        let shas: Vec<String> = pipe.query_async(conn).await.map_err(Error::from_redis)?;
+        if shas.len() != REGISTRY.len() {
+            return Err(Error::UnexpectedReply {
+                script: "SCRIPT LOAD",
+                detail: format!("{} replies for {} scripts", shas.len(), REGISTRY.len()),
+            });
+        }
+        for (script, server) in Scripts::all().iter().zip(shas) {
+            if !server.eq_ignore_ascii_case(script.sha1()) {
+                return Err(Error::ShaMismatch {
+                    script: script.name,
+                    local: script.sha1().to_owned(),
+                    server,
+                });
+            }
+        }
+        Ok(Loaded {
+            scripts: Scripts::all().iter().map(Script::name).collect(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registry_names_every_lua_file_by_its_path() {
+        let names: Vec<_> = Scripts::all().iter().map(Script::name).collect();
+        assert!(names.contains(&"limits/try_increment"), "{names:?}");
+        assert!(names
+            .iter()
+            .all(|n| !n.ends_with(".lua") && !n.starts_with('/')));
+        let mut sorted = names.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted, names, "sorted and unique");
+    }
+
+    #[test]
+    fn sha1_matches_a_known_digest() {
+        // `echo -n 'return 1' | sha1sum`
+        let script = Script::embedded("t", "return 1");
+        assert_eq!(script.sha1(), "e0e1f9fabfc9d4800c877a703b823ac0578ff8db");
+    }
+
+    #[test]
+    fn read_only_flag_is_read_from_the_shebang() {
+        assert!(Script::embedded("t", "#!lua flags=no-writes\nreturn 1").is_read_only());
+        assert!(Script::embedded("t", "#!lua flags=allow-oom, no-writes\n").is_read_only());
+        assert!(!Script::embedded("t", "#!lua flags=allow-oom\nreturn 1").is_read_only());
+        assert!(!Script::embedded("t", "-- no-writes\nreturn 1").is_read_only());
+    }
+
+    #[test]
+    fn embedded_statics_match_the_registry() {
+        let from_macro = crate::script::embedded!("limits/try_increment");
+        let from_dir = Scripts::get("limits/try_increment").map(Script::source);
+        assert_eq!(Some(from_macro.source()), from_dir);
+    }
+}

@@ -1,0 +1,92 @@
+//! Input checks shared by every operation. Each runs before any I/O and names
+//! the argument it rejects.
+
+use std::time::Duration;
+
+use crate::{Error, Result};
+
+/// Largest integer a script handles exactly: Lua numbers are IEEE doubles.
+pub const MAX_INTEGER: u64 = (1 << 53) - 1;
+
+/// Longest TTL or window accepted, in milliseconds. The same 2^53 - 1 bound:
+/// scripts compute with these numbers, and it is far below what `PEXPIRE`
+/// accepts (about 2^63 ms minus the current time).
+pub const MAX_TTL: Duration = Duration::from_millis(MAX_INTEGER);
+
+pub(crate) fn key(key: &str) -> Result<()> {
+    if key.is_empty() {
+        Err(Error::EmptyKey)
+    } else {
+        Ok(())
+    }
+}
+
+/// A count, limit or cost: at least 1 and at most [`MAX_INTEGER`].
+pub(crate) fn positive(what: &'static str, value: u64) -> Result<u64> {
+    match value {
+        0 => Err(Error::ZeroLimit { what }),
+        v if v > MAX_INTEGER => Err(Error::OutOfRange {
+            what,
+            given: v,
+            max: MAX_INTEGER,
+        }),
+        v => Ok(v),
+    }
+}
+
+/// A duration as whole milliseconds: at least 1 ms, at most [`MAX_TTL`].
+/// Sub-millisecond parts are dropped (Redis expiries have 1 ms resolution).
+pub(crate) fn millis(what: &'static str, duration: Duration) -> Result<u64> {
+    if duration > MAX_TTL {
+        return Err(Error::DurationTooLong {
+            what,
+            given: duration,
+            max: MAX_TTL,
+        });
+    }
+    match duration.as_millis() {
+        0 => Err(Error::ZeroDuration { what }),
+        // Bounded by MAX_TTL above, so the cast cannot truncate.
+        ms => Ok(ms as u64),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert!(matches!(
+            millis("w", Duration::ZERO),
+            Err(Error::ZeroDuration { what: "w" })
+        ));
+        assert!(millis("w", Duration::from_micros(999)).is_err());
+        assert_eq!(millis("w", Duration::from_micros(1_999)).unwrap(), 1);
+        assert_eq!(millis("w", MAX_TTL).unwrap(), MAX_INTEGER);
+        assert!(matches!(
+            millis("w", MAX_TTL + Duration::from_millis(1)),
+            Err(Error::DurationTooLong { .. })
+        ));
+        assert!(millis("w", Duration::MAX).is_err());
+    }
+
+    #[test]
+    fn counts() {
+        assert!(matches!(
+            positive("limit", 0),
+            Err(Error::ZeroLimit { what: "limit" })
+        ));
+        assert_eq!(positive("limit", MAX_INTEGER).unwrap(), MAX_INTEGER);
+        assert!(matches!(
+            positive("limit", MAX_INTEGER + 1),
+            Err(Error::OutOfRange { .. })
+        ));
+    }
+
+    #[test]
+    fn keys() {
+        assert!(matches!(key(""), Err(Error::EmptyKey)));
+        assert!(key("k").is_ok());
+    }
+}
