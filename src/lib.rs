@@ -63,5 +63,5 @@ pub mod script;
 mod validate;
 
 pub use error::{Error, Result};
-pub use script::{stats, Script, Scripts, Stats};
+pub use script::{stats, Batch, BatchConnection, Operation, Script, Scripts, Stats};
 pub use validate::{MAX_INTEGER, MAX_TTL};

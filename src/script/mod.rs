@@ -13,13 +13,16 @@
 //! call of each script, and checks that the server hashes the sources as we
 //! do.
 
+mod batch;
 mod invoke;
 mod registry;
 mod reply;
 
+pub use batch::{Batch, BatchConnection, Operation};
 pub use invoke::{stats, Stats};
 pub use registry::{Loaded, Script, Scripts};
 
+pub(crate) use batch::run_one;
 #[cfg(test)]
 pub(crate) use invoke::words;
 pub(crate) use invoke::Invocation;
