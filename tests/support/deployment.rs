@@ -34,12 +34,6 @@ impl Deployment {
         matches!(self, Deployment::Cluster(_))
     }
 
-    /// True when no other test sends commands to these servers, so that
-    /// server-wide counts (`INFO commandstats`, `DBSIZE`) are exact.
-    pub fn exclusive(&self) -> bool {
-        !self.is_cluster()
-    }
-
     /// A connection as an application would hold it.
     pub async fn conn(&self) -> AnyConn {
         match self {
