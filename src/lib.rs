@@ -54,9 +54,9 @@
 //! with [`Error::Indeterminate`] instead. What the redis-rs retries would
 //! also have done safely, nolock does itself: a call answered `MOVED` or
 //! `READONLY` (the slot moved, e.g. in a failover; nothing ran) is sent
-//! again, up to 3 times, after redis-rs has refreshed its slot map. Other
-//! commands of your application may want the default retries: give nolock
-//! its own cluster client.
+//! again, up to 4 times within about 150 ms, each after redis-rs has
+//! refreshed its slot map. Other commands of your application may want the
+//! default retries: give nolock its own cluster client.
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {

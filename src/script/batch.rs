@@ -49,8 +49,10 @@ where
 ///
 /// Implemented for redis-rs's `MultiplexedConnection`, `ConnectionManager`
 /// and cluster `ClusterConnection`. A pooled connection that dereferences to
-/// one of them is passed as `&mut *pooled`. Your own wrapper can implement it
-/// too: the default is the single-server behaviour.
+/// one of them is passed as `&mut *pooled` (e.g. a `deadpool_redis`
+/// connection). Your own wrapper can implement it too: the default is the
+/// single-server behaviour, and a wrapper around a cluster connection returns
+/// it from [`BatchConnection::as_cluster`].
 pub trait BatchConnection: ConnectionLike + Send {
     /// The cluster connection, when this is one.
     fn as_cluster(&mut self) -> Option<&mut ClusterConnection> {
@@ -90,6 +92,10 @@ impl BatchConnection for ClusterConnection {
 ///   error for that node's whole pipeline, so every entry of that part is
 ///   [`Error::Indeterminate`] (some may have run). Parts sent to other nodes
 ///   are unaffected. Nothing is retried.
+/// * The cluster client must be built with `retries(0)`, as for single calls
+///   (see the crate docs), and here for one more reason: with retries on,
+///   redis-rs 1.8 answers a `MOVED` for one entry by sending the node's whole
+///   pipeline again to the new owner, running its other entries twice.
 ///
 /// # Example
 ///

@@ -1,4 +1,5 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
 
 use redis::{aio::ConnectionLike, Arg, Cmd, ErrorKind, ServerErrorKind, ToRedisArgs, Value};
 
@@ -10,9 +11,17 @@ pub(super) static FALLBACKS: AtomicU64 = AtomicU64::new(0);
 pub(super) static BATCHES: AtomicU64 = AtomicU64::new(0);
 static REDIRECTS: AtomicU64 = AtomicU64::new(0);
 
-/// How many times one call is sent again after the cluster said the key's
-/// slot lives elsewhere now (`MOVED`, or `READONLY` from a demoted primary).
-const MAX_REDIRECTS: u32 = 3;
+/// How long to wait before each resend of a call that the cluster refused
+/// because the key's slot lives elsewhere now (`MOVED`, or `READONLY` from a
+/// demoted primary). The first resend goes at once; the later ones give the
+/// nodes time to agree on the new owner, since redis-rs refreshes its slot
+/// map from whichever node it asks first.
+const REDIRECT_DELAYS: [Duration; 4] = [
+    Duration::ZERO,
+    Duration::from_millis(10),
+    Duration::from_millis(40),
+    Duration::from_millis(100),
+];
 
 /// Process-wide counters of script calls, for metrics and tests.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -140,9 +149,10 @@ impl Invocation {
     ///
     /// Only replies in which the server promises that the script did not run
     /// are followed by another send: `NOSCRIPT` (once, as `EVAL`), and on a
-    /// cluster `MOVED` or `READONLY` (up to [`MAX_REDIRECTS`] times, each
-    /// after the cluster connection has refreshed its slot map). Every other
-    /// failure, above all a lost reply, is returned as it is.
+    /// cluster `MOVED` or `READONLY` (up to 4 times within about 150 ms,
+    /// [`REDIRECT_DELAYS`]; the cluster connection refreshes its slot map
+    /// before each). Every other failure, above all a lost reply, is
+    /// returned as it is.
     pub(crate) async fn run<C>(&self, conn: &mut C) -> Result<Value>
     where
         C: ConnectionLike + Send,
@@ -158,8 +168,12 @@ impl Invocation {
                     FALLBACKS.fetch_add(1, Relaxed);
                     eval = Some(self.fallback_command());
                 }
-                Err(err) if is_redirect(&err) && redirects < MAX_REDIRECTS => {
+                Err(err) if is_redirect(&err) && redirects < REDIRECT_DELAYS.len() => {
                     REDIRECTS.fetch_add(1, Relaxed);
+                    let delay = REDIRECT_DELAYS[redirects];
+                    if !delay.is_zero() {
+                        tokio::time::sleep(delay).await;
+                    }
                     redirects += 1;
                 }
                 result => return result.map_err(Error::from_redis),

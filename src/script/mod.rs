@@ -30,9 +30,9 @@
 //! ([`crate::Error::CrossSlot`] otherwise, before I/O). A call answered
 //! `NOSCRIPT` by whichever node served it falls back to `EVAL` there. A call
 //! answered `MOVED` or `READONLY`, which a node sends without running
-//! anything when the slot has a new owner, is sent again (up to 3 times)
-//! once redis-rs has refreshed its slot map; [`Stats::redirects`] counts
-//! these. Nothing else is ever sent twice, which is why the cluster client
+//! anything when the slot has a new owner, is sent again (up to 4 times
+//! within about 150 ms) once redis-rs has refreshed its slot map;
+//! [`Stats::redirects`] counts these. Nothing else is ever sent twice, which is why the cluster client
 //! must be built with `retries(0)` (see the crate docs).
 //!
 //! **What a failover keeps.** `CLUSTER FAILOVER` on a replica, without
