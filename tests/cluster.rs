@@ -17,7 +17,7 @@ use std::time::Duration;
 use nolock::limits::{self, Peek, Release, TryIncrement};
 use nolock::{Batch, Error, Scripts};
 use redis::aio::MultiplexedConnection;
-use support::deployment::Deployment;
+use support::deployment::{Deployment, LogsOnPanic};
 use support::{command_calls, keys, prefix, raw};
 
 const MINUTE: Duration = Duration::from_secs(60);
@@ -50,14 +50,18 @@ macro_rules! both {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $shared() {
                     let _cache = super::CLUSTER_ACCESS.read().await;
-                    super::$shared(&super::Deployment::cluster()).await
+                    let d = super::Deployment::cluster();
+                    let _logs = super::LogsOnPanic(&d);
+                    super::$shared(&d).await
                 }
             )*
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $exclusive() {
                     let _cache = super::CLUSTER_ACCESS.write().await;
-                    super::$exclusive(&super::Deployment::cluster()).await
+                    let d = super::Deployment::cluster();
+                    let _logs = super::LogsOnPanic(&d);
+                    super::$exclusive(&d).await
                 }
             )*
         }

@@ -103,6 +103,18 @@ impl Deployment {
     }
 }
 
+/// Prints the shared cluster's node logs if the test panics (the shared
+/// cluster itself is never dropped, so its own drop cannot).
+pub struct LogsOnPanic<'a>(pub &'a Deployment);
+
+impl Drop for LogsOnPanic<'_> {
+    fn drop(&mut self) {
+        if let (true, Deployment::Cluster(cluster)) = (std::thread::panicking(), self.0) {
+            eprintln!("{}", cluster.logs());
+        }
+    }
+}
+
 /// A single-server or cluster connection.
 #[derive(Clone)]
 pub enum AnyConn {
