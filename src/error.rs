@@ -76,6 +76,23 @@ pub enum Error {
         limit: u64,
     },
 
+    /// The keys of one operation hash to different cluster slots, so no
+    /// cluster could run them in one script. Raised before anything is sent,
+    /// on single servers too, so that a key layout that works in development
+    /// also works on a cluster.
+    ///
+    /// Fix: give the keys a common hash tag, the part in braces that Redis
+    /// Cluster hashes: `{user:42}:minute` and `{user:42}:hour` share a slot
+    /// (see [`crate::keys`]).
+    #[error(
+        "keys {keys:?} hash to different cluster slots; give them a common hash tag, \
+         e.g. \"{{user:42}}:a\" and \"{{user:42}}:b\""
+    )]
+    CrossSlot {
+        /// The keys of the operation, as given.
+        keys: Vec<String>,
+    },
+
     /// The server answered with an error; the operation did not take effect.
     ///
     /// Examples: `WRONGTYPE` (the key holds another type), `OOM`, `READONLY`,
@@ -159,6 +176,7 @@ impl Error {
                 | Error::DurationTooLong { .. }
                 | Error::OutOfRange { .. }
                 | Error::InsufficientCapacity { .. }
+                | Error::CrossSlot { .. }
         )
     }
 }
@@ -189,6 +207,20 @@ mod tests {
             assert!(matches!(err, Error::Indeterminate(_)), "{kind:?}");
             assert!(!err.is_definite());
         }
+    }
+
+    #[test]
+    fn cross_slot_says_how_to_fix_the_keys() {
+        let err = Error::CrossSlot {
+            keys: vec!["a".into(), "b".into()],
+        };
+        assert!(err.is_invalid_input() && err.is_definite());
+        let text = err.to_string();
+        assert!(text.contains(r#"["a", "b"]"#), "{text}");
+        assert!(
+            text.contains("hash tag") && text.contains("{user:42}:a"),
+            "{text}"
+        );
     }
 
     #[test]

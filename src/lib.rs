@@ -31,6 +31,52 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Many operations at once
+//!
+//! Every operation also exists as a value that checks its input when built
+//! ([`limits::TryIncrement`], ...). A [`Batch`] of them goes out as one
+//! pipeline per server and returns one typed `Result` per operation, in
+//! order, recovering `NOSCRIPT` entry by entry.
+//!
+//! # Redis Cluster
+//!
+//! Operations work unchanged on a redis-rs cluster connection: each script's
+//! keys share one slot (multi-key scripts derive their keys with a hash tag,
+//! [`keys::derive`]; keys that would span slots are refused before I/O with
+//! [`Error::CrossSlot`]), `EVALSHA` is routed by key, [`Scripts::load`] loads
+//! every node, and [`Batch::run`] splits a batch by node.
+//!
+//! **Build the cluster client with `retries(0)`.** With its default settings
+//! the redis-rs cluster connection sends a request again when the connection
+//! to a node drops or times out after the request went out. For a script that
+//! is a second execution nobody asked for: one call, two increments (the test
+//! `tests/cluster_failover.rs` shows it). With `retries(0)` such a call fails
+//! with [`Error::Indeterminate`] instead. What the redis-rs retries would
+//! also have done safely, nolock does itself: a call answered `MOVED` or
+//! `READONLY` (the slot moved, e.g. in a failover; nothing ran) is sent
+//! again, up to 4 times within about 150 ms, each after redis-rs has
+//! refreshed its slot map. Other commands of your application may want the
+//! default retries: give nolock its own cluster client.
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let client = redis::cluster::ClusterClient::builder([
+//!     "redis://10.0.0.1:6379/",
+//!     "redis://10.0.0.2:6379/",
+//! ])
+//! .retries(0) // never replay a script whose reply was lost
+//! .build()?;
+//! let mut conn = client.get_async_connection().await?;
+//! nolock::Scripts::load(&mut conn).await?; // every primary and replica
+//! # Ok(()) }
+//! ```
+//!
+//! Read-only operations ([`limits::peek`]) run with `EVALSHA_RO`, so a
+//! cluster client with a replica read strategy
+//! (`ClusterClientBuilder::read_routing_strategy`) serves them from replicas.
+//! What a failover can lose, and what an operator can do about it, is in the
+//! [`script`] docs.
+//!
 //! # Layout
 //!
 //! One operation, one script, one wrapper: `lua/limits/try_increment.lua` is
@@ -38,7 +84,7 @@
 //!
 //! * [`limits`]: bounded counters (fixed windows, concurrency limits).
 //! * [`script`]: the engine: the embedded registry, [`Scripts::load`], `EVALSHA`
-//!   with the `EVAL` fallback, [`stats`].
+//!   with the `EVAL` fallback, [`Batch`], [`stats`]; cluster behaviour.
 //! * [`keys`]: cluster slots and hash tags for scripts that touch several keys.
 //! * [`Error`]: bad input (before I/O), definite and indeterminate Redis failures.
 //!
@@ -63,5 +109,5 @@ pub mod script;
 mod validate;
 
 pub use error::{Error, Result};
-pub use script::{stats, Script, Scripts, Stats};
+pub use script::{stats, Batch, BatchConnection, Operation, Script, Scripts, Stats};
 pub use validate::{MAX_INTEGER, MAX_TTL};

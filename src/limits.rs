@@ -25,6 +25,10 @@
 //! A denied call changes nothing, so a client that keeps retrying while denied
 //! does not push its own reset further away.
 //!
+//! **Many counters at once**: each call also exists as a value
+//! ([`TryIncrement`], [`Release`], [`Peek`]) that checks its input when built;
+//! put many in a [`crate::Batch`] to send them in one round trip per server.
+//!
 //! # Example
 //!
 //! ```no_run
@@ -47,7 +51,7 @@ use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 
-use crate::script::{embedded, Invocation, Reply, Script};
+use crate::script::{embedded, run_one, Invocation, Operation, Reply, Script};
 use crate::{validate, Error, Result};
 
 static TRY_INCREMENT: Script = embedded!("limits/try_increment");
@@ -152,46 +156,82 @@ pub async fn try_increment_by<C>(
 where
     C: ConnectionLike + Send,
 {
-    let call = try_increment_call(key, n, limit, window)?;
-    let reply = call.run(conn).await?;
-    decode_admission(limit, reply)
+    run_one(&TryIncrement::by(key, n, limit, window)?, conn).await
 }
 
-pub(crate) fn try_increment_call(
-    key: &str,
-    n: u64,
+/// [`try_increment`] and [`try_increment_by`] as a value, for a
+/// [`crate::Batch`]. The input is checked when it is built.
+///
+/// ```
+/// use std::time::Duration;
+/// use nolock::limits::TryIncrement;
+///
+/// let op = TryIncrement::new("api:user:42", 100, Duration::from_secs(60))?;
+/// assert!(TryIncrement::new("api:user:42", 0, Duration::from_secs(60)).is_err());
+/// # Ok::<(), nolock::Error>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct TryIncrement {
+    call: Invocation,
     limit: u64,
-    window: Duration,
-) -> Result<Invocation> {
-    validate::key(key)?;
-    let limit = validate::positive("limit", limit)?;
-    let n = validate::positive("n", n)?;
-    if n > limit {
-        return Err(Error::InsufficientCapacity {
-            requested: n,
-            limit,
-        });
-    }
-    let window = validate::millis("window", window)?;
-    Ok(Invocation::new(&TRY_INCREMENT, &[key])
-        .arg(limit)
-        .arg(window)
-        .arg(n))
 }
 
-pub(crate) fn decode_admission(limit: u64, reply: redis::Value) -> Result<Admission> {
-    let mut reply = Reply::new(TRY_INCREMENT.name(), reply)?;
-    let admitted = reply.flag()?;
-    let count = reply.uint()?;
-    let reset_after = pttl(reply.int()?);
-    reply.finish()?;
-    Ok(Admission {
-        admitted,
-        count,
-        limit,
-        remaining: limit.saturating_sub(count),
-        reset_after,
-    })
+impl TryIncrement {
+    /// Add 1 to the counter at `key` if that keeps it at most `limit`.
+    ///
+    /// # Errors
+    ///
+    /// As [`try_increment`] before any I/O.
+    pub fn new(key: &str, limit: u64, window: Duration) -> Result<Self> {
+        Self::by(key, 1, limit, window)
+    }
+
+    /// Add `n` to the counter at `key` if that keeps it at most `limit`; all
+    /// or nothing.
+    ///
+    /// # Errors
+    ///
+    /// As [`try_increment_by`] before any I/O.
+    pub fn by(key: &str, n: u64, limit: u64, window: Duration) -> Result<Self> {
+        validate::key(key)?;
+        let limit = validate::positive("limit", limit)?;
+        let n = validate::positive("n", n)?;
+        if n > limit {
+            return Err(Error::InsufficientCapacity {
+                requested: n,
+                limit,
+            });
+        }
+        let window = validate::millis("window", window)?;
+        let call = Invocation::new(&TRY_INCREMENT, &[key])
+            .arg(limit)
+            .arg(window)
+            .arg(n);
+        Ok(TryIncrement { call, limit })
+    }
+}
+
+impl Operation for TryIncrement {
+    type Output = Admission;
+
+    fn invocation(&self) -> &Invocation {
+        &self.call
+    }
+
+    fn decode(&self, reply: redis::Value) -> Result<Admission> {
+        let mut reply = Reply::new(TRY_INCREMENT.name(), reply)?;
+        let admitted = reply.flag()?;
+        let count = reply.uint()?;
+        let reset_after = pttl(reply.int()?);
+        reply.finish()?;
+        Ok(Admission {
+            admitted,
+            count,
+            limit: self.limit,
+            remaining: self.limit.saturating_sub(count),
+            reset_after,
+        })
+    }
 }
 
 /// Take up to `n` back from the counter at `key`, never going below zero.
@@ -223,21 +263,54 @@ pub async fn release<C>(conn: &mut C, key: &str, n: u64) -> Result<Released>
 where
     C: ConnectionLike + Send,
 {
-    validate::key(key)?;
-    let n = validate::positive("n", n)?;
-    let value = Invocation::new(&RELEASE, &[key]).arg(n).run(conn).await?;
-    let mut reply = Reply::new(RELEASE.name(), value)?;
-    let released = Released {
-        count: reply.uint()?,
-        released: reply.uint()?,
-    };
-    reply.finish()?;
-    Ok(released)
+    run_one(&Release::new(key, n)?, conn).await
+}
+
+/// [`release`] as a value, for a [`crate::Batch`].
+#[derive(Debug, Clone)]
+pub struct Release {
+    call: Invocation,
+}
+
+impl Release {
+    /// Take up to `n` back from the counter at `key`, never below zero.
+    ///
+    /// # Errors
+    ///
+    /// As [`release`] before any I/O.
+    pub fn new(key: &str, n: u64) -> Result<Self> {
+        validate::key(key)?;
+        let n = validate::positive("n", n)?;
+        Ok(Release {
+            call: Invocation::new(&RELEASE, &[key]).arg(n),
+        })
+    }
+}
+
+impl Operation for Release {
+    type Output = Released;
+
+    fn invocation(&self) -> &Invocation {
+        &self.call
+    }
+
+    fn decode(&self, reply: redis::Value) -> Result<Released> {
+        let mut reply = Reply::new(RELEASE.name(), reply)?;
+        let released = Released {
+            count: reply.uint()?,
+            released: reply.uint()?,
+        };
+        reply.finish()?;
+        Ok(released)
+    }
 }
 
 /// Read the counter at `key` without changing it.
 ///
-/// Runs with `EVALSHA_RO`, so a connection routed to a replica can serve it.
+/// Runs with `EVALSHA_RO`, so it can be served by a replica: on a cluster
+/// connection built with a replica read strategy (redis-rs
+/// `ClusterClientBuilder::read_routing_strategy`), it is. A replica may lag
+/// its primary by a few writes.
 ///
 /// # Errors
 ///
@@ -247,15 +320,46 @@ pub async fn peek<C>(conn: &mut C, key: &str) -> Result<Usage>
 where
     C: ConnectionLike + Send,
 {
-    validate::key(key)?;
-    let value = Invocation::new(&PEEK, &[key]).run(conn).await?;
-    let mut reply = Reply::new(PEEK.name(), value)?;
-    let usage = Usage {
-        count: reply.uint()?,
-        reset_after: pttl(reply.int()?),
-    };
-    reply.finish()?;
-    Ok(usage)
+    run_one(&Peek::new(key)?, conn).await
+}
+
+/// [`peek`] as a value, for a [`crate::Batch`]. In a batch on a cluster it is
+/// sent to the key's primary, with the batch's other operations.
+#[derive(Debug, Clone)]
+pub struct Peek {
+    call: Invocation,
+}
+
+impl Peek {
+    /// Read the counter at `key` without changing it.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::EmptyKey`].
+    pub fn new(key: &str) -> Result<Self> {
+        validate::key(key)?;
+        Ok(Peek {
+            call: Invocation::new(&PEEK, &[key]),
+        })
+    }
+}
+
+impl Operation for Peek {
+    type Output = Usage;
+
+    fn invocation(&self) -> &Invocation {
+        &self.call
+    }
+
+    fn decode(&self, reply: redis::Value) -> Result<Usage> {
+        let mut reply = Reply::new(PEEK.name(), reply)?;
+        let usage = Usage {
+            count: reply.uint()?,
+            reset_after: pttl(reply.int()?),
+        };
+        reply.finish()?;
+        Ok(usage)
+    }
 }
 
 /// A PTTL reply as a duration: negative values mean "no key" (-2) or "no
@@ -272,47 +376,68 @@ mod tests {
     fn bad_input_is_rejected_before_a_command_is_built() {
         let w = Duration::from_secs(1);
         assert!(matches!(
-            try_increment_call("", 1, 1, w),
+            TryIncrement::by("", 1, 1, w),
             Err(Error::EmptyKey)
         ));
         assert!(matches!(
-            try_increment_call("k", 1, 0, w),
+            TryIncrement::by("k", 1, 0, w),
             Err(Error::ZeroLimit { what: "limit" })
         ));
         assert!(matches!(
-            try_increment_call("k", 0, 1, w),
+            TryIncrement::by("k", 0, 1, w),
             Err(Error::ZeroLimit { what: "n" })
         ));
         assert!(matches!(
-            try_increment_call("k", 3, 2, w),
+            TryIncrement::by("k", 3, 2, w),
             Err(Error::InsufficientCapacity {
                 requested: 3,
                 limit: 2
             })
         ));
         assert!(matches!(
-            try_increment_call("k", 1, 1, Duration::ZERO),
+            TryIncrement::by("k", 1, 1, Duration::ZERO),
             Err(Error::ZeroDuration { what: "window" })
         ));
         assert!(matches!(
-            try_increment_call("k", 1, 1, Duration::MAX),
+            TryIncrement::by("k", 1, 1, Duration::MAX),
             Err(Error::DurationTooLong { what: "window", .. })
         ));
+        assert!(matches!(
+            Release::new("k", 0),
+            Err(Error::ZeroLimit { what: "n" })
+        ));
+        assert!(matches!(Release::new("", 1), Err(Error::EmptyKey)));
+        assert!(matches!(Peek::new(""), Err(Error::EmptyKey)));
     }
 
     #[test]
-    fn the_command_carries_limit_window_and_n() {
-        let call = try_increment_call("k", 2, 5, Duration::from_millis(1500)).unwrap();
+    fn the_commands_carry_their_arguments() {
+        let op = TryIncrement::by("k", 2, 5, Duration::from_millis(1500)).unwrap();
         assert_eq!(
-            crate::script::words(call.command()),
+            crate::script::words(op.invocation().command()),
             ["EVALSHA", TRY_INCREMENT.sha1(), "1", "k", "5", "1500", "2"]
+        );
+        let op = TryIncrement::new("k", 5, Duration::from_millis(1500)).unwrap();
+        assert_eq!(crate::script::words(op.invocation().command())[6], "1");
+        let op = Release::new("k", 3).unwrap();
+        assert_eq!(
+            crate::script::words(op.invocation().command()),
+            ["EVALSHA", RELEASE.sha1(), "1", "k", "3"]
+        );
+        let op = Peek::new("k").unwrap();
+        assert_eq!(
+            crate::script::words(op.invocation().command()),
+            ["EVALSHA_RO", PEEK.sha1(), "1", "k"]
         );
     }
 
     #[test]
     fn admissions_decode_with_saturating_remaining() {
         use redis::Value::Int;
-        let a = decode_admission(3, redis::Value::Array(vec![Int(0), Int(5), Int(10)])).unwrap();
+        let op = TryIncrement::new("k", 3, Duration::from_secs(1)).unwrap();
+        let a = op
+            .decode(redis::Value::Array(vec![Int(0), Int(5), Int(10)]))
+            .unwrap();
         assert_eq!(
             a,
             Admission {

@@ -8,7 +8,8 @@ mod support;
 
 use std::time::Duration;
 
-use nolock::{limits, Scripts};
+use nolock::limits::{self, TryIncrement};
+use nolock::{Batch, Scripts};
 use support::{command_calls, prefix, raw, RedisServer};
 
 const MINUTE: Duration = Duration::from_secs(60);
@@ -31,11 +32,14 @@ async fn every_embedded_script_loads_with_the_local_sha1() {
         let exists: Vec<bool> = raw(&mut conn, &["SCRIPT", "EXISTS", script.sha1()]).await;
         assert_eq!(exists, [true], "{}", script.name());
     }
-    // One pipelined round trip: one SCRIPT LOAD per script, no more.
+    // One pipelined round trip on a server outside a cluster: one SCRIPT
+    // LOAD per script (plus INFO cluster), no more.
     assert_eq!(
         command_calls(&mut conn, "script|load").await,
         2 * Scripts::all().len() as u64
     );
+    // One INFO from Scripts::load, one from the `command_calls` just above.
+    assert_eq!(command_calls(&mut conn, "info").await, 2);
 }
 
 #[tokio::test]
@@ -131,4 +135,27 @@ async fn noscript_falls_back_to_eval_once_and_is_counted() {
         nolock::stats().noscript_fallbacks,
         before.noscript_fallbacks + 3
     );
+
+    // Batches: one `batches` per run, one call per entry, and one fallback per
+    // entry that came back NOSCRIPT (all of them after a flush).
+    let batch: Batch<TryIncrement> = (0..10)
+        .map(|i| TryIncrement::new(&format!("{key}:batch:{i}"), 5, MINUTE).unwrap())
+        .collect();
+    Scripts::load(&mut manager).await.unwrap();
+    let before = nolock::stats();
+    assert!(batch.run(&mut manager).await.iter().all(|r| r.is_ok()));
+    let after = nolock::stats();
+    assert_eq!(after.batches, before.batches + 1);
+    assert_eq!(after.calls, before.calls + 10);
+    assert_eq!(after.noscript_fallbacks, before.noscript_fallbacks);
+
+    let mut conn = server.conn().await;
+    let _: () = raw(&mut conn, &["SCRIPT", "FLUSH"]).await;
+    let results = batch.run(&mut manager).await;
+    assert!(results.iter().all(|r| matches!(r, Ok(a) if a.count == 2)));
+    let after = nolock::stats();
+    assert_eq!(after.batches, before.batches + 2);
+    assert_eq!(after.calls, before.calls + 20);
+    assert_eq!(after.noscript_fallbacks, before.noscript_fallbacks + 10);
+    assert_eq!(after.redirects, before.redirects, "no cluster, no redirect");
 }

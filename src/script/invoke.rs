@@ -1,24 +1,47 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
 
 use redis::{aio::ConnectionLike, Arg, Cmd, ErrorKind, ServerErrorKind, ToRedisArgs, Value};
 
 use super::Script;
-use crate::{Error, Result};
+use crate::{keys, Error, Result};
 
-static CALLS: AtomicU64 = AtomicU64::new(0);
-static FALLBACKS: AtomicU64 = AtomicU64::new(0);
+pub(super) static CALLS: AtomicU64 = AtomicU64::new(0);
+pub(super) static FALLBACKS: AtomicU64 = AtomicU64::new(0);
+pub(super) static BATCHES: AtomicU64 = AtomicU64::new(0);
+static REDIRECTS: AtomicU64 = AtomicU64::new(0);
+
+/// How long to wait before each resend of a call that the cluster refused
+/// because the key's slot lives elsewhere now (`MOVED`, or `READONLY` from a
+/// demoted primary). The first resend goes at once; the later ones give the
+/// nodes time to agree on the new owner, since redis-rs refreshes its slot
+/// map from whichever node it asks first.
+const REDIRECT_DELAYS: [Duration; 4] = [
+    Duration::ZERO,
+    Duration::from_millis(10),
+    Duration::from_millis(40),
+    Duration::from_millis(100),
+];
 
 /// Process-wide counters of script calls, for metrics and tests.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Stats {
-    /// Script calls sent with `EVALSHA` (or `EVALSHA_RO`).
+    /// Script calls sent with `EVALSHA` (or `EVALSHA_RO`), one per operation,
+    /// whether sent alone or inside a [`crate::Batch`].
     pub calls: u64,
     /// Calls that got `NOSCRIPT` and were sent again with `EVAL`: each one cost
-    /// an extra round trip. A steady rise means the script cache keeps being
-    /// emptied (restarts, failovers, `SCRIPT FLUSH`) and [`crate::Scripts::load`]
-    /// is worth calling after reconnects.
+    /// an extra round trip (in a batch: one extra round trip per node for all
+    /// of them). A steady rise means the script cache keeps being emptied
+    /// (restarts, failovers, `SCRIPT FLUSH`) and [`crate::Scripts::load`] is
+    /// worth calling after reconnects.
     pub noscript_fallbacks: u64,
+    /// [`crate::Batch::run`] calls.
+    pub batches: u64,
+    /// Calls sent again because a cluster node answered `MOVED` or `READONLY`
+    /// (the key's slot moved, typically in a failover): the server refused
+    /// them without running anything.
+    pub redirects: u64,
 }
 
 /// A snapshot of the process-wide [`Stats`].
@@ -31,15 +54,24 @@ pub fn stats() -> Stats {
     Stats {
         calls: CALLS.load(Relaxed),
         noscript_fallbacks: FALLBACKS.load(Relaxed),
+        batches: BATCHES.load(Relaxed),
+        redirects: REDIRECTS.load(Relaxed),
     }
 }
 
 /// One call of one script: `EVALSHA sha numkeys key... arg...`, with the
 /// `EVAL` form built from it only when the server has lost the script.
+///
+/// It is public only so that [`crate::Operation`] can name it; nothing
+/// outside the crate can build or use one.
 #[derive(Debug, Clone)]
-pub(crate) struct Invocation {
+pub struct Invocation {
     script: &'static Script,
     cmd: Cmd,
+    /// The cluster slot of the keys; `None` for a keyless call.
+    slot: Option<u16>,
+    /// Set when the keys span several slots: the call is refused before I/O.
+    cross_slot: Option<Vec<String>>,
 }
 
 impl Invocation {
@@ -51,7 +83,20 @@ impl Invocation {
         };
         let mut cmd = redis::cmd(name);
         cmd.arg(script.sha1()).arg(keys.len()).arg(keys);
-        Invocation { script, cmd }
+        let slot = keys.first().map(|key| keys::slot(key));
+        // A script may only touch keys of one slot on a cluster. Refusing it
+        // everywhere (single nodes too) means a key layout that works in
+        // development also works on a cluster.
+        let cross_slot = keys
+            .iter()
+            .any(|key| Some(keys::slot(key)) != slot)
+            .then(|| keys.iter().map(|key| (*key).to_owned()).collect());
+        Invocation {
+            script,
+            cmd,
+            slot,
+            cross_slot,
+        }
     }
 
     pub(crate) fn arg(mut self, arg: impl ToRedisArgs) -> Self {
@@ -60,9 +105,26 @@ impl Invocation {
     }
 
     /// The `EVALSHA` command, as sent.
-    #[cfg(test)]
     pub(crate) fn command(&self) -> &Cmd {
         &self.cmd
+    }
+
+    /// The script this call runs.
+    pub(crate) fn script(&self) -> &'static Script {
+        self.script
+    }
+
+    /// The cluster slot of the call's keys (`None` for a keyless call).
+    pub(crate) fn slot(&self) -> Option<u16> {
+        self.slot
+    }
+
+    /// [`Error::CrossSlot`] when the keys span several cluster slots.
+    pub(crate) fn check(&self) -> Result<()> {
+        match &self.cross_slot {
+            Some(keys) => Err(Error::CrossSlot { keys: keys.clone() }),
+            None => Ok(()),
+        }
     }
 
     /// The same call as `EVAL source numkeys key... arg...`.
@@ -85,21 +147,37 @@ impl Invocation {
 
     /// Run the script: one round trip, or two when the server answers `NOSCRIPT`.
     ///
-    /// Nothing else is retried. `NOSCRIPT` is a promise from the server that
-    /// the script did not run; every other failure is returned as it is.
+    /// Only replies in which the server promises that the script did not run
+    /// are followed by another send: `NOSCRIPT` (once, as `EVAL`), and on a
+    /// cluster `MOVED` or `READONLY` (up to 4 times within about 150 ms,
+    /// [`REDIRECT_DELAYS`]; the cluster connection refreshes its slot map
+    /// before each). Every other failure, above all a lost reply, is
+    /// returned as it is.
     pub(crate) async fn run<C>(&self, conn: &mut C) -> Result<Value>
     where
         C: ConnectionLike + Send,
     {
+        self.check()?;
         CALLS.fetch_add(1, Relaxed);
-        match send(conn, &self.cmd).await {
-            Err(err) if is_noscript(&err) => {
-                FALLBACKS.fetch_add(1, Relaxed);
-                send(conn, &self.fallback_command())
-                    .await
-                    .map_err(Error::from_redis)
+        let mut eval = None;
+        let mut redirects = 0;
+        loop {
+            let cmd = eval.as_ref().unwrap_or(&self.cmd);
+            match send(conn, cmd).await {
+                Err(err) if is_noscript(&err) && eval.is_none() => {
+                    FALLBACKS.fetch_add(1, Relaxed);
+                    eval = Some(self.fallback_command());
+                }
+                Err(err) if is_redirect(&err) && redirects < REDIRECT_DELAYS.len() => {
+                    REDIRECTS.fetch_add(1, Relaxed);
+                    let delay = REDIRECT_DELAYS[redirects];
+                    if !delay.is_zero() {
+                        tokio::time::sleep(delay).await;
+                    }
+                    redirects += 1;
+                }
+                result => return result.map_err(Error::from_redis),
             }
-            result => result.map_err(Error::from_redis),
         }
     }
 }
@@ -115,6 +193,20 @@ pub(crate) fn is_noscript(err: &redis::RedisError) -> bool {
     err.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
 }
 
+/// A cluster reply saying "not here, nothing ran": `MOVED` (the slot has
+/// another owner) or `READONLY` (the node was demoted to replica; scripts
+/// check their input before the first write, so the refused write was the
+/// first). redis-rs refreshes its slot map on both before sending anything
+/// else, so sending again goes to the new owner. `ASK`, `TRYAGAIN` and
+/// `CLUSTERDOWN` need a redirect or a wait that a plain resend cannot give,
+/// and are returned to the caller.
+fn is_redirect(err: &redis::RedisError) -> bool {
+    matches!(
+        err.kind(),
+        ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::ReadOnly)
+    )
+}
+
 /// The words of a command, for tests that check exactly what is sent.
 #[cfg(test)]
 pub(crate) fn words(cmd: &Cmd) -> Vec<String> {
@@ -127,7 +219,7 @@ pub(crate) fn words(cmd: &Cmd) -> Vec<String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     static ECHO: Script = Script::embedded("test/echo", "return ARGV");
@@ -148,6 +240,69 @@ mod tests {
             words(&call.fallback_command()),
             ["EVAL", "return ARGV", "1", "a", "7"]
         );
+    }
+
+    /// A connection that counts what it is asked to send and answers nothing.
+    #[derive(Default)]
+    pub(crate) struct NoIo {
+        pub(crate) sent: usize,
+    }
+
+    impl ConnectionLike for NoIo {
+        fn req_packed_command<'a>(&'a mut self, _: &'a Cmd) -> redis::RedisFuture<'a, Value> {
+            self.sent += 1;
+            Box::pin(async { Err((ErrorKind::Client, "NoIo sends nothing").into()) })
+        }
+
+        fn req_packed_commands<'a>(
+            &'a mut self,
+            _: &'a redis::Pipeline,
+            _: usize,
+            _: usize,
+        ) -> redis::RedisFuture<'a, Vec<Value>> {
+            self.sent += 1;
+            Box::pin(async { Err((ErrorKind::Client, "NoIo sends nothing").into()) })
+        }
+
+        fn get_db(&self) -> i64 {
+            0
+        }
+    }
+
+    #[tokio::test]
+    async fn keys_of_different_slots_are_refused_before_anything_is_sent() {
+        let mut conn = NoIo::default();
+        let call = Invocation::new(&ECHO, &["{a}:x", "{b}:y"]);
+        match call.run(&mut conn).await {
+            Err(Error::CrossSlot { keys }) => assert_eq!(keys, ["{a}:x", "{b}:y"]),
+            other => panic!("expected CrossSlot, got {other:?}"),
+        }
+        assert_eq!(conn.sent, 0);
+
+        let same_tag = Invocation::new(&ECHO, &["{a}:x", "{a}:y"]);
+        assert!(same_tag.check().is_ok());
+        assert_eq!(same_tag.slot(), Some(keys::slot("a")));
+        assert!(Invocation::new(&ECHO, &[]).check().is_ok());
+        assert_eq!(Invocation::new(&ECHO, &[]).slot(), None);
+    }
+
+    #[test]
+    fn only_moved_and_readonly_are_resent() {
+        let server = |kind| redis::RedisError::from((ErrorKind::Server(kind), "x"));
+        assert!(is_redirect(&server(ServerErrorKind::Moved)));
+        assert!(is_redirect(&server(ServerErrorKind::ReadOnly)));
+        for kind in [
+            ServerErrorKind::Ask,
+            ServerErrorKind::TryAgain,
+            ServerErrorKind::ClusterDown,
+            ServerErrorKind::NoScript,
+            ServerErrorKind::ResponseError,
+        ] {
+            assert!(!is_redirect(&server(kind)), "{kind:?}");
+        }
+        let lost =
+            redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        assert!(!is_redirect(&lost) && !is_noscript(&lost));
     }
 
     #[test]

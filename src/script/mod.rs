@@ -12,14 +12,83 @@
 //! [`Scripts::load`] at startup saves that one extra round trip on the first
 //! call of each script, and checks that the server hashes the sources as we
 //! do.
+//!
+//! # Batches
+//!
+//! A [`Batch`] holds many [`Operation`] values of one kind (each checked when
+//! it was built) and sends them as one pipeline of `EVALSHA`s per server. The
+//! entries that come back `NOSCRIPT` did not run; exactly those are sent
+//! again as one pipeline of `EVAL`s, so a flushed script cache costs one
+//! extra round trip and never runs an entry twice. On a cluster the batch is
+//! split by the primary that owns each entry's slot and the parts go out in
+//! parallel. [`stats`] counts one call per entry, one fallback per entry that
+//! needed `EVAL`, and one batch per [`Batch::run`].
+//!
+//! # Clusters and failover
+//!
+//! Every call is routed by its keys, which share one slot
+//! ([`crate::Error::CrossSlot`] otherwise, before I/O). A call answered
+//! `NOSCRIPT` by whichever node served it falls back to `EVAL` there. A call
+//! answered `MOVED` or `READONLY`, which a node sends without running
+//! anything when the slot has a new owner, is sent again (up to 4 times
+//! within about 150 ms) once redis-rs has refreshed its slot map;
+//! [`Stats::redirects`] counts these. Nothing else is ever sent twice, which is why the cluster client
+//! must be built with `retries(0)` (see the crate docs).
+//!
+//! **What a failover keeps.** `CLUSTER FAILOVER` on a replica, without
+//! options, is coordinated: the primary stops taking writes, the replica
+//! catches up to the primary's last write, and only then takes over. Every
+//! write a client saw acknowledged is on the new primary; calls in flight get
+//! `MOVED` and are re-sent by nolock. Counts stay exact (the failover test in
+//! `tests/cluster_failover.rs` checks it under load). The new primary's
+//! script cache may be empty: the `EVAL` fallback covers it, and
+//! [`Scripts::load`] after a failover avoids the extra round trip.
+//!
+//! **What a forced failover can lose.** Replication is asynchronous: a
+//! primary acknowledges a write before any replica has it.
+//!
+//! * `CLUSTER FAILOVER FORCE` promotes the replica without waiting to catch
+//!   up with the primary (which may be unreachable); the primaries still vote.
+//!   Writes the old primary acknowledged but had not yet sent are lost.
+//! * `CLUSTER FAILOVER TAKEOVER` promotes the replica without any vote. The
+//!   same writes are lost, and if the old primary is still serving clients on
+//!   the other side of a partition, both accept writes for the same slots
+//!   until it learns of the new epoch; its writes are then discarded.
+//! * An automatic failover after a primary fails loses the same way as
+//!   `FORCE`.
+//!
+//! For nolock, a lost write means a counter lower than the admissions the
+//! clients saw (a limit admits more than it should, for one window), or a
+//! fencing token handed out twice. What operators can do:
+//!
+//! * `min-replicas-to-write 1` with `min-replicas-max-lag 1..10` on primaries:
+//!   a primary cut off from its replicas refuses writes (a definite
+//!   [`crate::Error::Redis`]) instead of accepting writes it is about to lose.
+//!   This bounds the loss to the last seconds of lag.
+//! * `WAIT 1 <ms>` after an operation whose loss matters (a fencing token, a
+//!   payment quota): it returns how many replicas have the write. Scripts
+//!   cannot call `WAIT` themselves; send it on the same connection after the
+//!   call. It narrows the window; it does not make replication synchronous.
+//! * Prefer the coordinated `CLUSTER FAILOVER` for maintenance; keep `FORCE`
+//!   and `TAKEOVER` for a primary that is really gone.
+//! * `appendonly yes` with `appendfsync everysec` (or `always`) protects
+//!   against a restart of a node, not against a failover to a replica that
+//!   was behind.
 
+// Adding an operation that batches: give the module a value type holding its
+// `Invocation` (built by a validating constructor) and implement `Operation`
+// for it (`invocation()` and `decode()`); the single-call function is then
+// `run_one(&Op::new(..)?, conn)`. See `limits::TryIncrement`.
+mod batch;
 mod invoke;
 mod registry;
 mod reply;
 
+pub use batch::{Batch, BatchConnection, Operation};
 pub use invoke::{stats, Stats};
 pub use registry::{Loaded, Script, Scripts};
 
+pub(crate) use batch::run_one;
 #[cfg(test)]
 pub(crate) use invoke::words;
 pub(crate) use invoke::Invocation;

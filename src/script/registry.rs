@@ -2,6 +2,7 @@ use std::sync::{LazyLock, OnceLock};
 
 use include_dir::{include_dir, Dir};
 use redis::aio::ConnectionLike;
+use redis::{FromRedisValue, Value};
 
 use crate::{Error, Result};
 
@@ -96,19 +97,26 @@ impl Scripts {
         REGISTRY.iter().find(|script| script.name == name)
     }
 
-    /// Send `SCRIPT LOAD` for every embedded script in one pipelined round trip,
-    /// and check each returned SHA1 against the locally computed one.
+    /// Cache every embedded script on the server, or on every node of a
+    /// cluster, and check each returned SHA1 against the locally computed one.
     ///
-    /// Calling it is optional: without it, the first call of each script costs
-    /// one extra round trip (the `EVAL` fallback). Call it at startup, and again
-    /// after a connection is re-established if you want to avoid that.
+    /// On a single server this is one pipelined round trip: a `SCRIPT LOAD`
+    /// per script, plus `INFO cluster`. When that server says it is part of
+    /// a cluster (or does not answer `INFO`), each script is then loaded
+    /// again with its own `SCRIPT LOAD`, which a redis-rs cluster connection
+    /// sends to every node, primaries and replicas alike (a pipeline would
+    /// reach only one node). Replicas need the scripts too: read-only
+    /// operations may be served there.
     ///
-    /// On a cluster connection redis-rs sends `SCRIPT LOAD` to every node.
+    /// Calling it is optional: without it, the first call of each script on
+    /// each node costs one extra round trip (the `EVAL` fallback). Call it at
+    /// startup, and again after reconnects or failovers if you want to avoid
+    /// that ([`crate::stats`] counts the fallbacks).
     ///
     /// # Errors
     ///
     /// [`Error::ShaMismatch`] when the server hashes a source differently;
-    /// [`Error::Redis`] / [`Error::Indeterminate`] when the pipeline fails
+    /// [`Error::Redis`] / [`Error::Indeterminate`] when a node fails to answer
     /// (loading is idempotent, so retrying is always safe).
     ///
     /// # Example
@@ -119,6 +127,13 @@ impl Scripts {
     /// let mut conn = client.get_multiplexed_async_connection().await?;
     /// let loaded = nolock::Scripts::load(&mut conn).await?;
     /// println!("{} scripts cached", loaded.scripts.len());
+    ///
+    /// // The same call loads every node of a cluster.
+    /// let cluster = redis::cluster::ClusterClient::builder(["redis://127.0.0.1:7000/"])
+    ///     .retries(0) // see the crate docs: never replay a script
+    ///     .build()?;
+    /// let mut conn = cluster.get_async_connection().await?;
+    /// nolock::Scripts::load(&mut conn).await?;
     /// # Ok(()) }
     /// ```
     pub async fn load<C>(conn: &mut C) -> Result<Loaded>
@@ -129,24 +144,55 @@ impl Scripts {
         for script in Scripts::all() {
             pipe.cmd("SCRIPT").arg("LOAD").arg(script.source());
         }
-        let shas: Vec<String> = pipe.query_async(conn).await.map_err(Error::from_redis)?;
-        if shas.len() != REGISTRY.len() {
+        pipe.cmd("INFO").arg("cluster");
+        let mut replies: Vec<Value> = pipe
+            .ignore_errors()
+            .query_async(conn)
+            .await
+            .map_err(Error::from_redis)?;
+        let info = replies.pop();
+        if replies.len() != REGISTRY.len() {
             return Err(Error::UnexpectedReply {
                 script: "SCRIPT LOAD",
-                detail: format!("{} replies for {} scripts", shas.len(), REGISTRY.len()),
+                detail: format!("{} replies for {} scripts", replies.len(), REGISTRY.len()),
             });
         }
-        for (script, server) in Scripts::all().iter().zip(shas) {
-            if !server.eq_ignore_ascii_case(script.sha1()) {
-                return Err(Error::ShaMismatch {
-                    script: script.name,
-                    local: script.sha1().to_owned(),
-                    server,
-                });
+        for (script, reply) in Scripts::all().iter().zip(replies) {
+            check_sha(script, reply)?;
+        }
+
+        let single_node = info
+            .and_then(|info| String::from_redis_value(info).ok())
+            .is_some_and(|info| info.lines().any(|line| line.trim() == "cluster_enabled:0"));
+        if !single_node {
+            for script in Scripts::all() {
+                let reply = conn
+                    .req_packed_command(redis::cmd("SCRIPT").arg("LOAD").arg(script.source()))
+                    .await
+                    .map_err(Error::from_redis)?;
+                check_sha(script, reply)?;
             }
         }
         Ok(Loaded {
             scripts: Scripts::all().iter().map(Script::name).collect(),
+        })
+    }
+}
+
+/// Check one `SCRIPT LOAD` reply against the script's local SHA1.
+fn check_sha(script: &Script, reply: Value) -> Result<()> {
+    let server = String::from_redis_value(reply.extract_error().map_err(Error::from_redis)?)
+        .map_err(|e| Error::UnexpectedReply {
+            script: "SCRIPT LOAD",
+            detail: e.to_string(),
+        })?;
+    if server.eq_ignore_ascii_case(script.sha1()) {
+        Ok(())
+    } else {
+        Err(Error::ShaMismatch {
+            script: script.name,
+            local: script.sha1().to_owned(),
+            server,
         })
     }
 }

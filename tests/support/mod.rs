@@ -3,9 +3,12 @@
 //! Each test starts its own `redis-server` on a free port ([`RedisServer`]),
 //! so tests can flush, kill and restart it without disturbing one another.
 //! [`redis`] uses `$REDIS_URL` instead when it is set, for the tests that only
-//! need *a* server.
+//! need *a* server. [`cluster::RedisCluster`] starts a local 3×2 Redis
+//! Cluster, and [`deployment::Deployment`] runs one test body against either.
 #![allow(dead_code)]
 
+pub mod cluster;
+pub mod deployment;
 pub mod server;
 
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -1,0 +1,160 @@
+//! One test body, two deployments: a single `redis-server` or the 3×2
+//! cluster, behind one connection type.
+//!
+//! [`AnyConn`] is also a worked example of a user's own connection wrapper:
+//! it implements `ConnectionLike` by delegation and `nolock::BatchConnection`
+//! by saying when it is a cluster.
+
+use nolock::BatchConnection;
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, Pipeline, RedisFuture, Value};
+
+use super::cluster::RedisCluster;
+use super::{command_calls, RedisServer};
+
+/// Where a test body runs.
+pub enum Deployment {
+    /// A server of its own: command counts on it are the test's alone.
+    Single(RedisServer),
+    /// The cluster shared by the tests of this binary: isolate by key prefix.
+    Cluster(&'static RedisCluster),
+}
+
+impl Deployment {
+    pub fn single() -> Self {
+        Deployment::Single(RedisServer::start())
+    }
+
+    pub fn cluster() -> Self {
+        Deployment::Cluster(RedisCluster::shared())
+    }
+
+    pub fn is_cluster(&self) -> bool {
+        matches!(self, Deployment::Cluster(_))
+    }
+
+    /// A connection as an application would hold it.
+    pub async fn conn(&self) -> AnyConn {
+        match self {
+            Deployment::Single(server) => AnyConn::Single(server.conn().await),
+            Deployment::Cluster(cluster) => AnyConn::Cluster(cluster.conn().await),
+        }
+    }
+
+    /// A plain connection to the primary that owns `key`.
+    pub async fn owner(&self, key: &str) -> MultiplexedConnection {
+        match self {
+            Deployment::Single(server) => server.conn().await,
+            Deployment::Cluster(cluster) => cluster.node(cluster.shard_of(key).await.primary).await,
+        }
+    }
+
+    /// The port of the primary that owns `key`.
+    pub async fn owner_port(&self, key: &str) -> u16 {
+        match self {
+            Deployment::Single(server) => server.port,
+            Deployment::Cluster(cluster) => cluster.shard_of(key).await.primary,
+        }
+    }
+
+    /// Plain connections to every node: primaries and replicas.
+    pub async fn nodes(&self) -> Vec<MultiplexedConnection> {
+        match self {
+            Deployment::Single(server) => vec![server.conn().await],
+            Deployment::Cluster(cluster) => {
+                cluster.nodes().await.into_iter().map(|(_, c)| c).collect()
+            }
+        }
+    }
+
+    /// Plain connections to every primary.
+    pub async fn primaries(&self) -> Vec<MultiplexedConnection> {
+        match self {
+            Deployment::Single(server) => vec![server.conn().await],
+            Deployment::Cluster(cluster) => {
+                let mut conns = Vec::new();
+                for shard in cluster.shards().await {
+                    conns.push(cluster.node(shard.primary).await);
+                }
+                conns
+            }
+        }
+    }
+
+    /// `calls` of `cmd` summed over every primary.
+    pub async fn calls_on_primaries(&self, cmd: &str) -> u64 {
+        let mut total = 0;
+        for mut conn in self.primaries().await {
+            total += command_calls(&mut conn, cmd).await;
+        }
+        total
+    }
+
+    /// `SCRIPT FLUSH` on every node.
+    pub async fn flush_scripts_everywhere(&self) {
+        for mut conn in self.nodes().await {
+            let _: () = redis::cmd("SCRIPT")
+                .arg("FLUSH")
+                .query_async(&mut conn)
+                .await
+                .expect("SCRIPT FLUSH");
+        }
+    }
+}
+
+/// Prints the shared cluster's node logs if the test panics (the shared
+/// cluster itself is never dropped, so its own drop cannot).
+pub struct LogsOnPanic<'a>(pub &'a Deployment);
+
+impl Drop for LogsOnPanic<'_> {
+    fn drop(&mut self) {
+        if let (true, Deployment::Cluster(cluster)) = (std::thread::panicking(), self.0) {
+            eprintln!("{}", cluster.logs());
+        }
+    }
+}
+
+/// A single-server or cluster connection.
+#[derive(Clone)]
+pub enum AnyConn {
+    Single(MultiplexedConnection),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for AnyConn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            AnyConn::Single(c) => c.req_packed_command(cmd),
+            AnyConn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipe: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            AnyConn::Single(c) => c.req_packed_commands(pipe, offset, count),
+            AnyConn::Cluster(c) => c.req_packed_commands(pipe, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            AnyConn::Single(c) => c.get_db(),
+            AnyConn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+impl BatchConnection for AnyConn {
+    fn as_cluster(&mut self) -> Option<&mut ClusterConnection> {
+        match self {
+            AnyConn::Single(_) => None,
+            AnyConn::Cluster(c) => Some(c),
+        }
+    }
+}
