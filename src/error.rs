@@ -76,6 +76,40 @@ pub enum Error {
         limit: u64,
     },
 
+    /// Keys that one script must touch together lie in different cluster
+    /// slots. Nothing was sent.
+    ///
+    /// Redis Cluster runs a script only when all its keys share a slot, and
+    /// nolock checks this on every deployment so that code tested on one
+    /// server does not fail on a cluster. Fix: put the shared part of the keys
+    /// in a `{hash tag}`, e.g. `{tenant:7}:user:42` and `{tenant:7}:all`.
+    #[error(
+        "keys {first:?} (slot {first_slot}) and {second:?} (slot {second_slot}) are in different \
+         cluster slots, so one script cannot touch both; give them a shared {{hash tag}}, \
+         e.g. \"{{tenant:7}}:user:42\" and \"{{tenant:7}}:all\""
+    )]
+    CrossSlot {
+        /// The key that set the slot.
+        first: String,
+        /// Its slot.
+        first_slot: u16,
+        /// The key in another slot.
+        second: String,
+        /// Its slot.
+        second_slot: u16,
+    },
+
+    /// An argument is malformed in a way the other input variants do not
+    /// describe (a bad name, a duplicate, a missing key, a burst that an
+    /// algorithm cannot honour). Nothing was sent.
+    #[error("invalid {what}: {reason}")]
+    InvalidArgument {
+        /// Which argument (`"name"`, `"shared keys"`, `"quota"`, ...).
+        what: &'static str,
+        /// What is wrong with it, and how to fix it.
+        reason: String,
+    },
+
     /// The server answered with an error; the operation did not take effect.
     ///
     /// Examples: `WRONGTYPE` (the key holds another type), `OOM`, `READONLY`,
@@ -159,6 +193,8 @@ impl Error {
                 | Error::DurationTooLong { .. }
                 | Error::OutOfRange { .. }
                 | Error::InsufficientCapacity { .. }
+                | Error::CrossSlot { .. }
+                | Error::InvalidArgument { .. }
         )
     }
 }
