@@ -1,8 +1,9 @@
 //! Fixed window: `lua/rate/fixed_window/{check,peek,refund}.lua`.
 //!
-//! Each limit sends its window (ms, the key's expiry when a window opens) and
-//! its limit (the quota's rate). The window's end is the key's expiry, so the
-//! server's TTLs, not a clock reading, decide when counting starts again.
+//! Each limit sends its window (ms) and its limit (the quota's rate). The
+//! window's end is the key's expiry; the scripts read it with `PEXPIRETIME`
+//! and compare it with `TIME`, so one clock reading decides both the window
+//! and the `retry_after` the caller is told.
 //! See [`Algorithm::FixedWindow`](super::Algorithm::FixedWindow).
 
 use super::{Quota, Scripts3};

@@ -122,10 +122,7 @@ mod tests {
     use std::time::UNIX_EPOCH;
 
     fn limiter(algorithm: Algorithm, quota: Quota, name: &str) -> Limiter {
-        Limiter::new(algorithm, quota)
-            .unwrap()
-            .named(name)
-            .unwrap()
+        Limiter::new(algorithm, quota).unwrap().named(name).unwrap()
     }
 
     fn state(allowed: bool, remaining: u64, retry_ms: Option<u64>, reset_ms: u64) -> RateLimit {

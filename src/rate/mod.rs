@@ -144,12 +144,16 @@ pub enum Algorithm {
     SlidingWindow,
 
     /// Fixed window: a counter that admits `rate` per window; the first
-    /// admission opens the window, whose end is the key's expiry.
+    /// admission opens the window `[now, now + period)`, whose end is the
+    /// key's expiry.
     ///
     /// **State**: a string per key, the integer count of the current window;
-    /// its TTL is the rest of the window. This is the bounded counter of
-    /// [`crate::limits`], with several keys per call and the common result.
-    /// Up to `2 × rate` can pass within one period across a window end.
+    /// its expiry (`PEXPIRETIME`, ms since the Unix epoch) is the window's
+    /// end, which the script compares with `TIME`. This is the bounded
+    /// counter of [`crate::limits`], with several keys per call and the common
+    /// result. Windows start at first use, so different users' windows do not
+    /// all end at once; up to `2 × rate` can pass within one period across a
+    /// window end.
     FixedWindow,
 }
 

@@ -436,9 +436,7 @@ mod tests {
 
     #[test]
     fn keys_are_derived_then_shared_in_order() {
-        let limits = two()
-            .limit("hour", Quota::per_hour(1000).unwrap())
-            .unwrap();
+        let limits = two().limit("hour", Quota::per_hour(1000).unwrap()).unwrap();
         assert_eq!(
             limits.keys("{t}:u", &["{t}:all"]).unwrap(),
             ["{t}:u:second", "{t}:all", "{t}:u:hour"]
@@ -461,7 +459,10 @@ mod tests {
         else {
             panic!("{err:?}")
         };
-        assert_eq!((first.as_str(), second.as_str()), ("{u42}:second", "{t7}:all"));
+        assert_eq!(
+            (first.as_str(), second.as_str()),
+            ("{u42}:second", "{t7}:all")
+        );
         assert_eq!(*first_slot, keys::slot("u42"));
         assert_eq!(*second_slot, keys::slot("t7"));
         assert!(err.to_string().contains("hash tag"), "{err}");

@@ -221,7 +221,11 @@ mod tests {
         ));
         assert!(matches!(
             Quota::per(1_001, Duration::from_millis(1)),
-            Err(Error::OutOfRange { given: 1_001, max: 1_000, .. })
+            Err(Error::OutOfRange {
+                given: 1_001,
+                max: 1_000,
+                ..
+            })
         ));
         assert!(matches!(
             Quota::per(u64::MAX, s),

@@ -1,15 +1,16 @@
 #!lua flags=allow-oom
 -- rate/fixed_window/refund: give `amount` units back to one or more fixed windows.
 --
--- KEYS[i]     limit i: an integer counter as written by rate/fixed_window/check.
+-- KEYS[i]     limit i: an integer counter as written by rate/fixed_window/check,
+--             whose expiry is its window's end.
 -- ARGV[1]     amount  integer, 1 <= amount <= 2^53-1: units to give back.
 -- ARGV[2i]    window  w of limit i, integer milliseconds >= 1 (unused; kept
 --                     so that every rate script takes the same arguments).
 -- ARGV[2i+1]  limit   L of limit i, integer >= 1.
 --
--- Each counter drops by min(amount, count): never below zero. The window
--- (TTL) is kept, so a refund does not open a new window; missing keys stay
--- missing.
+-- Each counter in an open window drops by min(amount, count): never below
+-- zero. The window (expiry) is kept, so a refund does not open a new window.
+-- Missing keys and ended windows are left alone (they already count 0).
 --
 -- Reply: {remaining_1, ..., remaining_n}: L - count afterwards, never below 0.
 --
@@ -37,18 +38,23 @@ end
 local amount = int(1, 1, MAX)
 if not amount then return fail('bad amount: ' .. tostring(ARGV[1])) end
 
+local time = redis.call('TIME')
+local now = math.floor((tonumber(time[1]) * 1000000 + tonumber(time[2])) / 1000)
+
 local limit, count = {}, {}
 for i = 1, n do
   local w, l = int(2 * i, 1, MAX), int(2 * i + 1, 1, MAX)
   if not w or not l then return fail('bad window or limit for key ' .. i) end
   limit[i] = l
-  local stored = redis.call('GET', KEYS[i])
   local c = 0
+  local stored = redis.call('GET', KEYS[i])
   if stored then
     c = tonumber(stored)
     if c == nil or c ~= math.floor(c) or c < 0 then
       return fail('key ' .. i .. ' does not hold a counter')
     end
+    local e = redis.call('PEXPIRETIME', KEYS[i])
+    if e >= 0 and now >= e then c = 0 end -- the window has ended
   end
   count[i] = c
 end

@@ -75,6 +75,9 @@ for i = 1, n do
   local cur = floor_div(now, w) * w
   local c, p = 0, 0
   local state = redis.call('HMGET', KEYS[i], 'start', 'count', 'previous')
+  if not (state[1] or state[2] or state[3]) and redis.call('EXISTS', KEYS[i]) == 1 then
+    return fail('key ' .. i .. ' does not hold a sliding window')
+  end
   if state[1] or state[2] or state[3] then
     local s, sc, sp = integer(state[1]), integer(state[2]), integer(state[3])
     if not s or not sc or not sp then

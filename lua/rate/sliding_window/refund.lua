@@ -67,6 +67,9 @@ for i = 1, n do
   end
   window[i], limit[i] = w, l
   local state = redis.call('HMGET', KEYS[i], 'start', 'count', 'previous')
+  if not (state[1] or state[2] or state[3]) and redis.call('EXISTS', KEYS[i]) == 1 then
+    return fail('key ' .. i .. ' does not hold a sliding window')
+  end
   if state[1] or state[2] or state[3] then
     local s, sc, sp = integer(state[1]), integer(state[2]), integer(state[3])
     if not s or not sc or not sp then

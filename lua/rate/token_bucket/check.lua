@@ -93,6 +93,9 @@ for i = 1, n do
   local cap, step = capacity[i], interval[i]
   local k, a = cap, now
   local state = redis.call('HMGET', KEYS[i], 'tokens', 'at')
+  if not (state[1] or state[2]) and redis.call('EXISTS', KEYS[i]) == 1 then
+    return fail('key ' .. i .. ' does not hold a token bucket')
+  end
   if state[1] or state[2] then
     k, a = integer(state[1]), integer(state[2])
     if not k or not a then
