@@ -67,7 +67,7 @@ where
 }
 
 fn field<'a>(line: &'a str, name: &str) -> &'a str {
-    line.split(|c| c == ':' || c == ',')
+    line.split([':', ','])
         .find_map(|part| part.strip_prefix(name))
         .unwrap_or("")
 }
