@@ -233,8 +233,10 @@ pub struct RateLimit {
     /// The most the limiter admits at once: the quota's burst (its rate, for
     /// the windows).
     pub limit: u64,
-    /// How many units fit right now, after this call: a request of cost
-    /// `remaining` or less would be admitted next (if nothing else arrives).
+    /// How many units fit right now: a request of cost `remaining` or less
+    /// would be admitted next, if nothing else arrives. For
+    /// [`Limiter::check`] this is after the call's cost was taken; for
+    /// [`Limiter::peek`], before.
     pub remaining: u64,
     /// How long until this same request would be admitted, if nothing else
     /// arrives. `None` when it was admitted.

@@ -94,15 +94,17 @@ for i = 1, n do
   if not fits[i] then admitted = 0 end
 end
 
+-- Numbers are passed to Redis as they are: integers below 2^53 are sent
+-- exactly (Redis prints them with %.17g, or as integers since 7.2).
 local reply = {admitted, now_us}
 for i = 1, n do
   local c, e = count[i], ends[i]
   if admitted == 1 and e == nil then
     c, e = cost, now + window[i]
-    redis.call('SET', KEYS[i], string.format('%.0f', c), 'PXAT', string.format('%.0f', e))
+    redis.call('SET', KEYS[i], c, 'PXAT', e)
   else
     if admitted == 1 then c = redis.call('INCRBY', KEYS[i], cost) end
-    if repair[i] then redis.call('PEXPIREAT', KEYS[i], string.format('%.0f', e)) end
+    if repair[i] then redis.call('PEXPIREAT', KEYS[i], e) end
   end
   local retry, reset = -1, 0
   if e ~= nil and c > 0 then reset = e - now end

@@ -59,6 +59,8 @@ for i = 1, n do
   count[i] = c
 end
 
+-- Numbers are passed to Redis as they are: integers below 2^53 are sent
+-- exactly (Redis prints them with %.17g, or as integers since 7.2).
 local reply = {}
 for i = 1, n do
   local c = count[i]

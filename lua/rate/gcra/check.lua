@@ -99,13 +99,14 @@ for i = 1, n do
   if not fits[i] then admitted = 0 end
 end
 
+-- Numbers are passed to Redis as they are: integers below 2^53 are sent
+-- exactly (Redis prints them with %.17g, or as integers since 7.2).
 local reply = {admitted, now}
 for i = 1, n do
   local t, step = tat[i], interval[i]
   if admitted == 1 then
     t = t + cost * step
-    redis.call('SET', KEYS[i], string.format('%.0f', t),
-      'PXAT', string.format('%.0f', ceil_div(t, 1000)))
+    redis.call('SET', KEYS[i], t, 'PXAT', ceil_div(t, 1000))
   end
   local room = burst[i] * step - (t - now)
   local remaining, retry = 0, -1

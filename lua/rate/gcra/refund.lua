@@ -71,6 +71,8 @@ for i = 1, n do
   end
 end
 
+-- Numbers are passed to Redis as they are: integers below 2^53 are sent
+-- exactly (Redis prints them with %.17g, or as integers since 7.2).
 local reply = {}
 for i = 1, n do
   local t = now
@@ -81,8 +83,8 @@ for i = 1, n do
     if t == now then
       redis.call('DEL', KEYS[i])
     else
-      redis.call('SET', KEYS[i], string.format('%.0f', t),
-        'PXAT', string.format('%.0f', ceil_div(t, 1000)))
+      redis.call('SET', KEYS[i], t,
+        'PXAT', ceil_div(t, 1000))
     end
   end
   local room = burst[i] * interval[i] - (t - now)

@@ -135,14 +135,15 @@ for i = 1, n do
   if not fits[i] then admitted = 0 end
 end
 
+-- Numbers are passed to Redis as they are: integers below 2^53 are sent
+-- exactly (Redis prints them with %.17g, or as integers since 7.2).
 local reply = {admitted, now_us}
 for i = 1, n do
   local w, l, cur, c, p, e = window[i], limit[i], start[i], count[i], previous[i], elapsed[i]
   if admitted == 1 then
     c = c + cost
-    redis.call('HSET', KEYS[i], 'start', string.format('%.0f', cur),
-      'count', string.format('%.0f', c), 'previous', string.format('%.0f', p))
-    redis.call('PEXPIREAT', KEYS[i], string.format('%.0f', cur + 2 * w))
+    redis.call('HSET', KEYS[i], 'start', cur, 'count', c, 'previous', p)
+    redis.call('PEXPIREAT', KEYS[i], cur + 2 * w)
   end
   local remaining = math.max(0, l - c - ceil_div(p * (w - e), w))
   local retry, reset = -1, 0

@@ -85,6 +85,8 @@ for i = 1, n do
   end
 end
 
+-- Numbers are passed to Redis as they are: integers below 2^53 are sent
+-- exactly (Redis prints them with %.17g, or as integers since 7.2).
 local reply = {}
 for i = 1, n do
   local w, l = window[i], limit[i]
@@ -96,9 +98,9 @@ for i = 1, n do
     if c == 0 and p == 0 then
       redis.call('DEL', KEYS[i])
     else
-      redis.call('HSET', KEYS[i], 'start', string.format('%.0f', cur),
-        'count', string.format('%.0f', c), 'previous', string.format('%.0f', p))
-      redis.call('PEXPIREAT', KEYS[i], string.format('%.0f', cur + 2 * w))
+      redis.call('HSET', KEYS[i], 'start', cur,
+        'count', c, 'previous', p)
+      redis.call('PEXPIREAT', KEYS[i], cur + 2 * w)
     end
   end
   local e = cur and math.max(0, now - cur) or 0

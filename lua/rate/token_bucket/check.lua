@@ -112,13 +112,15 @@ for i = 1, n do
   if not fits[i] then admitted = 0 end
 end
 
+-- Numbers are passed to Redis as they are: integers below 2^53 are sent
+-- exactly (Redis prints them with %.17g, or as integers since 7.2).
 local reply = {admitted, now}
 for i = 1, n do
   local k, a, step, cap = tokens[i], at[i], interval[i], capacity[i]
   if admitted == 1 then
     k = k - cost
-    redis.call('HSET', KEYS[i], 'tokens', string.format('%.0f', k), 'at', string.format('%.0f', a))
-    redis.call('PEXPIREAT', KEYS[i], string.format('%.0f', ceil_div(a + (cap - k) * step, 1000)))
+    redis.call('HSET', KEYS[i], 'tokens', k, 'at', a)
+    redis.call('PEXPIREAT', KEYS[i], ceil_div(a + (cap - k) * step, 1000))
   end
   local retry, reset = -1, 0
   if not fits[i] then retry = ceil_div(a + (cost - k) * step - now, 1000) end

@@ -82,6 +82,8 @@ for i = 1, n do
   end
 end
 
+-- Numbers are passed to Redis as they are: integers below 2^53 are sent
+-- exactly (Redis prints them with %.17g, or as integers since 7.2).
 local reply = {}
 for i = 1, n do
   local cap, step = capacity[i], interval[i]
@@ -93,8 +95,8 @@ for i = 1, n do
     if k == cap then
       redis.call('DEL', KEYS[i])
     else
-      redis.call('HSET', KEYS[i], 'tokens', string.format('%.0f', k), 'at', string.format('%.0f', a))
-      redis.call('PEXPIREAT', KEYS[i], string.format('%.0f', ceil_div(a + (cap - k) * step, 1000)))
+      redis.call('HSET', KEYS[i], 'tokens', k, 'at', a)
+      redis.call('PEXPIREAT', KEYS[i], ceil_div(a + (cap - k) * step, 1000))
     end
   end
   reply[i] = k
