@@ -76,21 +76,38 @@ pub enum Error {
         limit: u64,
     },
 
-    /// The keys of one operation hash to different cluster slots, so no
-    /// cluster could run them in one script. Raised before anything is sent,
-    /// on single servers too, so that a key layout that works in development
-    /// also works on a cluster.
+    /// Keys that one script must touch together lie in different cluster
+    /// slots. Nothing was sent.
     ///
-    /// Fix: give the keys a common hash tag, the part in braces that Redis
-    /// Cluster hashes: `{user:42}:minute` and `{user:42}:hour` share a slot
-    /// (see [`crate::keys`]).
+    /// Redis Cluster runs a script only when all its keys share a slot, and
+    /// nolock checks this on every deployment so that code tested on one
+    /// server does not fail on a cluster. Fix: put the shared part of the keys
+    /// in a `{hash tag}`, e.g. `{tenant:7}:user:42` and `{tenant:7}:all`.
     #[error(
-        "keys {keys:?} hash to different cluster slots; give them a common hash tag, \
-         e.g. \"{{user:42}}:a\" and \"{{user:42}}:b\""
+        "keys {first:?} (slot {first_slot}) and {second:?} (slot {second_slot}) are in different \
+         cluster slots, so one script cannot touch both; give them a shared {{hash tag}}, \
+         e.g. \"{{tenant:7}}:user:42\" and \"{{tenant:7}}:all\""
     )]
     CrossSlot {
-        /// The keys of the operation, as given.
-        keys: Vec<String>,
+        /// The key that set the slot.
+        first: String,
+        /// Its slot.
+        first_slot: u16,
+        /// The key in another slot.
+        second: String,
+        /// Its slot.
+        second_slot: u16,
+    },
+
+    /// An argument is malformed in a way the other input variants do not
+    /// describe (a bad name, a duplicate, a missing key, a burst that an
+    /// algorithm cannot honour). Nothing was sent.
+    #[error("invalid {what}: {reason}")]
+    InvalidArgument {
+        /// Which argument (`"name"`, `"shared keys"`, `"quota"`, ...).
+        what: &'static str,
+        /// What is wrong with it, and how to fix it.
+        reason: String,
     },
 
     /// The server answered with an error; the operation did not take effect.
@@ -177,6 +194,7 @@ impl Error {
                 | Error::OutOfRange { .. }
                 | Error::InsufficientCapacity { .. }
                 | Error::CrossSlot { .. }
+                | Error::InvalidArgument { .. }
         )
     }
 }
@@ -212,13 +230,16 @@ mod tests {
     #[test]
     fn cross_slot_says_how_to_fix_the_keys() {
         let err = Error::CrossSlot {
-            keys: vec!["a".into(), "b".into()],
+            first: "a".into(),
+            first_slot: crate::keys::slot("a"),
+            second: "b".into(),
+            second_slot: crate::keys::slot("b"),
         };
         assert!(err.is_invalid_input() && err.is_definite());
         let text = err.to_string();
-        assert!(text.contains(r#"["a", "b"]"#), "{text}");
+        assert!(text.contains(r#""a" (slot 15495)"#), "{text}");
         assert!(
-            text.contains("hash tag") && text.contains("{user:42}:a"),
+            text.contains("hash tag") && text.contains("{tenant:7}:all"),
             "{text}"
         );
     }

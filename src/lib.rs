@@ -83,6 +83,8 @@
 //! run by [`limits::try_increment`].
 //!
 //! * [`limits`]: bounded counters (fixed windows, concurrency limits).
+//! * [`rate`]: rate limiters (GCRA, token bucket, sliding and fixed windows),
+//!   atomic multi-limit checks, IETF `RateLimit` headers.
 //! * [`script`]: the engine: the embedded registry, [`Scripts::load`], `EVALSHA`
 //!   with the `EVAL` fallback, [`Batch`], [`stats`]; cluster behaviour.
 //! * [`keys`]: cluster slots and hash tags for scripts that touch several keys.
@@ -105,6 +107,7 @@
 mod error;
 pub mod keys;
 pub mod limits;
+pub mod rate;
 pub mod script;
 mod validate;
 

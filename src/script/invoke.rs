@@ -70,8 +70,9 @@ pub struct Invocation {
     cmd: Cmd,
     /// The cluster slot of the keys; `None` for a keyless call.
     slot: Option<u16>,
-    /// Set when the keys span several slots: the call is refused before I/O.
-    cross_slot: Option<Vec<String>>,
+    /// Set when the keys span several slots: the first key and slot, and the
+    /// first key of another slot. The call is refused before I/O.
+    cross_slot: Option<[(String, u16); 2]>,
 }
 
 impl Invocation {
@@ -87,10 +88,12 @@ impl Invocation {
         // A script may only touch keys of one slot on a cluster. Refusing it
         // everywhere (single nodes too) means a key layout that works in
         // development also works on a cluster.
-        let cross_slot = keys
-            .iter()
-            .any(|key| Some(keys::slot(key)) != slot)
-            .then(|| keys.iter().map(|key| (*key).to_owned()).collect());
+        let cross_slot = keys.iter().zip(slot).find_map(|(first, slot)| {
+            keys.iter()
+                .map(|key| (*key, keys::slot(key)))
+                .find(|(_, other)| *other != slot)
+                .map(|(key, other)| [((*first).to_owned(), slot), (key.to_owned(), other)])
+        });
         Invocation {
             script,
             cmd,
@@ -122,7 +125,12 @@ impl Invocation {
     /// [`Error::CrossSlot`] when the keys span several cluster slots.
     pub(crate) fn check(&self) -> Result<()> {
         match &self.cross_slot {
-            Some(keys) => Err(Error::CrossSlot { keys: keys.clone() }),
+            Some([(first, first_slot), (second, second_slot)]) => Err(Error::CrossSlot {
+                first: first.clone(),
+                first_slot: *first_slot,
+                second: second.clone(),
+                second_slot: *second_slot,
+            }),
             None => Ok(()),
         }
     }
@@ -274,7 +282,9 @@ pub(crate) mod tests {
         let mut conn = NoIo::default();
         let call = Invocation::new(&ECHO, &["{a}:x", "{b}:y"]);
         match call.run(&mut conn).await {
-            Err(Error::CrossSlot { keys }) => assert_eq!(keys, ["{a}:x", "{b}:y"]),
+            Err(Error::CrossSlot { first, second, .. }) => {
+                assert_eq!((first.as_str(), second.as_str()), ("{a}:x", "{b}:y"))
+            }
             other => panic!("expected CrossSlot, got {other:?}"),
         }
         assert_eq!(conn.sent, 0);

@@ -1,0 +1,117 @@
+-- rate/fixed_window/check: take `cost` from one or more fixed windows, all or nothing.
+--
+-- The bounded counter with a window (as limits/try_increment): a limit is a
+-- counter whose expiry is the end of its window. The first admission opens
+-- the window; once it ends, counting starts again from zero. Windows start
+-- when a limiter is first used, not on the clock, so the windows of
+-- different users do not all end at the same instant.
+--
+-- KEYS[i]     limit i: a string holding an integer, the units admitted in the
+--             current window; its expiry (PEXPIRETIME) is the window's end.
+--             Missing, or past its end, means empty.
+-- ARGV[1]     cost    integer, 1 <= cost <= every limit.
+-- ARGV[2i]    window  w of limit i, integer milliseconds >= 1: an admission
+--                     into an empty limit opens the window [now, now + w).
+-- ARGV[2i+1]  limit   L of limit i, integer >= 1.
+--
+-- Decision, with now = TIME in ms (rounded down), for each limit: a window
+-- has ended when now >= its end (compared here with TIME rather than left
+-- to Redis's expiry, which uses another reading of the clock and keeps a key
+-- through the millisecond its expiry names); then
+--   fits = count + cost <= L
+-- When every limit fits, each adds cost (an ended or missing window is
+-- replaced by a new one holding cost); otherwise nothing is counted (a denied
+-- call consumes nothing, on any limit). A counter found without an expiry
+-- (written by something else) is given the end now + w, so that it cannot
+-- block forever.
+--
+-- Reply: {admitted, now, then per limit: fits, remaining, retry_after, reset_after}
+--   admitted     1 when every limit fitted and was charged; else 0
+--   now          the server time of the decision, microseconds since the epoch
+--   fits         1 when this limit on its own had room for cost
+--   remaining    L - count after this call, never below 0
+--   retry_after  milliseconds until the window ends (then cost fits); -1
+--                when it fits now
+--   reset_after  milliseconds until the window ends; 0 when the count is 0
+--
+-- Guarantees: every limit is read and decided before the first write; any
+-- number of concurrent callers never push a count past L in one window.
+-- Like every fixed window, up to 2L can pass within w across a window end.
+--
+-- Example: limit 3 per 60000 ms, on a missing key at now = N us:
+-- {1, N, 1, 2, -1, 60000}; three more calls 2 ms later: the last gets
+-- {0, N + 2000, 0, 0, 59998, 59998}.
+
+local MAX = 9007199254740991
+
+local function fail(msg)
+  return redis.error_reply('ERR nolock rate/fixed_window/check: ' .. msg)
+end
+
+local function int(i, min, max)
+  local v = tonumber(ARGV[i])
+  if v == nil or v ~= math.floor(v) or v < min or v > max then return nil end
+  return v
+end
+
+local n = #KEYS
+if n < 1 or #ARGV ~= 1 + 2 * n then
+  return fail('expected 1 + 2 arguments per key, got ' .. #ARGV .. ' for ' .. n .. ' keys')
+end
+local cost = int(1, 1, MAX)
+if not cost then return fail('bad cost: ' .. tostring(ARGV[1])) end
+local window, limit = {}, {}
+for i = 1, n do
+  local w, l = int(2 * i, 1, MAX), int(2 * i + 1, 1, MAX)
+  if not w or not l then return fail('bad window or limit for key ' .. i) end
+  if cost > l then return fail('cost is above the limit of key ' .. i) end
+  window[i], limit[i] = w, l
+end
+
+local time = redis.call('TIME')
+local now_us = tonumber(time[1]) * 1000000 + tonumber(time[2])
+local now = math.floor(now_us / 1000) -- exact: now_us < 2^53
+
+local count, ends, repair, fits, admitted = {}, {}, {}, {}, 1
+for i = 1, n do
+  local c, e = 0, nil
+  local stored = redis.call('GET', KEYS[i])
+  if stored then
+    c = tonumber(stored)
+    if c == nil or c ~= math.floor(c) or c < 0 then
+      return fail('key ' .. i .. ' does not hold a counter')
+    end
+    e = redis.call('PEXPIRETIME', KEYS[i])
+    if e == -1 then
+      e, repair[i] = now + window[i], true
+    elseif now >= e then
+      c, e = 0, nil -- the window has ended
+    end
+  end
+  count[i], ends[i] = c, e
+  -- Compared as cost > L - count so that no intermediate passes 2^53.
+  fits[i] = cost <= limit[i] - c
+  if not fits[i] then admitted = 0 end
+end
+
+-- Numbers are passed to Redis as they are: integers below 2^53 are sent
+-- exactly (Redis prints them with %.17g, or as integers since 7.2).
+local reply = {admitted, now_us}
+for i = 1, n do
+  local c, e = count[i], ends[i]
+  if admitted == 1 and e == nil then
+    c, e = cost, now + window[i]
+    redis.call('SET', KEYS[i], c, 'PXAT', e)
+  else
+    if admitted == 1 then c = redis.call('INCRBY', KEYS[i], cost) end
+    if repair[i] then redis.call('PEXPIREAT', KEYS[i], e) end
+  end
+  local retry, reset = -1, 0
+  if e ~= nil and c > 0 then reset = e - now end
+  if not fits[i] then retry = e - now end
+  reply[#reply + 1] = fits[i] and 1 or 0
+  reply[#reply + 1] = math.max(0, limit[i] - c)
+  reply[#reply + 1] = retry
+  reply[#reply + 1] = reset
+end
+return reply

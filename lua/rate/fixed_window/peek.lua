@@ -1,0 +1,74 @@
+#!lua flags=no-writes
+-- rate/fixed_window/peek: what rate/fixed_window/check would answer for `cost`, without taking anything.
+--
+-- KEYS and ARGV are those of rate/fixed_window/check (state: an integer
+-- counter whose expiry is its window's end; ARGV[1] cost, then window w in ms
+-- and limit L per key).
+--
+-- Reply: {admitted, now, then per limit: fits, remaining, retry_after, reset_after}
+--   as rate/fixed_window/check, except that nothing is charged: admitted
+--   says whether check would admit, and remaining is L - count now. A
+--   counter without an expiry is reported as if its window ended at now + w.
+--
+-- Read-only (flags=no-writes): it runs with EVALSHA_RO, replicas accept it,
+-- and Redis itself refuses any write from it.
+--
+-- Example: limit 3, count 3, window ending 1200 ms from now: peeking cost 1
+-- gives {0, now, 0, 0, 1200, 1200}.
+
+local MAX = 9007199254740991
+
+local function fail(msg)
+  return redis.error_reply('ERR nolock rate/fixed_window/peek: ' .. msg)
+end
+
+local function int(i, min, max)
+  local v = tonumber(ARGV[i])
+  if v == nil or v ~= math.floor(v) or v < min or v > max then return nil end
+  return v
+end
+
+local n = #KEYS
+if n < 1 or #ARGV ~= 1 + 2 * n then
+  return fail('expected 1 + 2 arguments per key, got ' .. #ARGV .. ' for ' .. n .. ' keys')
+end
+local cost = int(1, 1, MAX)
+if not cost then return fail('bad cost: ' .. tostring(ARGV[1])) end
+
+local time = redis.call('TIME')
+local now_us = tonumber(time[1]) * 1000000 + tonumber(time[2])
+local now = math.floor(now_us / 1000)
+
+local reply, admitted = {0, now_us}, 1
+for i = 1, n do
+  local w, l = int(2 * i, 1, MAX), int(2 * i + 1, 1, MAX)
+  if not w or not l then return fail('bad window or limit for key ' .. i) end
+  if cost > l then return fail('cost is above the limit of key ' .. i) end
+  local c, e = 0, nil
+  local stored = redis.call('GET', KEYS[i])
+  if stored then
+    c = tonumber(stored)
+    if c == nil or c ~= math.floor(c) or c < 0 then
+      return fail('key ' .. i .. ' does not hold a counter')
+    end
+    e = redis.call('PEXPIRETIME', KEYS[i])
+    if e == -1 then
+      e = now + w
+    elseif now >= e then
+      c, e = 0, nil
+    end
+  end
+  local fits = cost <= l - c
+  local retry, reset = -1, 0
+  if e ~= nil and c > 0 then reset = e - now end
+  if not fits then
+    admitted = 0
+    retry = e - now
+  end
+  reply[#reply + 1] = fits and 1 or 0
+  reply[#reply + 1] = math.max(0, l - c)
+  reply[#reply + 1] = retry
+  reply[#reply + 1] = reset
+end
+reply[1] = admitted
+return reply

@@ -1,0 +1,107 @@
+#!lua flags=no-writes
+-- rate/sliding_window/peek: what rate/sliding_window/check would answer for `cost`, without taking anything.
+--
+-- KEYS and ARGV are those of rate/sliding_window/check (state: hash {start,
+-- count, previous}; ARGV[1] cost, then window w in ms and limit L per key).
+--
+-- Reply: {admitted, now, then per limit: fits, remaining, retry_after, reset_after}
+--   as rate/sliding_window/check, except that nothing is charged: admitted
+--   says whether check would admit, and remaining counts what fits now,
+--   L - count - ceil(previous x (w - e) / w), before any charge.
+--
+-- Read-only (flags=no-writes): it runs with EVALSHA_RO, replicas accept it,
+-- and Redis itself refuses any write from it.
+--
+-- Example: limit 10 per 1000 ms; previous = 10, count = 0, e = 300: peeking
+-- cost 4 gives fits 0, remaining 3, retry_after 100, reset_after 700.
+
+local MAX = 9007199254740991
+
+local function fail(msg)
+  return redis.error_reply('ERR nolock rate/sliding_window/peek: ' .. msg)
+end
+
+local function int(i, min, max)
+  local v = tonumber(ARGV[i])
+  if v == nil or v ~= math.floor(v) or v < min or v > max then return nil end
+  return v
+end
+
+local function floor_div(a, b)
+  local q = math.floor(a / b)
+  if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
+  return q
+end
+
+local function ceil_div(a, b)
+  return floor_div(a + b - 1, b)
+end
+
+local function integer(s)
+  local v = tonumber(s)
+  if v == nil or v ~= math.floor(v) or v < 0 then return nil end
+  return v
+end
+
+local n = #KEYS
+if n < 1 or #ARGV ~= 1 + 2 * n then
+  return fail('expected 1 + 2 arguments per key, got ' .. #ARGV .. ' for ' .. n .. ' keys')
+end
+local cost = int(1, 1, MAX)
+if not cost then return fail('bad cost: ' .. tostring(ARGV[1])) end
+
+local time = redis.call('TIME')
+local now_us = tonumber(time[1]) * 1000000 + tonumber(time[2])
+local now = floor_div(now_us, 1000)
+
+local function retry_ms(c, p, e, w, l)
+  local x = l - c - cost
+  if x >= 0 and p > 0 then
+    local e1 = w - floor_div(x * w, p)
+    if e1 < w then return e1 - e end
+  end
+  if c == 0 then return w - e end
+  local e2 = math.max(0, w - floor_div((l - cost) * w, c))
+  return w - e + e2
+end
+
+local reply, admitted = {0, now_us}, 1
+for i = 1, n do
+  local w, l = int(2 * i, 1, MAX), int(2 * i + 1, 1, MAX)
+  if not w or not l or l * w > MAX then
+    return fail('bad window or limit for key ' .. i)
+  end
+  if cost > l then return fail('cost is above the limit of key ' .. i) end
+  local cur = floor_div(now, w) * w
+  local c, p = 0, 0
+  local state = redis.call('HMGET', KEYS[i], 'start', 'count', 'previous')
+  if not (state[1] or state[2] or state[3]) and redis.call('EXISTS', KEYS[i]) == 1 then
+    return fail('key ' .. i .. ' does not hold a sliding window')
+  end
+  if state[1] or state[2] or state[3] then
+    local s, sc, sp = integer(state[1]), integer(state[2]), integer(state[3])
+    if not s or not sc or not sp then
+      return fail('key ' .. i .. ' does not hold a sliding window')
+    end
+    if s >= cur then
+      cur, c, p = s, sc, sp
+    elseif s == cur - w then
+      p = sc
+    end
+  end
+  c, p = math.min(c, l), math.min(p, l)
+  local e = math.max(0, now - cur)
+  local fits = c + cost <= l and p * (w - e) <= (l - c - cost) * w
+  local retry, reset = -1, 0
+  if not fits then
+    admitted = 0
+    retry = retry_ms(c, p, e, w, l)
+  end
+  if c > 0 then reset = cur + 2 * w - now elseif p > 0 then reset = cur + w - now end
+  reply[#reply + 1] = fits and 1 or 0
+  reply[#reply + 1] = math.max(0, l - c - ceil_div(p * (w - e), w))
+  reply[#reply + 1] = retry
+  reply[#reply + 1] = reset
+end
+reply[1] = admitted
+return reply

@@ -1,0 +1,310 @@
+//! [`Limiter`]: one limit, one key.
+
+use redis::aio::ConnectionLike;
+
+use super::{headers, Algorithm, Headers, Quota, RateLimit};
+use crate::{validate, Error, Result};
+
+/// One rate limit: an [`Algorithm`], a [`Quota`] and a name for the HTTP
+/// headers. Build it once (it is cheap to clone) and call it with the key of
+/// whatever is limited: a user, an API key, an IP address.
+///
+/// The key is used as given: it is the Redis key that holds the limiter's
+/// state. Use one key with one algorithm only; the algorithms store different
+/// shapes.
+///
+/// # Example
+///
+/// ```no_run
+/// use nolock::rate::{Algorithm, Limiter, Quota};
+///
+/// # async fn run(conn: &mut redis::aio::MultiplexedConnection) -> nolock::Result<()> {
+/// let limiter = Limiter::new(Algorithm::SlidingWindow, Quota::per_hour(1000)?)?.named("hourly")?;
+/// let decision = limiter.check(conn, "rl:hourly:user:42", 1).await?;
+/// if !decision.allowed {
+///     let wait = decision.retry_after.unwrap_or_default();
+///     println!("over the hourly limit; try again in {} ms", wait.as_millis());
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limiter {
+    algorithm: Algorithm,
+    quota: Quota,
+    name: String,
+}
+
+impl Limiter {
+    /// A limiter named `"default"`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] when a window algorithm gets a quota whose
+    /// burst differs from its rate; [`Error::OutOfRange`] when a sliding
+    /// window's `rate × period in ms` passes 2^53 - 1.
+    pub fn new(algorithm: Algorithm, quota: Quota) -> Result<Limiter> {
+        algorithm.accept(&quota)?;
+        Ok(Limiter {
+            algorithm,
+            quota,
+            name: "default".to_owned(),
+        })
+    }
+
+    /// The same limiter under another name: the policy name in the
+    /// `RateLimit-Policy` and `RateLimit` headers.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] unless `name` is 1 to 64 characters of
+    /// ASCII letters, digits, `_`, `-`, `.` and `:`.
+    pub fn named(self, name: &str) -> Result<Limiter> {
+        Ok(Limiter {
+            name: valid_name(name)?,
+            ..self
+        })
+    }
+
+    /// The algorithm.
+    pub fn algorithm(&self) -> Algorithm {
+        self.algorithm
+    }
+
+    /// The quota.
+    pub fn quota(&self) -> &Quota {
+        &self.quota
+    }
+
+    /// The policy name used in the headers.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Take `cost` units for `key` if they fit; a denied call takes nothing.
+    ///
+    /// One round trip, decided by the server's clock.
+    ///
+    /// # Errors
+    ///
+    /// Before any I/O: [`Error::EmptyKey`], [`Error::ZeroLimit`] (`cost` 0),
+    /// [`Error::OutOfRange`] (`cost` above 2^53 - 1),
+    /// [`Error::InsufficientCapacity`] (`cost` above the limit: it could never
+    /// be admitted, which is different from a denial). From Redis:
+    /// [`Error::Redis`] (e.g. the key holds something else; nothing was
+    /// written) and [`Error::Indeterminate`] (the units may have been taken;
+    /// nolock does not retry).
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// use nolock::rate::{Algorithm, Limiter, Quota};
+    ///
+    /// # async fn run(conn: &mut redis::aio::MultiplexedConnection) -> nolock::Result<()> {
+    /// let uploads = Limiter::new(Algorithm::TokenBucket, Quota::per_minute(100)?)?;
+    /// // A batch of 20 items costs 20.
+    /// let d = uploads.check(conn, "rl:uploads:tenant:7", 20).await?;
+    /// assert!(d.remaining <= 100);
+    /// # Ok(()) }
+    /// ```
+    pub async fn check<C>(&self, conn: &mut C, key: &str, cost: u64) -> Result<RateLimit>
+    where
+        C: ConnectionLike + Send,
+    {
+        self.decide(conn, key, cost, false).await
+    }
+
+    /// What [`Limiter::check`] would answer for `cost` now, without taking
+    /// anything. Runs with `EVALSHA_RO` (a replica can serve it; Redis refuses
+    /// any write from it).
+    ///
+    /// # Errors
+    ///
+    /// As [`Limiter::check`]. A read is safe to retry.
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// # async fn run(conn: &mut redis::aio::MultiplexedConnection, limiter: &nolock::rate::Limiter)
+    /// #     -> nolock::Result<()> {
+    /// let would = limiter.peek(conn, "rl:user:42", 1).await?;
+    /// println!("{} left, full again in {:?}", would.remaining, would.reset_after);
+    /// # Ok(()) }
+    /// ```
+    pub async fn peek<C>(&self, conn: &mut C, key: &str, cost: u64) -> Result<RateLimit>
+    where
+        C: ConnectionLike + Send,
+    {
+        self.decide(conn, key, cost, true).await
+    }
+
+    async fn decide<C>(&self, conn: &mut C, key: &str, cost: u64, peek: bool) -> Result<RateLimit>
+    where
+        C: ConnectionLike + Send,
+    {
+        validate::key(key)?;
+        let quotas = [self.quota];
+        let decision = super::decide(conn, self.algorithm, peek, &[key], &quotas, cost).await?;
+        decision
+            .limits
+            .into_iter()
+            .next()
+            .ok_or_else(|| Error::UnexpectedReply {
+                script: self.algorithm.scripts().check.name(),
+                detail: "no limit in the reply".to_owned(),
+            })
+    }
+
+    /// Give `amount` units back to `key` (for example when the work they paid
+    /// for was not done), never beyond a full limiter. Returns the units that
+    /// fit afterwards ([`RateLimit::remaining`]).
+    ///
+    /// GCRA and token bucket get the time back; the sliding window takes it
+    /// off the current window first, then the previous one; the fixed window
+    /// lowers its count and keeps its window. A missing key stays missing.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::EmptyKey`], [`Error::ZeroLimit`] (`amount` 0),
+    /// [`Error::OutOfRange`] before any I/O; [`Error::Redis`] and
+    /// [`Error::Indeterminate`] from Redis. Retrying after
+    /// [`Error::Indeterminate`] may refund twice (never past full).
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// # async fn run(conn: &mut redis::aio::MultiplexedConnection, limiter: &nolock::rate::Limiter)
+    /// #     -> nolock::Result<()> {
+    /// let d = limiter.check(conn, "rl:user:42", 5).await?;
+    /// if d.allowed {
+    ///     let upstream_failed = true; // the work was not done
+    ///     if upstream_failed {
+    ///         limiter.refund(conn, "rl:user:42", 5).await?;
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn refund<C>(&self, conn: &mut C, key: &str, amount: u64) -> Result<u64>
+    where
+        C: ConnectionLike + Send,
+    {
+        validate::key(key)?;
+        let remaining = super::refund(conn, self.algorithm, &[key], &[self.quota], amount).await?;
+        Ok(remaining.into_iter().next().unwrap_or(0))
+    }
+
+    /// Forget the state at `key`: the limiter is full again. Idempotent.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::EmptyKey`] before any I/O; [`Error::Redis`] and
+    /// [`Error::Indeterminate`] from Redis (safe to retry).
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// # async fn run(conn: &mut redis::aio::MultiplexedConnection, limiter: &nolock::rate::Limiter)
+    /// #     -> nolock::Result<()> {
+    /// limiter.reset(conn, "rl:user:42").await?; // e.g. after a plan upgrade
+    /// # Ok(()) }
+    /// ```
+    pub async fn reset<C>(&self, conn: &mut C, key: &str) -> Result<()>
+    where
+        C: ConnectionLike + Send,
+    {
+        validate::key(key)?;
+        super::reset(conn, &[key]).await
+    }
+
+    /// The `RateLimit-Policy`, `RateLimit` and `Retry-After` header values for
+    /// a decision of this limiter. See [`headers`](super::headers).
+    ///
+    /// ```
+    /// use std::time::{Duration, UNIX_EPOCH};
+    /// use nolock::rate::{Algorithm, Limiter, Quota, RateLimit};
+    ///
+    /// # fn main() -> nolock::Result<()> {
+    /// let limiter = Limiter::new(Algorithm::FixedWindow, Quota::per_minute(100)?)?;
+    /// let denied = RateLimit {
+    ///     allowed: false,
+    ///     limit: 100,
+    ///     remaining: 0,
+    ///     retry_after: Some(Duration::from_millis(29_001)),
+    ///     reset_after: Duration::from_millis(29_001),
+    ///     at: UNIX_EPOCH,
+    /// };
+    /// let h = limiter.headers(&denied);
+    /// assert_eq!(h.policy, r#""default";q=100;w=60"#);
+    /// assert_eq!(h.rate_limit, r#""default";r=0;t=30"#);
+    /// assert_eq!(h.retry_after.as_deref(), Some("30"));
+    /// # Ok(()) }
+    /// ```
+    pub fn headers(&self, decision: &RateLimit) -> Headers {
+        Headers {
+            policy: headers::policy_item(&self.name, &self.quota),
+            rate_limit: headers::rate_limit_item(&self.name, decision),
+            retry_after: decision.retry_after.map(headers::retry_after_value),
+        }
+    }
+}
+
+/// A policy name: 1 to 64 ASCII letters, digits, `_ - . :`. It is written
+/// into headers (as a structured-field string) and into derived keys.
+pub(super) fn valid_name(name: &str) -> Result<String> {
+    let ok = (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b':'));
+    if ok {
+        Ok(name.to_owned())
+    } else {
+        Err(Error::InvalidArgument {
+            what: "name",
+            reason: format!(
+                "{name:?} must be 1 to 64 characters of ASCII letters, digits, '_', '-', '.', ':'"
+            ),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn names_are_checked() {
+        for good in ["default", "per_second", "a", "tenant:7.hour-1"] {
+            assert_eq!(valid_name(good).unwrap(), good);
+        }
+        for bad in ["", "has space", "quote\"", "é", &"x".repeat(65)] {
+            assert!(
+                matches!(
+                    valid_name(bad),
+                    Err(Error::InvalidArgument { what: "name", .. })
+                ),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn windows_refuse_a_burst_and_huge_products() {
+        let bursty = Quota::per_second(10).unwrap().with_burst(20).unwrap();
+        assert!(Limiter::new(Algorithm::Gcra, bursty).is_ok());
+        assert!(Limiter::new(Algorithm::TokenBucket, bursty).is_ok());
+        for alg in [Algorithm::SlidingWindow, Algorithm::FixedWindow] {
+            assert!(matches!(
+                Limiter::new(alg, bursty),
+                Err(Error::InvalidArgument { what: "quota", .. })
+            ));
+        }
+        // 10^9 per day: 10^9 × 86 400 000 ms passes 2^53.
+        let daily = Quota::per(1_000_000_000, Duration::from_secs(86_400)).unwrap();
+        assert!(matches!(
+            Limiter::new(Algorithm::SlidingWindow, daily),
+            Err(Error::OutOfRange { .. })
+        ));
+        assert!(Limiter::new(Algorithm::FixedWindow, daily).is_ok());
+        assert!(Limiter::new(Algorithm::Gcra, daily).is_ok());
+    }
+}

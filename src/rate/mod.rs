@@ -1,0 +1,507 @@
+//! Rate limiters: GCRA, token bucket, sliding window and fixed window, each
+//! one Lua script and one round trip, decided by the Redis server's clock.
+//!
+//! Build a [`Limiter`] once from an [`Algorithm`] and a [`Quota`], then call
+//! [`Limiter::check`] per request. Every algorithm answers with the same
+//! [`RateLimit`]: allowed or not, how much is left, when to retry and when the
+//! limiter is full again, in milliseconds. [`MultiLimiter`] checks several
+//! limits (10 per second *and* 1000 per hour *and* a per-tenant limit) in one
+//! script call, all or nothing. [`Limiter::headers`] renders the IETF
+//! `RateLimit-Policy`, `RateLimit` and `Retry-After` header values.
+//!
+//! | call | scripts | what it does |
+//! |---|---|---|
+//! | [`Limiter::check`] | `lua/rate/<algorithm>/check.lua` | take `cost` if it fits; a denial takes nothing |
+//! | [`Limiter::peek`] | `lua/rate/<algorithm>/peek.lua` | what `check` would say; read-only (`EVALSHA_RO`) |
+//! | [`Limiter::refund`] | `lua/rate/<algorithm>/refund.lua` | give units back (work not done) |
+//! | [`Limiter::reset`] | `DEL` | forget the state: the limiter is full |
+//!
+//! # Choosing an algorithm
+//!
+//! * [`Algorithm::Gcra`]: smooth rate with a burst; one integer per key. The
+//!   default choice for "N per period" on request paths.
+//! * [`Algorithm::TokenBucket`]: the same decisions as GCRA, stored as
+//!   `{tokens, at}`; pick it when you want to read tokens in Redis.
+//! * [`Algorithm::SlidingWindow`]: "at most N in any window", approximated
+//!   by weighting the previous window; what most API gateways do. Suits long
+//!   windows (per hour, per day) where a burst of N at once is acceptable.
+//! * [`Algorithm::FixedWindow`]: a counter that resets when its window
+//!   expires; the cheapest, but up to 2N can pass across a window end.
+//!
+//! # Time
+//!
+//! Every decision is made inside the script with the server's clock
+//! (`TIME`, microseconds) or the server's key expiry, never the caller's
+//! clock, so skewed clients cannot let a burst through. Redis 7 replicates a
+//! script's effects, not the script, so reading `TIME` in a writing script is
+//! safe on replicas and in the AOF. A client that waits
+//! [`RateLimit::retry_after`] and asks again is admitted, if nothing else
+//! was admitted in between: `retry_after` is rounded up to the millisecond.
+//!
+//! # Memory
+//!
+//! Every key a script writes expires when the limiter would be full again (a
+//! missing key *means* full), so idle limiters cost nothing. A denied call
+//! writes nothing.
+//!
+//! # Example: a request handler
+//!
+//! ```no_run
+//! use std::sync::LazyLock;
+//! use nolock::rate::{Algorithm, Limiter, Quota};
+//!
+//! static API: LazyLock<Limiter> = LazyLock::new(|| {
+//!     let quota = Quota::per_second(10).and_then(|q| q.with_burst(20));
+//!     quota.and_then(|q| Limiter::new(Algorithm::Gcra, q)).expect("a valid quota")
+//! });
+//!
+//! # async fn handler(conn: &mut redis::aio::MultiplexedConnection, user: &str)
+//! #     -> nolock::Result<()> {
+//! let decision = API.check(conn, &format!("rl:{user}"), 1).await?;
+//! let headers = API.headers(&decision);
+//! // Copy into the response: RateLimit-Policy, RateLimit, and on 429 Retry-After.
+//! for (name, value) in headers.iter() {
+//!     println!("{name}: {value}");
+//! }
+//! if !decision.allowed {
+//!     println!("429 Too Many Requests");
+//!     return Ok(());
+//! }
+//! println!("200 OK, {} left", decision.remaining);
+//! # Ok(()) }
+//! ```
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use redis::aio::ConnectionLike;
+
+use crate::script::{Invocation, Reply, Script};
+use crate::{validate, Error, Result};
+
+mod fixed_window;
+mod gcra;
+pub mod headers;
+mod limiter;
+mod multi;
+mod quota;
+mod sliding_window;
+mod token_bucket;
+
+pub use headers::Headers;
+pub use limiter::Limiter;
+pub use multi::{MultiLimiter, MultiRateLimit};
+pub use quota::{Quota, MAX_PERIOD};
+
+/// How a limiter decides. All four take the same [`Quota`] and answer with the
+/// same [`RateLimit`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Algorithm {
+    /// Generic cell rate algorithm: a smooth rate with a burst.
+    ///
+    /// **State**: one string per key, the *theoretical arrival time* TAT, in
+    /// integer microseconds since the Unix epoch by the server clock: the
+    /// instant at which the limiter is full again. Missing or past means
+    /// full; the key expires at TAT.
+    ///
+    /// **Numbers**: with `T = period / rate` (the emission interval) and
+    /// `b = burst`, a call of cost `c` at `now` fits when
+    /// `max(TAT, now) - now + c × T <= b × T`, and then moves TAT to
+    /// `max(TAT, now) + c × T`. The tolerance is `τ = (b - 1) × T`. For 10 per
+    /// second with burst 20: T = 100 ms, τ = 1.9 s; a full limiter admits 20
+    /// at once, then one every 100 ms, and an idle one is full 2 s after its
+    /// last admission. In any span of `d`, at most `b + floor(d / T)` units
+    /// pass.
+    Gcra,
+
+    /// Token bucket: `burst` tokens of capacity, one more every `T = period /
+    /// rate`.
+    ///
+    /// **State**: a hash per key, `tokens` (whole tokens in the bucket) and
+    /// `at` (integer microseconds since the Unix epoch, server clock: refill
+    /// is credited up to this instant; the part of an interval not yet worth a
+    /// token is kept by not moving `at` past it). Missing means full; the key
+    /// expires when the bucket is full again.
+    ///
+    /// Its decisions are exactly GCRA's for the same quota (`TAT = at +
+    /// (burst - tokens) × T`); it stores two fields instead of one.
+    TokenBucket,
+
+    /// Sliding window counter: at most `rate` per `period`, counted over the
+    /// current window plus the previous one, weighted by how much of it is
+    /// still inside the last `period`.
+    ///
+    /// **State**: a hash per key, `start` (integer milliseconds since the Unix
+    /// epoch, server clock: the start of the current window, a multiple of
+    /// the period), `count` (units admitted in it) and `previous` (units
+    /// admitted in the window before). The key expires at `start + 2 ×
+    /// period`.
+    ///
+    /// **Numbers**: with `e` milliseconds into the current window of length
+    /// `w`, the estimate is `previous × (w - e) / w + count`, and a call of
+    /// cost `c` fits when `estimate + c <= rate`. Exact integer arithmetic
+    /// needs `rate × period in ms <= 2^53 - 1` (a day allows 10^8 per day).
+    SlidingWindow,
+
+    /// Fixed window: a counter that admits `rate` per window; the first
+    /// admission opens the window `[now, now + period)`, whose end is the
+    /// key's expiry.
+    ///
+    /// **State**: a string per key, the integer count of the current window;
+    /// its expiry (`PEXPIRETIME`, ms since the Unix epoch) is the window's
+    /// end, which the script compares with `TIME`. This is the bounded
+    /// counter of [`crate::limits`], with several keys per call and the common
+    /// result. Windows start at first use, so different users' windows do not
+    /// all end at once; up to `2 × rate` can pass within one period across a
+    /// window end.
+    FixedWindow,
+}
+
+impl Algorithm {
+    /// Every algorithm, in declaration order.
+    pub const ALL: [Algorithm; 4] = [
+        Algorithm::Gcra,
+        Algorithm::TokenBucket,
+        Algorithm::SlidingWindow,
+        Algorithm::FixedWindow,
+    ];
+
+    /// The algorithm's name, as in its script paths (`"gcra"`, `"token_bucket"`, ...).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Algorithm::Gcra => "gcra",
+            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::SlidingWindow => "sliding_window",
+            Algorithm::FixedWindow => "fixed_window",
+        }
+    }
+
+    fn scripts(self) -> &'static Scripts3 {
+        match self {
+            Algorithm::Gcra => &gcra::SCRIPTS,
+            Algorithm::TokenBucket => &token_bucket::SCRIPTS,
+            Algorithm::SlidingWindow => &sliding_window::SCRIPTS,
+            Algorithm::FixedWindow => &fixed_window::SCRIPTS,
+        }
+    }
+
+    /// The two numbers each script takes per limit.
+    fn params(self, quota: &Quota) -> [u64; 2] {
+        match self {
+            Algorithm::Gcra => gcra::params(quota),
+            Algorithm::TokenBucket => token_bucket::params(quota),
+            Algorithm::SlidingWindow => sliding_window::params(quota),
+            Algorithm::FixedWindow => fixed_window::params(quota),
+        }
+    }
+
+    /// Checks what a [`Quota`] cannot check alone: whether this algorithm
+    /// can honour it.
+    fn accept(self, quota: &Quota) -> Result<()> {
+        match self {
+            Algorithm::Gcra | Algorithm::TokenBucket => Ok(()),
+            Algorithm::SlidingWindow => sliding_window::accept(quota),
+            Algorithm::FixedWindow => fixed_window::accept(quota),
+        }
+    }
+}
+
+impl std::fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The three scripts of one algorithm.
+#[derive(Debug)]
+struct Scripts3 {
+    check: Script,
+    peek: Script,
+    refund: Script,
+}
+
+/// The answer of a rate limiter, the same for every [`Algorithm`].
+///
+/// Durations have millisecond precision and are rounded up, so waiting
+/// exactly `retry_after` is enough.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use = "a denied request must be turned away"]
+pub struct RateLimit {
+    /// True when the request was admitted (its cost was taken). From
+    /// [`Limiter::peek`]: true when it would be.
+    pub allowed: bool,
+    /// The most the limiter admits at once: the quota's burst (its rate, for
+    /// the windows).
+    pub limit: u64,
+    /// How many units fit right now: a request of cost `remaining` or less
+    /// would be admitted next, if nothing else arrives. For
+    /// [`Limiter::check`] this is after the call's cost was taken; for
+    /// [`Limiter::peek`], before.
+    pub remaining: u64,
+    /// How long until this same request would be admitted, if nothing else
+    /// arrives. `None` when it was admitted.
+    pub retry_after: Option<Duration>,
+    /// How long until the limiter is full again (`remaining == limit`), if
+    /// nothing else arrives. Zero when it is full.
+    pub reset_after: Duration,
+    /// When the decision was made, by the Redis server's clock (microsecond
+    /// precision). Add `reset_after` to it for an absolute reset time that
+    /// does not depend on the caller's clock.
+    pub at: SystemTime,
+}
+
+/// Validates a cost against every limit: at least 1, at most each burst.
+fn validate_cost(cost: u64, quotas: &[Quota]) -> Result<u64> {
+    let cost = validate::positive("cost", cost)?;
+    for quota in quotas {
+        if cost > quota.burst() {
+            return Err(Error::InsufficientCapacity {
+                requested: cost,
+                limit: quota.burst(),
+            });
+        }
+    }
+    Ok(cost)
+}
+
+/// `script KEYS... first (param_a param_b)...`: the layout every rate script takes.
+fn invocation(
+    script: &'static Script,
+    algorithm: Algorithm,
+    keys: &[&str],
+    quotas: &[Quota],
+    first: u64,
+) -> Invocation {
+    let mut call = Invocation::new(script, keys).arg(first);
+    for quota in quotas {
+        let [a, b] = algorithm.params(quota);
+        call = call.arg(a).arg(b);
+    }
+    call
+}
+
+/// The `check` (or `peek`) call for these limits. Keys must be validated.
+fn decide_call(
+    algorithm: Algorithm,
+    peek: bool,
+    keys: &[&str],
+    quotas: &[Quota],
+    cost: u64,
+) -> Result<Invocation> {
+    let cost = validate_cost(cost, quotas)?;
+    let scripts = algorithm.scripts();
+    let script = if peek { &scripts.peek } else { &scripts.check };
+    Ok(invocation(script, algorithm, keys, quotas, cost))
+}
+
+/// Decodes `{admitted, now, (fits, remaining, retry_after, reset_after)...}`.
+fn decode_decision(
+    script: &'static str,
+    value: redis::Value,
+    quotas: &[Quota],
+) -> Result<MultiRateLimit> {
+    let mut reply = Reply::new(script, value)?;
+    let allowed = reply.flag()?;
+    let at = UNIX_EPOCH + Duration::from_micros(reply.uint()?);
+    let mut limits = Vec::with_capacity(quotas.len());
+    for quota in quotas {
+        let fits = reply.flag()?;
+        let remaining = reply.uint()?;
+        let retry = reply.int()?;
+        let reset = reply.uint()?;
+        let retry_after = match (fits, u64::try_from(retry)) {
+            (true, _) if retry == -1 => None,
+            (false, Ok(ms)) => Some(Duration::from_millis(ms)),
+            _ => {
+                return Err(Error::UnexpectedReply {
+                    script,
+                    detail: format!("fits = {fits} with retry_after = {retry}"),
+                })
+            }
+        };
+        limits.push(RateLimit {
+            allowed: fits,
+            limit: quota.burst(),
+            remaining,
+            retry_after,
+            reset_after: Duration::from_millis(reset),
+            at,
+        });
+    }
+    reply.finish()?;
+    let denied_by = limits.iter().position(|limit| !limit.allowed);
+    if allowed != denied_by.is_none() {
+        return Err(Error::UnexpectedReply {
+            script,
+            detail: format!("admitted = {allowed}, but limit {denied_by:?} did not fit"),
+        });
+    }
+    Ok(MultiRateLimit {
+        allowed,
+        denied_by,
+        limits,
+    })
+}
+
+async fn decide<C>(
+    conn: &mut C,
+    algorithm: Algorithm,
+    peek: bool,
+    keys: &[&str],
+    quotas: &[Quota],
+    cost: u64,
+) -> Result<MultiRateLimit>
+where
+    C: ConnectionLike + Send,
+{
+    let call = decide_call(algorithm, peek, keys, quotas, cost)?;
+    let value = call.run(conn).await?;
+    let scripts = algorithm.scripts();
+    let name = if peek {
+        scripts.peek.name()
+    } else {
+        scripts.check.name()
+    };
+    decode_decision(name, value, quotas)
+}
+
+async fn refund<C>(
+    conn: &mut C,
+    algorithm: Algorithm,
+    keys: &[&str],
+    quotas: &[Quota],
+    amount: u64,
+) -> Result<Vec<u64>>
+where
+    C: ConnectionLike + Send,
+{
+    let amount = validate::positive("amount", amount)?;
+    let script = &algorithm.scripts().refund;
+    let value = invocation(script, algorithm, keys, quotas, amount)
+        .run(conn)
+        .await?;
+    let mut reply = Reply::new(script.name(), value)?;
+    let remaining = quotas
+        .iter()
+        .map(|_| reply.uint())
+        .collect::<Result<Vec<_>>>()?;
+    reply.finish()?;
+    Ok(remaining)
+}
+
+/// `DEL` of every key: a missing key is a full limiter, for every algorithm.
+async fn reset<C>(conn: &mut C, keys: &[&str]) -> Result<()>
+where
+    C: ConnectionLike + Send,
+{
+    redis::cmd("DEL")
+        .arg(keys)
+        .query_async::<i64>(conn)
+        .await
+        .map(drop)
+        .map_err(Error::from_redis)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::script::words;
+    use redis::Value::{Array, Int};
+
+    fn q(rate: u64, ms: u64) -> Quota {
+        Quota::per(rate, Duration::from_millis(ms)).unwrap()
+    }
+
+    #[test]
+    fn each_algorithm_sends_cost_then_two_numbers_per_limit() {
+        let quotas = [q(10, 1000).with_burst(20).unwrap(), q(5, 60_000)];
+        let expect = |alg: Algorithm, script: &Script, a: [&str; 4]| {
+            let call = decide_call(alg, false, &["k1", "k2"], &quotas, 3).unwrap();
+            let mut want = vec!["EVALSHA", script.sha1(), "2", "k1", "k2", "3"];
+            want.extend(a);
+            assert_eq!(words(call.command()), want, "{alg}");
+        };
+        expect(
+            Algorithm::Gcra,
+            &gcra::SCRIPTS.check,
+            ["100000", "20", "12000000", "5"],
+        );
+        expect(
+            Algorithm::TokenBucket,
+            &token_bucket::SCRIPTS.check,
+            ["100000", "20", "12000000", "5"],
+        );
+        expect(
+            Algorithm::SlidingWindow,
+            &sliding_window::SCRIPTS.check,
+            ["1000", "10", "60000", "5"],
+        );
+        expect(
+            Algorithm::FixedWindow,
+            &fixed_window::SCRIPTS.check,
+            ["1000", "10", "60000", "5"],
+        );
+        let peek = decide_call(Algorithm::Gcra, true, &["k"], &quotas[..1], 1).unwrap();
+        assert_eq!(words(peek.command())[0], "EVALSHA_RO");
+        assert_eq!(words(peek.command())[1], gcra::SCRIPTS.peek.sha1());
+    }
+
+    #[test]
+    fn costs_are_checked_against_every_limit() {
+        let quotas = [q(10, 1000), q(3, 1000)];
+        assert!(matches!(
+            decide_call(Algorithm::Gcra, false, &["a", "b"], &quotas, 0),
+            Err(Error::ZeroLimit { what: "cost" })
+        ));
+        assert!(matches!(
+            decide_call(Algorithm::Gcra, false, &["a", "b"], &quotas, 4),
+            Err(Error::InsufficientCapacity {
+                requested: 4,
+                limit: 3
+            })
+        ));
+    }
+
+    #[test]
+    fn decisions_decode_per_limit() {
+        let reply = Array(vec![
+            Int(0),
+            Int(1_700_000_000_123_456),
+            Int(1),
+            Int(7),
+            Int(-1),
+            Int(300),
+            Int(0),
+            Int(0),
+            Int(250),
+            Int(1000),
+        ]);
+        let d = decode_decision("t", reply, &[q(10, 1000), q(2, 1000)]).unwrap();
+        assert!(!d.allowed);
+        assert_eq!(d.denied_by, Some(1));
+        let at = UNIX_EPOCH + Duration::from_micros(1_700_000_000_123_456);
+        assert_eq!(
+            d.limits[0],
+            RateLimit {
+                allowed: true,
+                limit: 10,
+                remaining: 7,
+                retry_after: None,
+                reset_after: Duration::from_millis(300),
+                at
+            }
+        );
+        assert_eq!(d.limits[1].retry_after, Some(Duration::from_millis(250)));
+        assert_eq!(d.retry_after(), Some(Duration::from_millis(250)));
+    }
+
+    #[test]
+    fn inconsistent_replies_are_errors() {
+        let fits_with_retry = Array(vec![Int(1), Int(5), Int(1), Int(1), Int(20), Int(0)]);
+        assert!(decode_decision("t", fits_with_retry, &[q(1, 1000)]).is_err());
+        let admitted_but_denied = Array(vec![Int(1), Int(5), Int(0), Int(0), Int(20), Int(0)]);
+        assert!(decode_decision("t", admitted_but_denied, &[q(1, 1000)]).is_err());
+        let short = Array(vec![Int(1), Int(5), Int(1)]);
+        assert!(decode_decision("t", short, &[q(1, 1000)]).is_err());
+    }
+}

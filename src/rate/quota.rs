@@ -1,0 +1,254 @@
+//! [`Quota`]: how much a limiter admits, checked once when it is built.
+
+use std::time::Duration;
+
+use crate::{validate, Error, Result};
+
+/// The longest period, and the longest burst refill time, a [`Quota`] accepts:
+/// 2^51 µs, about 71 years.
+///
+/// The scripts keep instants as integer microseconds since the Unix epoch in
+/// Lua numbers, which are doubles and exact up to 2^53. "Now plus the time to
+/// refill a whole burst" stays below that bound until about the year 2200.
+pub const MAX_PERIOD: Duration = Duration::from_micros(1 << 51);
+
+/// A rate (`rate` units per `period`) and a burst (the most admitted at once).
+///
+/// Every [`Algorithm`](super::Algorithm) reads the same quota:
+///
+/// * **GCRA and token bucket**: one unit comes back every *emission interval*
+///   `T = period / rate`; a full limiter admits `burst` units back to back.
+///   The burst defaults to the rate ("10 per second" admits 10 at once, then
+///   one every 100 ms); [`Quota::with_burst`] changes it.
+/// * **Sliding and fixed windows**: at most `rate` units per window of
+///   `period`. Windows have no separate burst, so
+///   [`Limiter::new`](super::Limiter::new) rejects a quota whose burst differs
+///   from its rate for them.
+///
+/// # Precision
+///
+/// The period is taken in whole milliseconds (sub-millisecond parts are
+/// dropped, as for every nolock duration). The emission interval is kept in
+/// whole microseconds, **rounded up**: it is exact whenever `rate` divides the
+/// period in microseconds (10 per second is exactly 100 000 µs), and otherwise
+/// makes the limiter stricter by less than 1 µs per unit (3 per second admits
+/// one unit every 333 334 µs). A rate above one unit per microsecond of period
+/// is rejected rather than silently slowed down: count in coarser units.
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use nolock::rate::Quota;
+///
+/// # fn main() -> nolock::Result<()> {
+/// let q = Quota::per_second(10)?.with_burst(20)?;
+/// assert_eq!(q.emission_interval(), Duration::from_millis(100));
+/// assert_eq!(q.fill_time(), Duration::from_secs(2)); // empty to full
+///
+/// assert!(Quota::per_second(0).is_err());
+/// assert!(Quota::per(10, Duration::ZERO).is_err());
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Quota {
+    rate: u64,
+    period_ms: u64,
+    burst: u64,
+    /// `ceil(period / rate)` in microseconds, at least 1.
+    interval_us: u64,
+}
+
+impl Quota {
+    /// `rate` units per `period`, with a burst equal to the rate.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ZeroLimit`] (`rate` 0), [`Error::OutOfRange`] (`rate` above
+    /// 2^53 - 1, or above one per microsecond of `period`),
+    /// [`Error::ZeroDuration`] (`period` under 1 ms),
+    /// [`Error::DurationTooLong`] (`period` above [`MAX_PERIOD`]).
+    pub fn per(rate: u64, period: Duration) -> Result<Quota> {
+        let rate = validate::positive("rate", rate)?;
+        if period > MAX_PERIOD {
+            return Err(Error::DurationTooLong {
+                what: "period",
+                given: period,
+                max: MAX_PERIOD,
+            });
+        }
+        let period_us = validate::millis("period", period)? * 1000;
+        if rate > period_us {
+            return Err(Error::OutOfRange {
+                what: "rate (at most one unit per microsecond of the period)",
+                given: rate,
+                max: period_us,
+            });
+        }
+        Quota {
+            rate,
+            period_ms: period_us / 1000,
+            burst: rate,
+            interval_us: period_us.div_ceil(rate),
+        }
+        .checked()
+    }
+
+    /// `rate` units per second. See [`Quota::per`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Quota::per`].
+    pub fn per_second(rate: u64) -> Result<Quota> {
+        Quota::per(rate, Duration::from_secs(1))
+    }
+
+    /// `rate` units per minute. See [`Quota::per`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Quota::per`].
+    pub fn per_minute(rate: u64) -> Result<Quota> {
+        Quota::per(rate, Duration::from_secs(60))
+    }
+
+    /// `rate` units per hour. See [`Quota::per`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Quota::per`].
+    pub fn per_hour(rate: u64) -> Result<Quota> {
+        Quota::per(rate, Duration::from_secs(3600))
+    }
+
+    /// The same rate with another burst: the most a full limiter admits at
+    /// once (GCRA and token bucket only).
+    ///
+    /// In GCRA terms the tolerance is `τ = (burst - 1) × T`: a call may arrive
+    /// up to τ ahead of its theoretical schedule.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ZeroLimit`] (`burst` 0), [`Error::OutOfRange`] (above 2^53 - 1),
+    /// [`Error::DurationTooLong`] when refilling the whole burst would take
+    /// longer than [`MAX_PERIOD`].
+    pub fn with_burst(self, burst: u64) -> Result<Quota> {
+        let burst = validate::positive("burst", burst)?;
+        Quota { burst, ..self }.checked()
+    }
+
+    fn checked(self) -> Result<Quota> {
+        let fill = u128::from(self.burst) * u128::from(self.interval_us);
+        if fill > MAX_PERIOD.as_micros() {
+            return Err(Error::DurationTooLong {
+                what: "burst refill time (burst × period / rate)",
+                given: Duration::from_micros(u64::try_from(fill).unwrap_or(u64::MAX)),
+                max: MAX_PERIOD,
+            });
+        }
+        Ok(self)
+    }
+
+    /// Units per period.
+    pub const fn rate(&self) -> u64 {
+        self.rate
+    }
+
+    /// The period, in whole milliseconds.
+    pub const fn period(&self) -> Duration {
+        Duration::from_millis(self.period_ms)
+    }
+
+    /// The most admitted at once (the limit reported in every
+    /// [`RateLimit`](super::RateLimit)).
+    pub const fn burst(&self) -> u64 {
+        self.burst
+    }
+
+    /// `T`: how long one unit takes to come back, `period / rate` rounded up
+    /// to the microsecond.
+    pub const fn emission_interval(&self) -> Duration {
+        Duration::from_micros(self.interval_us)
+    }
+
+    /// `burst × T`: how long an empty GCRA limiter or token bucket takes to be
+    /// full again. For the windows, this is the period.
+    pub const fn fill_time(&self) -> Duration {
+        // Bounded by MAX_PERIOD when the quota was built.
+        Duration::from_micros(self.burst * self.interval_us)
+    }
+
+    pub(super) const fn interval_us(&self) -> u64 {
+        self.interval_us
+    }
+
+    pub(super) const fn period_ms(&self) -> u64 {
+        self.period_ms
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn intervals_are_exact_or_rounded_up() {
+        let q = Quota::per_second(10).unwrap();
+        assert_eq!((q.rate(), q.burst(), q.interval_us()), (10, 10, 100_000));
+        assert_eq!(Quota::per_second(3).unwrap().interval_us(), 333_334);
+        let q = Quota::per(1_000, Duration::from_millis(1)).unwrap();
+        assert_eq!(q.interval_us(), 1);
+        assert_eq!(q.period(), Duration::from_millis(1));
+        // Sub-millisecond parts of the period are dropped.
+        let q = Quota::per(1, Duration::from_micros(1_999)).unwrap();
+        assert_eq!(q.period(), Duration::from_millis(1));
+    }
+
+    #[test]
+    fn bad_quotas_are_rejected_by_name() {
+        let s = Duration::from_secs(1);
+        assert!(matches!(
+            Quota::per(0, s),
+            Err(Error::ZeroLimit { what: "rate" })
+        ));
+        assert!(matches!(
+            Quota::per(1, Duration::from_micros(900)),
+            Err(Error::ZeroDuration { what: "period" })
+        ));
+        assert!(matches!(
+            Quota::per(1, MAX_PERIOD + Duration::from_millis(1)),
+            Err(Error::DurationTooLong { what: "period", .. })
+        ));
+        assert!(matches!(
+            Quota::per(1_001, Duration::from_millis(1)),
+            Err(Error::OutOfRange {
+                given: 1_001,
+                max: 1_000,
+                ..
+            })
+        ));
+        assert!(matches!(
+            Quota::per(u64::MAX, s),
+            Err(Error::OutOfRange { what: "rate", .. })
+        ));
+        let q = Quota::per_second(10).unwrap();
+        assert!(matches!(
+            q.with_burst(0),
+            Err(Error::ZeroLimit { what: "burst" })
+        ));
+        // 2^40 units, one every 100 ms: more than 71 years to refill.
+        assert!(matches!(
+            q.with_burst(1 << 40),
+            Err(Error::DurationTooLong { .. })
+        ));
+        assert!(q.with_burst(1 << 20).is_ok());
+    }
+
+    #[test]
+    fn fill_time_is_burst_intervals() {
+        let q = Quota::per_minute(60).unwrap().with_burst(5).unwrap();
+        assert_eq!(q.emission_interval(), Duration::from_secs(1));
+        assert_eq!(q.fill_time(), Duration::from_secs(5));
+        assert!(Quota::per(1, MAX_PERIOD).is_ok());
+    }
+}

@@ -1,0 +1,307 @@
+//! Property tests: random sequences of `check` and `peek` (random costs, random
+//! pauses) against every algorithm, each answer compared field by field with
+//! a reference model written here in plain Rust and driven by the server time
+//! the answer reports (`RateLimit::at`). Any off-by-one in `remaining`,
+//! `retry_after` or `reset_after` shows up as a minimal failing sequence.
+//! Failing cases are kept in `tests/rate_model.proptest-regressions`.
+
+mod support;
+
+use std::time::{Duration, UNIX_EPOCH};
+
+use nolock::rate::{Algorithm, Limiter, Quota, RateLimit};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, FileFailurePersistence, TestRunner};
+use support::{prefix, RedisServer};
+
+#[derive(Debug, Clone)]
+struct Step {
+    peek: bool,
+    cost: u64,
+    pause_ms: u64,
+}
+
+#[derive(Debug, Clone)]
+struct Case {
+    rate: u64,
+    period_ms: u64,
+    burst: u64,
+    steps: Vec<Step>,
+}
+
+fn case(bursty: bool) -> impl Strategy<Value = Case> {
+    (1u64..8, prop::sample::select(vec![20u64, 50, 100]), 0u64..8).prop_flat_map(
+        move |(rate, period_ms, extra)| {
+            let burst = if bursty { rate + extra } else { rate };
+            let step = (
+                any::<bool>(),
+                1..=burst,
+                prop::sample::select(vec![0u64, 0, 1, 3, 7, 15, 30]),
+            )
+                .prop_map(|(peek, cost, pause_ms)| Step {
+                    peek,
+                    cost,
+                    pause_ms,
+                });
+            prop::collection::vec(step, 1..25).prop_map(move |steps| Case {
+                rate,
+                period_ms,
+                burst,
+                steps,
+            })
+        },
+    )
+}
+
+/// What every algorithm answers, in the units of the reply.
+#[derive(Debug, PartialEq, Eq)]
+struct Answer {
+    allowed: bool,
+    remaining: u64,
+    retry_ms: Option<u64>,
+    reset_ms: u64,
+}
+
+impl From<&RateLimit> for Answer {
+    fn from(d: &RateLimit) -> Self {
+        Answer {
+            allowed: d.allowed,
+            remaining: d.remaining,
+            retry_ms: d.retry_after.map(|r| r.as_millis() as u64),
+            reset_ms: d.reset_after.as_millis() as u64,
+        }
+    }
+}
+
+fn ceil_div(a: u64, b: u64) -> u64 {
+    a.div_ceil(b)
+}
+
+/// The state each algorithm keeps, as the scripts document it.
+#[derive(Debug, Default)]
+enum Model {
+    #[default]
+    Empty,
+    Gcra {
+        tat: u64,
+    },
+    Bucket {
+        tokens: u64,
+        at: u64,
+    },
+    Sliding {
+        start: u64,
+        count: u64,
+        previous: u64,
+    },
+    Fixed {
+        count: u64,
+        end: u64,
+    },
+}
+
+fn step(
+    model: &mut Model,
+    algorithm: Algorithm,
+    c: &Case,
+    now_us: u64,
+    cost: u64,
+    peek: bool,
+) -> Answer {
+    let t = (c.period_ms * 1000).div_ceil(c.rate);
+    let now_ms = now_us / 1000;
+    match algorithm {
+        Algorithm::Gcra => {
+            let b = c.burst;
+            let tat = match *model {
+                Model::Gcra { tat } => tat.max(now_us),
+                _ => now_us,
+            };
+            let fits = tat - now_us + cost * t <= b * t;
+            let after = if fits && !peek { tat + cost * t } else { tat };
+            if fits && !peek {
+                *model = Model::Gcra { tat: after };
+            }
+            let room = b * t - (after - now_us);
+            Answer {
+                allowed: fits,
+                remaining: room / t,
+                retry_ms: (!fits).then(|| ceil_div(cost * t - room, 1000)),
+                reset_ms: ceil_div(after - now_us, 1000),
+            }
+        }
+        Algorithm::TokenBucket => {
+            let cap = c.burst;
+            let (mut k, mut a) = match *model {
+                Model::Bucket { tokens, at } => (tokens, at),
+                _ => (cap, now_us),
+            };
+            if now_us > a {
+                let add = (now_us - a) / t;
+                (k, a) = if k + add >= cap {
+                    (cap, now_us)
+                } else {
+                    (k + add, a + add * t)
+                };
+            }
+            let fits = cost <= k;
+            if fits && !peek {
+                k -= cost;
+                *model = Model::Bucket { tokens: k, at: a };
+            }
+            Answer {
+                allowed: fits,
+                remaining: k,
+                retry_ms: (!fits).then(|| ceil_div(a + (cost - k) * t - now_us, 1000)),
+                reset_ms: if k < cap {
+                    ceil_div(a + (cap - k) * t - now_us, 1000)
+                } else {
+                    0
+                },
+            }
+        }
+        Algorithm::SlidingWindow => {
+            let (w, l) = (c.period_ms, c.rate);
+            let mut cur = now_ms / w * w;
+            let (mut count, mut previous) = (0, 0);
+            if let Model::Sliding {
+                start,
+                count: sc,
+                previous: sp,
+            } = *model
+            {
+                if start >= cur {
+                    (cur, count, previous) = (start, sc, sp);
+                } else if start + w == cur {
+                    previous = sc;
+                }
+            }
+            let e = now_ms - cur;
+            let fits = count + cost <= l && previous * (w - e) <= (l - count - cost) * w;
+            if fits && !peek {
+                count += cost;
+                *model = Model::Sliding {
+                    start: cur,
+                    count,
+                    previous,
+                };
+            }
+            let retry = || {
+                let x = l as i64 - count as i64 - cost as i64;
+                if x >= 0 && previous > 0 {
+                    let e1 = w - (x as u64 * w) / previous;
+                    if e1 < w {
+                        return e1 - e;
+                    }
+                }
+                if count == 0 {
+                    return w - e;
+                }
+                let e2 = w.saturating_sub((l - cost) * w / count);
+                w - e + e2
+            };
+            Answer {
+                allowed: fits,
+                remaining: l.saturating_sub(count + ceil_div(previous * (w - e), w)),
+                retry_ms: (!fits).then(retry),
+                reset_ms: if count > 0 {
+                    cur + 2 * w - now_ms
+                } else if previous > 0 {
+                    cur + w - now_ms
+                } else {
+                    0
+                },
+            }
+        }
+        Algorithm::FixedWindow => {
+            let (w, l) = (c.period_ms, c.rate);
+            let (mut count, mut end) = match *model {
+                Model::Fixed { count, end } if now_ms < end => (count, Some(end)),
+                _ => (0, None),
+            };
+            let fits = count + cost <= l;
+            if fits && !peek {
+                count += cost;
+                let e = *end.get_or_insert(now_ms + w);
+                *model = Model::Fixed { count, end: e };
+            }
+            Answer {
+                allowed: fits,
+                remaining: l - count,
+                retry_ms: (!fits).then(|| end.map_or(0, |e| e - now_ms)),
+                reset_ms: match end {
+                    Some(e) if count > 0 => e - now_ms,
+                    _ => 0,
+                },
+            }
+        }
+        _ => unreachable!(),
+    }
+}
+
+fn conforms_to_the_model(algorithm: Algorithm) {
+    let server = RedisServer::start();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let conn = rt.block_on(server.conn());
+    let config = Config {
+        cases: 24,
+        source_file: Some(file!()),
+        failure_persistence: Some(Box::new(FileFailurePersistence::SourceParallel(
+            "proptest-regressions",
+        ))),
+        ..Config::default()
+    };
+    let bursty = matches!(algorithm, Algorithm::Gcra | Algorithm::TokenBucket);
+    let mut runner = TestRunner::new(config);
+    runner
+        .run(&case(bursty), |c| {
+            let quota = Quota::per(c.rate, Duration::from_millis(c.period_ms))
+                .unwrap()
+                .with_burst(c.burst)
+                .unwrap();
+            let limiter = Limiter::new(algorithm, quota).unwrap();
+            let key = format!("{}{algorithm}", prefix("model"));
+            let mut model = Model::Empty;
+            let mut conn = conn.clone();
+            rt.block_on(async {
+                for (i, s) in c.steps.iter().enumerate() {
+                    tokio::time::sleep(Duration::from_millis(s.pause_ms)).await;
+                    let d = if s.peek {
+                        limiter.peek(&mut conn, &key, s.cost).await
+                    } else {
+                        limiter.check(&mut conn, &key, s.cost).await
+                    }
+                    .unwrap();
+                    let now_us = d.at.duration_since(UNIX_EPOCH).unwrap().as_micros() as u64;
+                    let want = step(&mut model, algorithm, &c, now_us, s.cost, s.peek);
+                    prop_assert_eq!(Answer::from(&d), want, "step {}: {:?}", i, s);
+                    prop_assert_eq!(d.limit, c.burst);
+                }
+                Ok(())
+            })
+        })
+        .unwrap();
+}
+
+#[test]
+fn gcra_conforms_to_the_model() {
+    conforms_to_the_model(Algorithm::Gcra);
+}
+
+#[test]
+fn token_bucket_conforms_to_the_model() {
+    conforms_to_the_model(Algorithm::TokenBucket);
+}
+
+#[test]
+fn sliding_window_conforms_to_the_model() {
+    conforms_to_the_model(Algorithm::SlidingWindow);
+}
+
+#[test]
+fn fixed_window_conforms_to_the_model() {
+    conforms_to_the_model(Algorithm::FixedWindow);
+}
