@@ -37,6 +37,8 @@
 //! run by [`limits::try_increment`].
 //!
 //! * [`limits`]: bounded counters (fixed windows, concurrency limits).
+//! * [`cas`]: conditional writes: compare-and-set/delete/expire, versioned
+//!   values, monotonic integers, guarded debit/credit, insert-if-absent.
 //! * [`script`]: the engine: the embedded registry, [`Scripts::load`], `EVALSHA`
 //!   with the `EVAL` fallback, [`stats`].
 //! * [`keys`]: cluster slots and hash tags for scripts that touch several keys.
@@ -56,6 +58,7 @@
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
 
+pub mod cas;
 mod error;
 pub mod keys;
 pub mod limits;
@@ -64,4 +67,5 @@ mod validate;
 
 pub use error::{Error, Result};
 pub use script::{stats, Script, Scripts, Stats};
+pub use validate::MAX_VALUE_LEN;
 pub use validate::{MAX_INTEGER, MAX_TTL};
