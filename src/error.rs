@@ -26,7 +26,8 @@ pub enum Error {
     #[error("key must not be empty")]
     EmptyKey,
 
-    /// A limit, capacity or rate was zero: nothing could ever be admitted.
+    /// A limit, capacity, rate or amount was zero: nothing could ever be
+    /// admitted (or moved).
     #[error("{what} must be at least 1")]
     ZeroLimit {
         /// Which argument was zero (`"limit"`, `"n"`, ...).
@@ -108,6 +109,51 @@ pub enum Error {
         what: &'static str,
         /// What is wrong with it, and how to fix it.
         reason: String,
+    },
+
+    /// A value (or expected value) is longer than Redis stores in one string
+    /// ([`crate::MAX_VALUE_LEN`], 512 MiB).
+    #[error("{what} is {len} bytes, above the maximum of {max}")]
+    ValueTooLarge {
+        /// Which argument was too long (`"value"`, `"expected"`).
+        what: &'static str,
+        /// Its length in bytes.
+        len: usize,
+        /// The longest accepted.
+        max: usize,
+    },
+
+    /// A range of allowed values holds no value at all (e.g. `5..5`, or a
+    /// floor above the ceiling).
+    #[error("{what} is an empty range")]
+    EmptyRange {
+        /// Which argument was empty (`"bounds"`).
+        what: &'static str,
+    },
+
+    /// A value could not be serialized (serde) before sending; nothing was sent.
+    #[error("could not encode the value: {0}")]
+    Encode(#[source] serde_json::Error),
+
+    /// A stored value could not be deserialized into the type asked for; the
+    /// operation wrote nothing. The key holds data written by another type
+    /// or program.
+    #[error("could not decode the stored value: {0}")]
+    Decode(#[source] serde_json::Error),
+
+    /// An integer stored in Redis would leave the 64-bit signed range; nothing
+    /// was written. Unlike a refused debit (a value), this is never expected
+    /// in normal operation: the amounts or the stored state are wrong.
+    #[error(
+        "{what} {value} {delta:+} would overflow a 64-bit signed integer; nothing was written"
+    )]
+    Overflow {
+        /// What would overflow (`"balance"`, `"version"`).
+        what: &'static str,
+        /// The stored value, unchanged.
+        value: i64,
+        /// The change that was refused.
+        delta: i64,
     },
 
     /// The server answered with an error; the operation did not take effect.
@@ -195,6 +241,9 @@ impl Error {
                 | Error::InsufficientCapacity { .. }
                 | Error::CrossSlot { .. }
                 | Error::InvalidArgument { .. }
+                | Error::ValueTooLarge { .. }
+                | Error::EmptyRange { .. }
+                | Error::Encode(_)
         )
     }
 }

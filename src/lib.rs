@@ -85,6 +85,8 @@
 //! * [`limits`]: bounded counters (fixed windows, concurrency limits).
 //! * [`rate`]: rate limiters (GCRA, token bucket, sliding and fixed windows),
 //!   atomic multi-limit checks, IETF `RateLimit` headers.
+//! * [`cas`]: conditional writes: compare-and-set/delete/expire, versioned
+//!   values, monotonic integers, guarded debit/credit, insert-if-absent.
 //! * [`script`]: the engine: the embedded registry, [`Scripts::load`], `EVALSHA`
 //!   with the `EVAL` fallback, [`Batch`], [`stats`]; cluster behaviour.
 //! * [`keys`]: cluster slots and hash tags for scripts that touch several keys.
@@ -104,6 +106,7 @@
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
 
+pub mod cas;
 mod error;
 pub mod keys;
 pub mod limits;
@@ -113,4 +116,4 @@ mod validate;
 
 pub use error::{Error, Result};
 pub use script::{stats, Batch, BatchConnection, Operation, Script, Scripts, Stats};
-pub use validate::{MAX_INTEGER, MAX_TTL};
+pub use validate::{MAX_INTEGER, MAX_TTL, MAX_VALUE_LEN};

@@ -13,6 +13,11 @@ pub const MAX_INTEGER: u64 = (1 << 53) - 1;
 /// accepts (about 2^63 ms minus the current time).
 pub const MAX_TTL: Duration = Duration::from_millis(MAX_INTEGER);
 
+/// Longest value accepted, in bytes: 512 MiB, the largest string Redis stores
+/// (`proto-max-bulk-len`'s default). Longer values are rejected before I/O
+/// rather than sent and refused.
+pub const MAX_VALUE_LEN: usize = 512 * 1024 * 1024;
+
 pub(crate) fn key(key: &str) -> Result<()> {
     if key.is_empty() {
         Err(Error::EmptyKey)
@@ -51,6 +56,19 @@ pub(crate) fn millis(what: &'static str, duration: Duration) -> Result<u64> {
     }
 }
 
+/// A value to send as one string argument: at most [`MAX_VALUE_LEN`] bytes.
+pub(crate) fn value<'a>(what: &'static str, value: &'a [u8]) -> Result<&'a [u8]> {
+    if value.len() > MAX_VALUE_LEN {
+        Err(Error::ValueTooLarge {
+            what,
+            len: value.len(),
+            max: MAX_VALUE_LEN,
+        })
+    } else {
+        Ok(value)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -81,6 +99,18 @@ mod tests {
         assert!(matches!(
             positive("limit", MAX_INTEGER + 1),
             Err(Error::OutOfRange { .. })
+        ));
+    }
+
+    #[test]
+    fn values() {
+        assert!(value("v", b"").is_ok());
+        // Zeroed pages from the allocator: the length is checked, the bytes never touched.
+        let big = vec![0u8; MAX_VALUE_LEN + 1];
+        assert!(value("v", &big[..MAX_VALUE_LEN]).is_ok());
+        assert!(matches!(
+            value("v", &big),
+            Err(Error::ValueTooLarge { what: "v", len, max: MAX_VALUE_LEN }) if len == MAX_VALUE_LEN + 1
         ));
     }
 
