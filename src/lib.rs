@@ -37,6 +37,8 @@
 //! run by [`limits::try_increment`].
 //!
 //! * [`limits`]: bounded counters (fixed windows, concurrency limits).
+//! * [`fence`]: leases with fencing tokens: fenced acquire, token-checked
+//!   release/extend, a self-renewing [`fence::Lease`], fenced writes.
 //! * [`script`]: the engine: the embedded registry, [`Scripts::load`], `EVALSHA`
 //!   with the `EVAL` fallback, [`stats`].
 //! * [`keys`]: cluster slots and hash tags for scripts that touch several keys.
@@ -57,6 +59,7 @@
 )]
 
 mod error;
+pub mod fence;
 pub mod keys;
 pub mod limits;
 pub mod script;
