@@ -368,6 +368,7 @@ async fn a_lease_signals_loss_within_one_renewal_period() {
         .await
         .expect("loss signalled");
     let took = deleted.elapsed();
+    eprintln!("loss detected after {took:?}");
     assert_eq!(loss, Loss::NotHeld);
     // One renewal period, plus a round trip and scheduling slack on a busy box.
     assert!(took <= period + Duration::from_millis(150), "took {took:?}");
@@ -967,6 +968,7 @@ async fn a_hundred_waiters_back_off_instead_of_stampeding() {
     let attempts = command_calls(&mut conn, "evalsha").await - evalsha_before - 1;
     // Doubling from 10 ms to 100 ms over 400 ms: about 4 + 2 x 300 / 100 = 10
     // attempts per waiter on average, against thousands for a tight loop.
+    eprintln!("{attempts} attempts by {WAITERS} waiters");
     assert!(attempts >= 2 * WAITERS, "{attempts}");
     assert!(
         attempts <= 25 * WAITERS,
@@ -993,4 +995,127 @@ async fn a_lease_renews_through_a_connection_manager() {
     let holder: Option<String> = raw(&mut check, &["GET", &lock_key(&resource)]).await;
     assert_eq!(holder.as_deref(), Some(lease.token().as_str()));
     assert_eq!(lease.release().await.unwrap(), Release::Released);
+}
+
+mod model {
+    //! Model-based property test: random interleavings of acquire, extend,
+    //! release, expiry and fenced writes by three clients, checked step by
+    //! step against a model of what must happen.
+
+    use super::*;
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, FileFailurePersistence, TestRunner};
+
+    #[derive(Debug, Clone, Copy)]
+    enum Op {
+        Acquire(usize),
+        Extend(usize),
+        Release(usize),
+        /// The holder is paused past its TTL: the lock expires under it.
+        Expire,
+        /// A client writes with its latest grant's fence, current or not.
+        Write(usize),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            3 => (0..3usize).prop_map(Op::Acquire),
+            1 => (0..3usize).prop_map(Op::Extend),
+            2 => (0..3usize).prop_map(Op::Release),
+            1 => Just(Op::Expire),
+            3 => (0..3usize).prop_map(Op::Write),
+        ]
+    }
+
+    /// The lock is held by at most one grant; fences go 1, 2, 3, ... one per
+    /// grant; release and extend succeed exactly for the current holder; a
+    /// write applies exactly when its fence is not below the stored one, so
+    /// the stored fence never goes down.
+    #[test]
+    fn fences_never_go_down_and_only_the_holder_holds() {
+        let server = RedisServer::start();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let config = Config {
+            cases: 48,
+            source_file: Some(file!()),
+            failure_persistence: Some(Box::new(FileFailurePersistence::SourceParallel(
+                "proptest-regressions",
+            ))),
+            ..Config::default()
+        };
+        TestRunner::new(config)
+            .run(&prop::collection::vec(op(), 1..40), |ops| {
+                rt.block_on(async {
+                    let mut conn = server.conn().await;
+                    let p = prefix("model");
+                    let (resource, account) = (format!("{p}r"), format!("{p}acct"));
+                    let mut holder: Option<usize> = None;
+                    let mut grants: [Option<fence::Grant>; 3] = [None, None, None];
+                    let mut counter = 0u64;
+                    let mut stored = 0u64;
+                    for op in ops {
+                        match op {
+                            Op::Acquire(c) => {
+                                let out =
+                                    fence::acquire(&mut conn, &resource, MINUTE).await.unwrap();
+                                prop_assert_eq!(out.is_acquired(), holder.is_none(), "{:?}", op);
+                                if let Acquire::Acquired(g) = out {
+                                    counter += 1;
+                                    prop_assert_eq!(g.fence, counter);
+                                    holder = Some(c);
+                                    grants[c] = Some(g);
+                                }
+                            }
+                            Op::Extend(c) | Op::Release(c) => {
+                                let Some(g) = grants[c].clone() else { continue };
+                                // A client's latest grant is the live one iff it holds.
+                                let ours = holder == Some(c);
+                                if let Op::Extend(_) = op {
+                                    let out = fence::extend(&mut conn, &resource, &g.token, MINUTE)
+                                        .await
+                                        .unwrap();
+                                    prop_assert_eq!(matches!(out, Extend::Extended { .. }), ours);
+                                } else {
+                                    let out = fence::release(&mut conn, &resource, &g.token)
+                                        .await
+                                        .unwrap();
+                                    prop_assert_eq!(out == Release::Released, ours);
+                                    if ours {
+                                        holder = None;
+                                    }
+                                }
+                            }
+                            Op::Expire => {
+                                let _: () = raw(&mut conn, &["DEL", &lock_key(&resource)]).await;
+                                holder = None;
+                            }
+                            Op::Write(c) => {
+                                let Some(g) = grants[c].clone() else { continue };
+                                let out = fence::write(&mut conn, &account, g.fence, "v")
+                                    .await
+                                    .unwrap();
+                                if g.fence >= stored {
+                                    prop_assert_eq!(out, Write::Applied);
+                                    stored = g.fence;
+                                } else {
+                                    prop_assert_eq!(
+                                        out,
+                                        Write::Stale {
+                                            current_fence: stored
+                                        }
+                                    );
+                                }
+                            }
+                        }
+                    }
+                    let on_server = fence::read(&mut conn, &account).await.unwrap();
+                    prop_assert_eq!(on_server.map_or(0, |f| f.fence), stored);
+                    Ok(())
+                })
+            })
+            .unwrap();
+    }
 }
