@@ -378,6 +378,35 @@ async fn a_lease_signals_loss_within_one_renewal_period() {
 }
 
 #[tokio::test]
+async fn a_failed_renewal_is_a_loss_at_once() {
+    let mut server = RedisServer::start();
+    let conn = server.conn().await;
+    let resource = format!("{}r", prefix("renewal_failed"));
+    let ttl = Duration::from_millis(600);
+
+    let lease = Lease::acquire(conn, &resource, ttl, &Backoff::none())
+        .await
+        .unwrap()
+        .acquired()
+        .unwrap();
+    // The server dies (and with it, without persistence, the lock).
+    server.kill();
+    let killed = Instant::now();
+    let loss = tokio::time::timeout(ttl, lease.lost())
+        .await
+        .expect("loss signalled");
+    assert!(matches!(loss, Loss::RenewalFailed { .. }), "{loss:?}");
+    assert!(
+        killed.elapsed() <= ttl / 3 + Duration::from_millis(150),
+        "{:?}",
+        killed.elapsed()
+    );
+    // The final release cannot reach the server either.
+    let err = lease.release().await.unwrap_err();
+    assert!(!err.is_invalid_input(), "{err}");
+}
+
+#[tokio::test]
 async fn dropping_a_lease_releases_the_lock_in_the_background() {
     let redis = support::redis();
     let mut conn = redis.conn().await;

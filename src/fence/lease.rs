@@ -23,12 +23,12 @@ pub enum Loss {
     /// holder was paused past its TTL) or was deleted, and someone else may
     /// hold it now.
     NotHeld,
-    /// No renewal was confirmed before the lease's deadline (Redis
-    /// unreachable, too slow, or erroring), so the lock must be taken as
-    /// expired.
-    Unconfirmed {
-        /// The last renewal error, if a renewal failed rather than hung.
-        last_error: Option<String>,
+    /// A renewal failed (an error, or no reply before the lease's deadline).
+    /// The lock may still be there, but a failure can also mean the server
+    /// restarted or failed over and lost it, so it is presumed lost.
+    RenewalFailed {
+        /// What went wrong.
+        error: String,
     },
 }
 
@@ -36,15 +36,7 @@ impl fmt::Display for Loss {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Loss::NotHeld => f.write_str("the lock expired or was taken over"),
-            Loss::Unconfirmed { last_error: None } => {
-                f.write_str("no renewal was confirmed before the deadline")
-            }
-            Loss::Unconfirmed {
-                last_error: Some(e),
-            } => write!(
-                f,
-                "no renewal was confirmed before the deadline (last error: {e})"
-            ),
+            Loss::RenewalFailed { error } => write!(f, "a renewal failed: {error}"),
         }
     }
 }
@@ -53,11 +45,12 @@ impl fmt::Display for Loss {
 ///
 /// A background task (spawned on the current Tokio runtime) extends the lock
 /// every `ttl / 3` with the token check of [`extend`]. When a renewal finds
-/// the lock gone, or no renewal is confirmed before the current deadline, the
+/// the lock gone, fails, or gets no reply before the current deadline, the
 /// lease is **lost**: [`Lease::lost`] completes, [`Lease::cancellation_token`]s
-/// are cancelled, and [`Lease::loss`] says why. A single failed renewal is
-/// not a loss: the lock is still yours until its deadline, and the task
-/// retries every `ttl / 10` until then.
+/// are cancelled, and [`Lease::loss`] says why. A failed renewal counts as a
+/// loss at once, without waiting for the deadline: the failure may be the
+/// server restarting or failing over, which can lose the lock, so another
+/// holder may already be running. Renewals stop after a loss.
 ///
 /// A lost lease means another holder may already be running: stop, and rely
 /// on the fence ([`Lease::fence`]) at the resource for anything written.
@@ -267,7 +260,7 @@ impl Lease {
     ///
     /// [`Error::Redis`] / [`Error::Indeterminate`] from the release itself
     /// (the lock then expires at its TTL); [`Error::LeaseLost`] with
-    /// [`Loss::Unconfirmed`] if the background task was cancelled (the
+    /// [`Loss::RenewalFailed`] if the background task was cancelled (the
     /// runtime is shutting down) or panicked.
     pub async fn release(self) -> Result<Release> {
         let Lease {
@@ -283,8 +276,8 @@ impl Lease {
             Err(join) => Err(Error::LeaseLost {
                 resource,
                 fence: grant.fence,
-                loss: Loss::Unconfirmed {
-                    last_error: Some(format!("the renewal task ended abnormally: {join}")),
+                loss: Loss::RenewalFailed {
+                    error: format!("the renewal task ended abnormally: {join}"),
                 },
             }),
         }
@@ -294,11 +287,6 @@ impl Lease {
 /// Renewals every third of the TTL: two may fail before the lock expires.
 fn renewal_period(ttl: Duration) -> Duration {
     (ttl / 3).max(Duration::from_millis(1))
-}
-
-/// After a failed renewal, try again this soon (until the deadline).
-fn retry_period(ttl: Duration) -> Duration {
-    (ttl / 10).max(Duration::from_millis(1))
 }
 
 /// The background task of a [`Lease`].
@@ -311,77 +299,61 @@ struct Renewal<C> {
     stop: CancellationToken,
 }
 
-enum Ended {
-    /// The lease was released or dropped: release the lock.
-    Stopped,
-    /// A renewal found the lock gone: nothing left to release.
-    NotHeld,
-}
-
 impl<C> Renewal<C>
 where
     C: ConnectionLike + Send,
 {
     async fn run(mut self, first: Instant) -> Result<Release> {
-        let ended = self.renew(first).await;
-        let result = match ended {
-            Ended::Stopped => release(&mut self.conn, &self.resource, &self.token).await,
-            Ended::NotHeld => Ok(Release::Lost),
+        let result = match self.renew(first).await {
+            Some(loss @ Loss::NotHeld) => {
+                // Nothing left to release.
+                self.shared.lose(loss);
+                Ok(Release::Lost)
+            }
+            Some(loss) => {
+                self.shared.lose(loss);
+                // The lock may still be ours; release it (token-checked, so
+                // harmless if not) once the lease is released or dropped.
+                self.stop.cancelled().await;
+                release(&mut self.conn, &self.resource, &self.token).await
+            }
+            None => release(&mut self.conn, &self.resource, &self.token).await,
         };
         self.shared.lost.cancel();
         result
     }
 
-    async fn renew(&mut self, first: Instant) -> Ended {
+    /// Renew until the lease is stopped (`None`) or lost.
+    async fn renew(&mut self, first: Instant) -> Option<Loss> {
         let period = renewal_period(self.ttl);
         let mut next = first;
-        let mut last_error = None;
         loop {
             tokio::select! {
                 biased;
-                _ = self.stop.cancelled() => return Ended::Stopped,
+                _ = self.stop.cancelled() => return None,
                 _ = sleep_until(next.into()) => {}
             }
             let deadline = self.shared.state().deadline;
             let sent = Instant::now();
             let outcome = tokio::select! {
                 biased;
-                _ = self.stop.cancelled() => return Ended::Stopped,
-                // A renewal that hangs past the deadline is a loss, not a wait.
-                _ = sleep_until(deadline.into()) => None,
-                result = extend(&mut self.conn, &self.resource, &self.token, self.ttl) => Some(result),
+                _ = self.stop.cancelled() => return None,
+                // A renewal still unanswered at the deadline has failed.
+                _ = sleep_until(deadline.into()) => Err(Loss::RenewalFailed {
+                    error: "no reply before the lease's deadline".into(),
+                }),
+                result = extend(&mut self.conn, &self.resource, &self.token, self.ttl) => {
+                    result.map_err(|e| Loss::RenewalFailed { error: e.to_string() })
+                }
             };
             match outcome {
-                Some(Ok(Extend::Extended { deadline })) => {
+                Ok(Extend::Extended { deadline }) => {
                     self.shared.state().deadline = deadline;
                     next = sent.checked_add(period).unwrap_or(sent);
-                    last_error = None;
-                    continue;
                 }
-                Some(Ok(Extend::Lost)) => {
-                    self.shared.lose(Loss::NotHeld);
-                    return Ended::NotHeld;
-                }
-                Some(Err(err)) => {
-                    last_error = Some(err.to_string());
-                    let now = Instant::now();
-                    if now < deadline {
-                        next = now
-                            .checked_add(retry_period(self.ttl))
-                            .map_or(deadline, |at| at.min(deadline));
-                        continue;
-                    }
-                }
-                None => {}
+                Ok(Extend::Lost) => return Some(Loss::NotHeld),
+                Err(loss) => return Some(loss),
             }
-            // The deadline passed without a confirmed renewal. The lock may
-            // still be ours on the server for a moment, so the release at the
-            // end is still worth sending (it is token-checked).
-            self.shared.lose(Loss::Unconfirmed {
-                last_error: last_error.take(),
-            });
-            self.stop.cancelled().await;
-            return Ended::Stopped;
         }
     }
 }
@@ -483,10 +455,6 @@ mod tests {
             renewal_period(Duration::from_millis(1)),
             Duration::from_millis(1)
         );
-        assert_eq!(
-            retry_period(Duration::from_secs(1)),
-            Duration::from_millis(100)
-        );
     }
 
     #[test]
@@ -495,9 +463,9 @@ mod tests {
             Loss::NotHeld.to_string(),
             "the lock expired or was taken over"
         );
-        let e = Loss::Unconfirmed {
-            last_error: Some("timed out".into()),
+        let e = Loss::RenewalFailed {
+            error: "timed out".into(),
         };
-        assert!(e.to_string().ends_with("(last error: timed out)"));
+        assert_eq!(e.to_string(), "a renewal failed: timed out");
     }
 }

@@ -43,7 +43,7 @@
 //! | [`extend`] | `lua/fence/extend.lua` | reset the TTL, only if the token still holds the lock |
 //! | [`release`] | `lua/fence/release.lua` | delete the lock, only if the token still holds it |
 //! | [`Lease`], [`with_lease`] | extend + release | renew every `ttl / 3` in a background task, signal loss |
-//! | [`write`] | `lua/fence/write.lua` | fenced write to a Redis resource: `Applied` or `Stale` |
+//! | [`write()`] | `lua/fence/write.lua` | fenced write to a Redis resource: `Applied` or `Stale` |
 //! | [`read`] | `lua/fence/read.lua` | read a fenced resource and the fence that wrote it |
 //!
 //! A resource name `r` uses two keys in one cluster slot
@@ -67,7 +67,7 @@
 //!
 //! # Fencing the resource
 //!
-//! **In Redis**, keep the protected value in a hash written only by [`write`]:
+//! **In Redis**, keep the protected value in a hash written only by [`write()`]:
 //! it stores the value and the fence together, and refuses a fence lower than
 //! the stored one with [`Write::Stale`]. An **equal** fence is accepted: each
 //! grant has its own fence, so an equal fence can only come from the same grant,
@@ -127,9 +127,12 @@
 //!
 //! A grant's [`Grant::deadline`] is measured on the local monotonic clock from
 //! *before* the request was sent, less a drift allowance of 1% of the TTL plus
-//! 2 ms, so it is never later than the server's expiry. A [`Lease`] renews
-//! every `ttl / 3`; size the TTL so that two missed renewals fit in it, and
-//! well above the p99 of a renewal round trip.
+//! 2 ms, so it is never later than the server's expiry (clocks that drift
+//! apart by more than 1% are out of scope). A [`Lease`] renews every
+//! `ttl / 3`, so a renewal delayed by up to two periods (a slow reply, a busy
+//! runtime) still lands in time; size the TTL well above the p99 of a round
+//! trip and of your runtime's scheduling delays. A renewal that *fails* ends
+//! the lease at once (see [`Lease`]).
 //!
 //! # Limits of a Redis fence
 //!

@@ -8,7 +8,7 @@ use crate::{validate, Error, Result};
 static WRITE: Script = embedded!("fence/write");
 static READ: Script = embedded!("fence/read");
 
-/// The outcome of [`write`].
+/// The outcome of [`write()`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[must_use = "a stale write means the lease is over: stop the work"]
 pub enum Write {
