@@ -49,11 +49,10 @@ impl fmt::Display for Loss {
 /// lease is **lost**: [`Lease::lost`] completes, [`Lease::cancellation_token`]s
 /// are cancelled, and [`Lease::loss`] says why. A failed renewal counts as a
 /// loss at once, without waiting for the deadline: the failure may be the
-/// server restarting or failing over, which can lose the lock, so another
-/// holder may already be running. Renewals stop after a loss.
-///
-/// A lost lease means another holder may already be running: stop, and rely
-/// on the fence ([`Lease::fence`]) at the resource for anything written.
+/// server restarting or failing over, which can lose the lock. Renewals stop
+/// after a loss. A lost lease means another holder may already be running:
+/// stop, and rely on the fence ([`Lease::fence`]) at the resource for
+/// anything written.
 ///
 /// **Ending a lease**: [`Lease::release`] stops the renewals, waits for the
 /// task to finish (no renewal is sent after it returns) and deletes the lock.
@@ -284,7 +283,8 @@ impl Lease {
     }
 }
 
-/// Renewals every third of the TTL: two may fail before the lock expires.
+/// Renewals every third of the TTL: one may run up to two periods late and
+/// still land before the lock expires.
 fn renewal_period(ttl: Duration) -> Duration {
     (ttl / 3).max(Duration::from_millis(1))
 }
