@@ -184,6 +184,25 @@ pub enum Error {
         detail: String,
     },
 
+    /// A [`crate::fence::Lease`] was lost before the work under it finished
+    /// (see [`crate::fence::with_lease`]); the work was cancelled and may have
+    /// been partly done. Another holder may be running: anything the work
+    /// wrote is only safe where a fence check guarded it.
+    #[error("the lease on {resource} (fence {fence}) was lost: {loss}")]
+    LeaseLost {
+        /// The resource name of the lease.
+        resource: String,
+        /// The fence of the lost grant.
+        fence: u64,
+        /// Why it was lost.
+        loss: crate::fence::Loss,
+    },
+
+    /// The operating system's random number generator failed, so no owner
+    /// token could be drawn. Nothing was sent.
+    #[error("could not draw a random owner token: {0}")]
+    Entropy(String),
+
     /// `SCRIPT LOAD` returned a SHA1 other than the one computed locally.
     #[error("script {script}: server returned SHA1 {server}, expected {local}")]
     ShaMismatch {
@@ -220,12 +239,13 @@ impl Error {
     }
 
     /// True when the operation surely did not take effect, so a retry cannot
-    /// apply it twice. False for [`Error::Indeterminate`] and
-    /// [`Error::UnexpectedReply`].
+    /// apply it twice. False for [`Error::Indeterminate`],
+    /// [`Error::UnexpectedReply`] and [`Error::LeaseLost`] (the cancelled work
+    /// may have been partly done).
     pub fn is_definite(&self) -> bool {
         !matches!(
             self,
-            Error::Indeterminate(_) | Error::UnexpectedReply { .. }
+            Error::Indeterminate(_) | Error::UnexpectedReply { .. } | Error::LeaseLost { .. }
         )
     }
 

@@ -87,6 +87,8 @@
 //!   atomic multi-limit checks, IETF `RateLimit` headers.
 //! * [`cas`]: conditional writes: compare-and-set/delete/expire, versioned
 //!   values, monotonic integers, guarded debit/credit, insert-if-absent.
+//! * [`fence`]: leases with fencing tokens: fenced acquire, token-checked
+//!   release/extend, a self-renewing [`fence::Lease`], fenced writes.
 //! * [`script`]: the engine: the embedded registry, [`Scripts::load`], `EVALSHA`
 //!   with the `EVAL` fallback, [`Batch`], [`stats`]; cluster behaviour.
 //! * [`keys`]: cluster slots and hash tags for scripts that touch several keys.
@@ -108,6 +110,7 @@
 
 pub mod cas;
 mod error;
+pub mod fence;
 pub mod keys;
 pub mod limits;
 pub mod rate;

@@ -1,0 +1,1150 @@
+//! `nolock::fence` against a real redis-server.
+
+mod support;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use nolock::fence::{self, Acquire, Backoff, Extend, Lease, Loss, Release, Token, Write};
+use nolock::Error;
+use redis::aio::MultiplexedConnection;
+use support::{command_calls, keys, prefix, raw, RedisServer};
+
+const MINUTE: Duration = Duration::from_secs(60);
+
+fn lock_key(resource: &str) -> String {
+    nolock::keys::derive(resource, "lock")
+}
+
+fn fence_key(resource: &str) -> String {
+    nolock::keys::derive(resource, "fence")
+}
+
+fn grant(outcome: Acquire) -> fence::Grant {
+    match outcome {
+        Acquire::Acquired(grant) => grant,
+        held => panic!("expected a grant, got {held:?}"),
+    }
+}
+
+/// Wait (bounded) until the server has expired `key`.
+async fn wait_gone(conn: &mut MultiplexedConnection, key: &str) {
+    let start = Instant::now();
+    loop {
+        let exists: i64 = raw(conn, &["EXISTS", key]).await;
+        if exists == 0 {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{key} never expired"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn acquire_grants_increasing_fences_and_reports_a_held_lock() {
+    let redis = support::redis();
+    let mut conn = redis.conn().await;
+    let resource = format!("{}r", prefix("acquire"));
+
+    let before = Instant::now();
+    let first = grant(fence::acquire(&mut conn, &resource, MINUTE).await.unwrap());
+    assert_eq!(first.fence, 1, "fences start at 1");
+    assert_eq!(first.ttl, MINUTE);
+    assert!(first.deadline > before && first.deadline <= Instant::now() + MINUTE);
+    let holder: String = raw(&mut conn, &["GET", &lock_key(&resource)]).await;
+    assert_eq!(holder, first.token.as_str());
+    let pttl: i64 = raw(&mut conn, &["PTTL", &lock_key(&resource)]).await;
+    assert!(pttl > 55_000 && pttl <= 60_000, "{pttl}");
+    let counter_ttl: i64 = raw(&mut conn, &["PTTL", &fence_key(&resource)]).await;
+    assert_eq!(counter_ttl, -1, "the fence counter never expires");
+
+    // Held: a value, not an error, and nothing written.
+    match fence::acquire(&mut conn, &resource, MINUTE).await.unwrap() {
+        Acquire::Held { expires_in } => {
+            let left = expires_in.expect("the lock has a TTL");
+            assert!(
+                left <= MINUTE && left > MINUTE - Duration::from_secs(5),
+                "{left:?}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    let counter: String = raw(&mut conn, &["GET", &fence_key(&resource)]).await;
+    assert_eq!(counter, "1", "a refused acquire does not move the counter");
+
+    assert_eq!(
+        fence::release(&mut conn, &resource, &first.token)
+            .await
+            .unwrap(),
+        Release::Released
+    );
+    assert_eq!(
+        keys(&mut conn, &lock_key(&resource)).await,
+        Vec::<String>::new()
+    );
+    let second = grant(fence::acquire(&mut conn, &resource, MINUTE).await.unwrap());
+    assert_eq!(second.fence, 2);
+    assert_ne!(second.token, first.token);
+}
+
+#[tokio::test]
+async fn acquire_as_is_idempotent_for_the_holder_of_the_token() {
+    let redis = support::redis();
+    let mut conn = redis.conn().await;
+    let resource = format!("{}r", prefix("acquire_as"));
+    let token = Token::random().unwrap();
+
+    let short = Duration::from_secs(5);
+    let first = grant(
+        fence::acquire_as(&mut conn, &resource, &token, short)
+            .await
+            .unwrap(),
+    );
+    // A retry (say after a lost reply) finds its own lock: same fence, new TTL.
+    let again = grant(
+        fence::acquire_as(&mut conn, &resource, &token, MINUTE)
+            .await
+            .unwrap(),
+    );
+    assert_eq!(again.fence, first.fence);
+    let pttl: i64 = raw(&mut conn, &["PTTL", &lock_key(&resource)]).await;
+    assert!(pttl > 55_000, "TTL set again: {pttl}");
+    let counter: String = raw(&mut conn, &["GET", &fence_key(&resource)]).await;
+    assert_eq!(counter, first.fence.to_string(), "no second increment");
+
+    let other = Token::random().unwrap();
+    assert!(!fence::acquire_as(&mut conn, &resource, &other, MINUTE)
+        .await
+        .unwrap()
+        .is_acquired());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_tasks_hold_the_lock_one_at_a_time_with_increasing_fences() {
+    const TASKS: usize = 50;
+    const ROUNDS: usize = 4;
+    let redis = support::redis();
+    let resource = format!("{}r", prefix("mutex"));
+    let mut conns = Vec::new();
+    for _ in 0..8 {
+        conns.push(redis.conn().await);
+    }
+    let holders = Arc::new(AtomicUsize::new(0));
+    let max_holders = Arc::new(AtomicUsize::new(0));
+    let fences = Arc::new(Mutex::new(Vec::new()));
+    let backoff = Backoff {
+        initial_delay: Duration::from_millis(1),
+        max_delay: Duration::from_millis(20),
+        ..Backoff::new(Duration::from_secs(60))
+    };
+    let barrier = Arc::new(tokio::sync::Barrier::new(TASKS));
+    let mut tasks = Vec::new();
+    for i in 0..TASKS {
+        let mut conn = conns[i % conns.len()].clone();
+        let (resource, holders, max_holders, fences, barrier) = (
+            resource.clone(),
+            holders.clone(),
+            max_holders.clone(),
+            fences.clone(),
+            barrier.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            for _ in 0..ROUNDS {
+                let outcome = fence::acquire_with_retry(&mut conn, &resource, MINUTE, &backoff)
+                    .await
+                    .unwrap();
+                let grant = grant(outcome);
+                let now = holders.fetch_add(1, Ordering::SeqCst) + 1;
+                max_holders.fetch_max(now, Ordering::SeqCst);
+                // Inside the critical section, pushes happen in grant order.
+                fences.lock().unwrap().push(grant.fence);
+                tokio::task::yield_now().await;
+                tokio::time::sleep(Duration::from_micros(200)).await;
+                holders.fetch_sub(1, Ordering::SeqCst);
+                assert_eq!(
+                    fence::release(&mut conn, &resource, &grant.token)
+                        .await
+                        .unwrap(),
+                    Release::Released
+                );
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(
+        max_holders.load(Ordering::SeqCst),
+        1,
+        "never two holders at once"
+    );
+    let fences = fences.lock().unwrap().clone();
+    let expected: Vec<u64> = (1..=(TASKS * ROUNDS) as u64).collect();
+    assert_eq!(
+        fences, expected,
+        "one fence per grant, strictly increasing, no gaps"
+    );
+}
+
+#[tokio::test]
+async fn a_paused_holder_is_fenced_out_and_cannot_touch_the_new_lock() {
+    let redis = support::redis();
+    let mut conn = redis.conn().await;
+    let p = prefix("paused");
+    let resource = format!("{p}payout");
+    let account = format!("{p}balance");
+    let ttl = Duration::from_millis(200);
+
+    let a = grant(fence::acquire(&mut conn, &resource, ttl).await.unwrap());
+    // A is paused (GC, stalled VM) past its TTL ...
+    tokio::time::sleep(ttl + Duration::from_millis(50)).await;
+    wait_gone(&mut conn, &lock_key(&resource)).await;
+    // ... and B takes over and writes.
+    let b = grant(fence::acquire(&mut conn, &resource, MINUTE).await.unwrap());
+    assert!(b.fence > a.fence);
+    assert_eq!(
+        fence::write(&mut conn, &account, b.fence, "paid by B")
+            .await
+            .unwrap(),
+        Write::Applied
+    );
+
+    // A wakes up and carries on as if it still held the lock.
+    assert_eq!(
+        fence::write(&mut conn, &account, a.fence, "paid by A")
+            .await
+            .unwrap(),
+        Write::Stale {
+            current_fence: b.fence
+        }
+    );
+    assert_eq!(
+        fence::extend(&mut conn, &resource, &a.token, MINUTE)
+            .await
+            .unwrap(),
+        Extend::Lost
+    );
+    assert_eq!(
+        fence::release(&mut conn, &resource, &a.token)
+            .await
+            .unwrap(),
+        Release::Lost
+    );
+
+    let holder: String = raw(&mut conn, &["GET", &lock_key(&resource)]).await;
+    assert_eq!(holder, b.token.as_str(), "B's lock survived A's release");
+    let pttl: i64 = raw(&mut conn, &["PTTL", &lock_key(&resource)]).await;
+    assert!(pttl > 55_000, "A's extend did not touch B's TTL: {pttl}");
+    let stored = fence::read(&mut conn, &account).await.unwrap().unwrap();
+    assert_eq!(
+        (stored.value.as_slice(), stored.fence),
+        (&b"paid by B"[..], b.fence)
+    );
+}
+
+#[tokio::test]
+async fn extend_resets_the_ttl_but_never_revives_an_expired_lock() {
+    let redis = support::redis();
+    let mut conn = redis.conn().await;
+    let resource = format!("{}r", prefix("extend"));
+
+    let g = grant(
+        fence::acquire(&mut conn, &resource, Duration::from_secs(2))
+            .await
+            .unwrap(),
+    );
+    let before = Instant::now();
+    match fence::extend(&mut conn, &resource, &g.token, MINUTE)
+        .await
+        .unwrap()
+    {
+        Extend::Extended { deadline } => {
+            assert!(
+                deadline > before + Duration::from_secs(55) && deadline <= Instant::now() + MINUTE
+            )
+        }
+        Extend::Lost => panic!("still ours"),
+    }
+    let pttl: i64 = raw(&mut conn, &["PTTL", &lock_key(&resource)]).await;
+    assert!(pttl > 55_000, "{pttl}");
+
+    let _: () = raw(&mut conn, &["DEL", &lock_key(&resource)]).await;
+    assert_eq!(
+        fence::extend(&mut conn, &resource, &g.token, MINUTE)
+            .await
+            .unwrap(),
+        Extend::Lost
+    );
+    assert_eq!(
+        keys(&mut conn, &lock_key(&resource)).await,
+        Vec::<String>::new(),
+        "not revived"
+    );
+}
+
+#[tokio::test]
+async fn a_lease_outlives_three_ttls_and_stops_renewing_once_released() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let resource = format!("{}r", prefix("lease"));
+    let ttl = Duration::from_millis(300);
+
+    let lease = Lease::acquire(conn.clone(), &resource, ttl, &Backoff::none())
+        .await
+        .unwrap()
+        .acquired()
+        .expect("free lock");
+    assert_eq!(lease.fence(), 1);
+    assert_eq!(lease.resource(), resource);
+    assert_eq!(lease.ttl(), ttl);
+    let first_deadline = lease.deadline();
+
+    // "Work" for more than 3 x TTL, checking that the lock never lapses.
+    let start = Instant::now();
+    while start.elapsed() < 3 * ttl + Duration::from_millis(200) {
+        let holder: Option<String> = raw(&mut conn, &["GET", &lock_key(&resource)]).await;
+        assert_eq!(
+            holder.as_deref(),
+            Some(lease.token().as_str()),
+            "lapsed after {:?}",
+            start.elapsed()
+        );
+        assert!(!lease.is_lost());
+        tokio::time::sleep(Duration::from_millis(40)).await;
+    }
+    assert!(
+        lease.deadline() > first_deadline,
+        "renewals moved the deadline"
+    );
+    let renewals = command_calls(&mut conn, "pexpire").await;
+    assert!(renewals >= 3, "only {renewals} renewals");
+
+    assert_eq!(lease.release().await.unwrap(), Release::Released);
+    assert_eq!(
+        keys(&mut conn, &lock_key(&resource)).await,
+        Vec::<String>::new()
+    );
+    let pexpire = command_calls(&mut conn, "pexpire").await;
+    let evalsha = command_calls(&mut conn, "evalsha").await;
+    tokio::time::sleep(ttl + Duration::from_millis(100)).await; // > 3 renewal periods
+    assert_eq!(
+        command_calls(&mut conn, "pexpire").await,
+        pexpire,
+        "no renewal after release"
+    );
+    assert_eq!(
+        command_calls(&mut conn, "evalsha").await,
+        evalsha,
+        "nothing sent after release"
+    );
+}
+
+#[tokio::test]
+async fn a_lease_signals_loss_within_one_renewal_period() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let resource = format!("{}r", prefix("loss"));
+    let ttl = Duration::from_millis(600);
+    let period = ttl / 3;
+
+    let lease = Lease::acquire(conn.clone(), &resource, ttl, &Backoff::none())
+        .await
+        .unwrap()
+        .acquired()
+        .unwrap();
+    let token = lease.cancellation_token();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!lease.is_lost() && !token.is_cancelled());
+
+    // Someone deletes the lock behind the lease's back.
+    let _: () = raw(&mut conn, &["DEL", &lock_key(&resource)]).await;
+    let deleted = Instant::now();
+    let loss = tokio::time::timeout(period * 3, lease.lost())
+        .await
+        .expect("loss signalled");
+    let took = deleted.elapsed();
+    eprintln!("loss detected after {took:?}");
+    assert_eq!(loss, Loss::NotHeld);
+    // One renewal period, plus a round trip and scheduling slack on a busy box.
+    assert!(took <= period + Duration::from_millis(150), "took {took:?}");
+    assert!(token.is_cancelled());
+    assert_eq!(lease.loss(), Some(Loss::NotHeld));
+    assert_eq!(lease.release().await.unwrap(), Release::Lost);
+}
+
+#[tokio::test]
+async fn a_failed_renewal_is_a_loss_at_once() {
+    let mut server = RedisServer::start();
+    let conn = server.conn().await;
+    let resource = format!("{}r", prefix("renewal_failed"));
+    let ttl = Duration::from_millis(600);
+
+    let lease = Lease::acquire(conn, &resource, ttl, &Backoff::none())
+        .await
+        .unwrap()
+        .acquired()
+        .unwrap();
+    // The server dies (and with it, without persistence, the lock).
+    server.kill();
+    let killed = Instant::now();
+    let loss = tokio::time::timeout(ttl, lease.lost())
+        .await
+        .expect("loss signalled");
+    assert!(matches!(loss, Loss::RenewalFailed { .. }), "{loss:?}");
+    assert!(
+        killed.elapsed() <= ttl / 3 + Duration::from_millis(150),
+        "{:?}",
+        killed.elapsed()
+    );
+    // The final release cannot reach the server either.
+    let err = lease.release().await.unwrap_err();
+    assert!(!err.is_invalid_input(), "{err}");
+}
+
+#[tokio::test]
+async fn dropping_a_lease_releases_the_lock_in_the_background() {
+    let redis = support::redis();
+    let mut conn = redis.conn().await;
+    let resource = format!("{}r", prefix("drop"));
+
+    let lease = Lease::acquire(conn.clone(), &resource, MINUTE, &Backoff::none())
+        .await
+        .unwrap()
+        .acquired()
+        .unwrap();
+    let token = lease.cancellation_token();
+    let started = Instant::now();
+    drop(lease);
+    assert!(
+        started.elapsed() < Duration::from_millis(50),
+        "drop does not block"
+    );
+    wait_gone(&mut conn, &lock_key(&resource)).await;
+    tokio::time::timeout(Duration::from_secs(5), token.cancelled())
+        .await
+        .expect("tokens are cancelled when the lease ends");
+    // Free again well before the one-minute TTL.
+    assert!(fence::acquire(&mut conn, &resource, MINUTE)
+        .await
+        .unwrap()
+        .is_acquired());
+}
+
+#[tokio::test]
+async fn with_lease_runs_the_work_and_releases() {
+    let redis = support::redis();
+    let conn = redis.conn().await;
+    let mut check = redis.conn().await;
+    let p = prefix("with_lease");
+    let resource = format!("{p}job");
+    let account = format!("{p}acct");
+
+    let mut writer = conn.clone();
+    let account2 = account.clone();
+    let result = fence::with_lease(
+        conn.clone(),
+        &resource,
+        MINUTE,
+        &Backoff::none(),
+        |grant| async move { fence::write(&mut writer, &account2, grant.fence, "done").await },
+    )
+    .await
+    .unwrap();
+    assert_eq!(result.unwrap().unwrap(), Write::Applied);
+    assert_eq!(
+        keys(&mut check, &lock_key(&resource)).await,
+        Vec::<String>::new(),
+        "released"
+    );
+    assert_eq!(
+        fence::read(&mut check, &account)
+            .await
+            .unwrap()
+            .unwrap()
+            .fence,
+        1
+    );
+
+    // Held by someone else for longer than the backoff waits: Ok(None).
+    let other = grant(fence::acquire(&mut check, &resource, MINUTE).await.unwrap());
+    let ran = Arc::new(AtomicBool::new(false));
+    let ran2 = ran.clone();
+    let wait = Backoff::new(Duration::from_millis(50));
+    let none = fence::with_lease(conn, &resource, MINUTE, &wait, |_| async move {
+        ran2.store(true, Ordering::SeqCst);
+    })
+    .await
+    .unwrap();
+    assert_eq!(none, None);
+    assert!(!ran.load(Ordering::SeqCst));
+    let holder: String = raw(&mut check, &["GET", &lock_key(&resource)]).await;
+    assert_eq!(holder, other.token.as_str());
+}
+
+#[tokio::test]
+async fn with_lease_cancels_the_work_when_the_lease_is_lost() {
+    let redis = support::redis();
+    let conn = redis.conn().await;
+    let mut admin = redis.conn().await;
+    let resource = format!("{}r", prefix("with_lease_lost"));
+    let lock = lock_key(&resource);
+
+    let finished = Arc::new(AtomicBool::new(false));
+    let finished2 = finished.clone();
+    let started = Instant::now();
+    let err = fence::with_lease(
+        conn,
+        &resource,
+        Duration::from_millis(300),
+        &Backoff::none(),
+        |grant| {
+            let lock = lock.clone();
+            async move {
+                // Someone deletes the lock while the work runs (long past its TTL).
+                let _: () = raw(&mut admin, &["DEL", &lock]).await;
+                tokio::time::sleep(Duration::from_secs(10)).await;
+                finished2.store(true, Ordering::SeqCst);
+                grant.fence
+            }
+        },
+    )
+    .await
+    .unwrap_err();
+    match &err {
+        Error::LeaseLost {
+            resource: r,
+            fence,
+            loss,
+        } => {
+            assert_eq!(
+                (r.as_str(), *fence, loss),
+                (resource.as_str(), 1, &Loss::NotHeld)
+            );
+        }
+        other => panic!("{other}"),
+    }
+    assert!(!err.is_definite() && !err.is_invalid_input());
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "cancelled, not waited out"
+    );
+    assert!(!finished.load(Ordering::SeqCst));
+}
+
+#[tokio::test]
+async fn fences_are_exact_above_2_pow_53() {
+    let redis = support::redis();
+    let mut conn = redis.conn().await;
+    let p = prefix("exact");
+    let resource = format!("{p}r");
+    let account = format!("{p}acct");
+    let two_53: u64 = 1 << 53;
+
+    let _: () = raw(
+        &mut conn,
+        &["SET", &fence_key(&resource), &two_53.to_string()],
+    )
+    .await;
+    let g = grant(fence::acquire(&mut conn, &resource, MINUTE).await.unwrap());
+    assert_eq!(g.fence, two_53 + 1, "not rounded to 2^53");
+    let counter: String = raw(&mut conn, &["GET", &fence_key(&resource)]).await;
+    assert_eq!(counter, "9007199254740993");
+
+    // 2^53 + 1 and 2^53 + 2 are different fences, though equal as doubles ...
+    assert_eq!(
+        fence::write(&mut conn, &account, two_53 + 2, "newer")
+            .await
+            .unwrap(),
+        Write::Applied
+    );
+    assert_eq!(
+        fence::write(&mut conn, &account, g.fence, "older")
+            .await
+            .unwrap(),
+        Write::Stale {
+            current_fence: two_53 + 2
+        }
+    );
+    // ... and so are the largest u64 values.
+    assert_eq!(
+        fence::write(&mut conn, &account, u64::MAX, "max")
+            .await
+            .unwrap(),
+        Write::Applied
+    );
+    assert_eq!(
+        fence::write(&mut conn, &account, u64::MAX - 1, "max-1")
+            .await
+            .unwrap(),
+        Write::Stale {
+            current_fence: u64::MAX
+        }
+    );
+    let stored = fence::read(&mut conn, &account).await.unwrap().unwrap();
+    assert_eq!((stored.value, stored.fence), (b"max".to_vec(), u64::MAX));
+}
+
+#[tokio::test]
+async fn fenced_writes_accept_equal_or_newer_fences_only() {
+    let redis = support::redis();
+    let mut conn = redis.conn().await;
+    let key = format!("{}acct", prefix("write"));
+
+    assert_eq!(fence::read(&mut conn, &key).await.unwrap(), None);
+    assert_eq!(
+        fence::write(&mut conn, &key, 7, "a").await.unwrap(),
+        Write::Applied
+    );
+    // The same grant writes again (a second step, or a retry).
+    assert_eq!(
+        fence::write(&mut conn, &key, 7, "b").await.unwrap(),
+        Write::Applied
+    );
+    assert_eq!(
+        fence::write(&mut conn, &key, 9, "c").await.unwrap(),
+        Write::Applied
+    );
+    assert_eq!(
+        fence::write(&mut conn, &key, 8, "d").await.unwrap(),
+        Write::Stale { current_fence: 9 }
+    );
+    assert_eq!(
+        fence::write(&mut conn, &key, 10, "").await.unwrap(),
+        Write::Applied,
+        "empty values are values"
+    );
+    let stored = fence::read(&mut conn, &key).await.unwrap().unwrap();
+    assert_eq!((stored.value, stored.fence), (Vec::new(), 10));
+    let fields: Vec<String> = raw(&mut conn, &["HKEYS", &key]).await;
+    assert_eq!(fields.len(), 2, "{fields:?}");
+}
+
+#[tokio::test]
+async fn keys_of_another_shape_are_definite_errors_and_left_alone() {
+    let redis = support::redis();
+    let mut conn = redis.conn().await;
+    let p = prefix("wrongtype");
+    let text = format!("{p}text");
+    let bare_hash = format!("{p}hash");
+    let resource = format!("{p}r");
+    let _: () = raw(&mut conn, &["SET", &text, "hello"]).await;
+    let _: () = raw(&mut conn, &["HSET", &bare_hash, "value", "x"]).await;
+    let _: () = raw(&mut conn, &["SET", &fence_key(&resource), "-3"]).await;
+
+    for key in [&text, &bare_hash] {
+        let err = fence::write(&mut conn, key, 5, "v").await.unwrap_err();
+        assert!(matches!(err, Error::Redis(_)) && err.is_definite(), "{err}");
+        assert!(matches!(
+            fence::read(&mut conn, key).await,
+            Err(Error::Redis(_))
+        ));
+    }
+    let err = fence::acquire(&mut conn, &resource, MINUTE)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Redis(_)), "{err}");
+    assert!(err.to_string().contains("non-counter"), "{err}");
+
+    let text_now: String = raw(&mut conn, &["GET", &text]).await;
+    assert_eq!(text_now, "hello");
+    let hash_now: Vec<String> = raw(&mut conn, &["HKEYS", &bare_hash]).await;
+    assert_eq!(hash_now, ["value"]);
+    assert_eq!(
+        keys(&mut conn, &lock_key(&resource)).await,
+        Vec::<String>::new(),
+        "no lock taken"
+    );
+    let counter: String = raw(&mut conn, &["GET", &fence_key(&resource)]).await;
+    assert_eq!(counter, "-3");
+}
+
+#[tokio::test]
+async fn script_flush_before_acquire_and_release_still_works() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let resource = format!("{}r", prefix("flush"));
+
+    let _: () = raw(&mut conn, &["SCRIPT", "FLUSH"]).await;
+    let g = grant(fence::acquire(&mut conn, &resource, MINUTE).await.unwrap());
+    assert_eq!(g.fence, 1, "ran exactly once through EVAL");
+    assert_eq!(command_calls(&mut conn, "eval").await, 1);
+
+    let _: () = raw(&mut conn, &["SCRIPT", "FLUSH"]).await;
+    assert!(matches!(
+        fence::extend(&mut conn, &resource, &g.token, MINUTE)
+            .await
+            .unwrap(),
+        Extend::Extended { .. }
+    ));
+
+    let _: () = raw(&mut conn, &["SCRIPT", "FLUSH"]).await;
+    assert_eq!(
+        fence::release(&mut conn, &resource, &g.token)
+            .await
+            .unwrap(),
+        Release::Released
+    );
+    assert_eq!(command_calls(&mut conn, "eval").await, 3);
+    assert_eq!(keys(&mut conn, "*").await, vec![fence_key(&resource)]);
+}
+
+#[tokio::test]
+async fn release_and_extend_still_work_on_a_full_server() {
+    let server =
+        RedisServer::start_with(&["--maxmemory", "2mb", "--maxmemory-policy", "noeviction"]);
+    let mut conn = server.conn().await;
+    let p = prefix("oom");
+    let resource = format!("{p}r");
+    let g = grant(fence::acquire(&mut conn, &resource, MINUTE).await.unwrap());
+
+    // Fill the server until it refuses even a small write. Big values first;
+    // a refused big SET frees its own buffer again, so finish with small ones.
+    let mut full = false;
+    let mut i = 0;
+    for size in [16 * 1024, 1024, 64] {
+        let blob = "x".repeat(size);
+        for _ in 0..2_000 {
+            i += 1;
+            let set: redis::RedisResult<()> = redis::cmd("SET")
+                .arg(format!("{p}fill:{i}"))
+                .arg(&blob)
+                .query_async(&mut conn)
+                .await;
+            if let Err(e) = set {
+                assert!(e.to_string().contains("OOM"), "{e}");
+                full = size == 64;
+                break;
+            }
+        }
+    }
+    assert!(full, "the server never filled up");
+
+    // A new grant needs memory: refused, definitely, with nothing written.
+    let other = format!("{p}other");
+    let err = fence::acquire(&mut conn, &other, MINUTE).await.unwrap_err();
+    assert!(matches!(err, Error::Redis(_)) && err.is_definite(), "{err}");
+    assert!(err.to_string().contains("OOM"), "{err}");
+    assert_eq!(
+        keys(&mut conn, &format!("*{p}other*")).await,
+        Vec::<String>::new()
+    );
+
+    // The holder can still keep and give back its lock (allow-oom), also
+    // through the EVAL fallback.
+    let _: () = raw(&mut conn, &["SCRIPT", "FLUSH"]).await;
+    assert!(matches!(
+        fence::extend(&mut conn, &resource, &g.token, MINUTE)
+            .await
+            .unwrap(),
+        Extend::Extended { .. }
+    ));
+    assert_eq!(
+        fence::release(&mut conn, &resource, &g.token)
+            .await
+            .unwrap(),
+        Release::Released
+    );
+    assert_eq!(
+        keys(&mut conn, &lock_key(&resource)).await,
+        Vec::<String>::new()
+    );
+}
+
+#[tokio::test]
+async fn bad_input_is_rejected_before_anything_is_sent() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let evalsha_before = command_calls(&mut conn, "evalsha").await;
+    let token = Token::random().unwrap();
+    let ok = Duration::from_secs(1);
+    let too_long = nolock::MAX_TTL + Duration::from_millis(1);
+    let no_wait = Backoff::none();
+    let zero_initial = Backoff {
+        initial_delay: Duration::ZERO,
+        ..Backoff::new(ok)
+    };
+
+    let cases: Vec<(Error, &str)> = vec![
+        (
+            fence::acquire(&mut conn, "", ok).await.unwrap_err(),
+            "empty resource",
+        ),
+        (
+            fence::acquire(&mut conn, "r", Duration::ZERO)
+                .await
+                .unwrap_err(),
+            "zero ttl",
+        ),
+        (
+            fence::acquire(&mut conn, "r", Duration::from_micros(999))
+                .await
+                .unwrap_err(),
+            "sub-ms ttl",
+        ),
+        (
+            fence::acquire(&mut conn, "r", too_long).await.unwrap_err(),
+            "ttl too long",
+        ),
+        (
+            fence::acquire(&mut conn, "r", Duration::MAX)
+                .await
+                .unwrap_err(),
+            "Duration::MAX",
+        ),
+        (
+            fence::acquire_as(&mut conn, "", &token, ok)
+                .await
+                .unwrap_err(),
+            "acquire_as empty",
+        ),
+        (
+            fence::acquire_as(&mut conn, "r", &token, Duration::ZERO)
+                .await
+                .unwrap_err(),
+            "acquire_as zero",
+        ),
+        (
+            fence::acquire_with_retry(&mut conn, "", ok, &no_wait)
+                .await
+                .unwrap_err(),
+            "retry empty",
+        ),
+        (
+            fence::acquire_with_retry(&mut conn, "r", too_long, &no_wait)
+                .await
+                .unwrap_err(),
+            "retry long",
+        ),
+        (
+            fence::acquire_with_retry(&mut conn, "r", ok, &zero_initial)
+                .await
+                .unwrap_err(),
+            "zero backoff",
+        ),
+        (
+            fence::extend(&mut conn, "", &token, ok).await.unwrap_err(),
+            "extend empty",
+        ),
+        (
+            fence::extend(&mut conn, "r", &token, Duration::ZERO)
+                .await
+                .unwrap_err(),
+            "extend zero",
+        ),
+        (
+            fence::extend(&mut conn, "r", &token, too_long)
+                .await
+                .unwrap_err(),
+            "extend long",
+        ),
+        (
+            fence::release(&mut conn, "", &token).await.unwrap_err(),
+            "release empty",
+        ),
+        (
+            fence::write(&mut conn, "", 1, "v").await.unwrap_err(),
+            "write empty",
+        ),
+        (
+            fence::write(&mut conn, "k", 0, "v").await.unwrap_err(),
+            "write fence 0",
+        ),
+        (fence::read(&mut conn, "").await.unwrap_err(), "read empty"),
+        (
+            Lease::acquire(conn.clone(), "", ok, &no_wait)
+                .await
+                .unwrap_err(),
+            "lease empty",
+        ),
+        (
+            Lease::acquire(conn.clone(), "r", Duration::ZERO, &no_wait)
+                .await
+                .unwrap_err(),
+            "lease zero",
+        ),
+        (
+            fence::with_lease(conn.clone(), "r", too_long, &no_wait, |_| async {})
+                .await
+                .unwrap_err(),
+            "with_lease long",
+        ),
+    ];
+    for (err, what) in &cases {
+        assert!(err.is_invalid_input(), "{what}: {err}");
+        assert!(err.is_definite(), "{what}");
+    }
+    let kinds: Vec<String> = cases.iter().map(|(e, _)| format!("{e:?}")).collect();
+    assert!(matches!(cases[0].0, Error::EmptyKey), "{}", kinds[0]);
+    assert!(
+        matches!(cases[1].0, Error::ZeroDuration { what: "ttl" }),
+        "{}",
+        kinds[1]
+    );
+    assert!(
+        matches!(cases[2].0, Error::ZeroDuration { what: "ttl" }),
+        "{}",
+        kinds[2]
+    );
+    assert!(
+        matches!(cases[3].0, Error::DurationTooLong { what: "ttl", .. }),
+        "{}",
+        kinds[3]
+    );
+    assert!(
+        matches!(
+            cases[9].0,
+            Error::ZeroDuration {
+                what: "initial_delay"
+            }
+        ),
+        "{}",
+        kinds[9]
+    );
+    assert!(
+        matches!(cases[15].0, Error::ZeroLimit { what: "fence" }),
+        "{}",
+        kinds[15]
+    );
+
+    let dbsize: i64 = raw(&mut conn, &["DBSIZE"]).await;
+    assert_eq!(dbsize, 0, "nothing written");
+    assert_eq!(
+        command_calls(&mut conn, "evalsha").await,
+        evalsha_before,
+        "nothing sent"
+    );
+    assert_eq!(command_calls(&mut conn, "eval").await, 0);
+    assert_eq!(command_calls(&mut conn, "evalsha_ro").await, 0);
+}
+
+#[tokio::test]
+async fn a_waiter_gets_the_lock_soon_after_it_is_released() {
+    let redis = support::redis();
+    let mut conn = redis.conn().await;
+    let mut waiter_conn = redis.conn().await;
+    let resource = format!("{}r", prefix("waiter"));
+
+    let held = grant(fence::acquire(&mut conn, &resource, MINUTE).await.unwrap());
+    let resource2 = resource.clone();
+    let waiter = tokio::spawn(async move {
+        let backoff = Backoff {
+            max_delay: Duration::from_millis(50),
+            ..Backoff::new(Duration::from_secs(10))
+        };
+        let outcome = fence::acquire_with_retry(&mut waiter_conn, &resource2, MINUTE, &backoff)
+            .await
+            .unwrap();
+        (outcome, Instant::now())
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!waiter.is_finished(), "waits while held");
+    assert_eq!(
+        fence::release(&mut conn, &resource, &held.token)
+            .await
+            .unwrap(),
+        Release::Released
+    );
+    let released = Instant::now();
+    let (outcome, got) = waiter.await.unwrap();
+    assert_eq!(grant(outcome).fence, held.fence + 1);
+    // Within about one max_delay of the release.
+    assert!(got.duration_since(released) < Duration::from_secs(2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_waiters_back_off_instead_of_stampeding() {
+    const WAITERS: u64 = 100;
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let resource = format!("{}r", prefix("herd"));
+    let _held = grant(fence::acquire(&mut conn, &resource, MINUTE).await.unwrap());
+    let evalsha_before = command_calls(&mut conn, "evalsha").await;
+
+    let timeout = Duration::from_millis(400);
+    let backoff = Backoff {
+        initial_delay: Duration::from_millis(10),
+        max_delay: Duration::from_millis(100),
+        ..Backoff::new(timeout)
+    };
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..WAITERS {
+        let mut conn = conn.clone();
+        let resource = resource.clone();
+        tasks.push(tokio::spawn(async move {
+            fence::acquire_with_retry(&mut conn, &resource, MINUTE, &backoff)
+                .await
+                .unwrap()
+        }));
+    }
+    for task in tasks {
+        assert!(matches!(
+            task.await.unwrap(),
+            Acquire::Held {
+                expires_in: Some(_)
+            }
+        ));
+    }
+    assert!(
+        started.elapsed() >= timeout,
+        "each waiter waited out its timeout"
+    );
+    let attempts = command_calls(&mut conn, "evalsha").await - evalsha_before - 1;
+    // Doubling from 10 ms to 100 ms over 400 ms: about 4 + 2 x 300 / 100 = 10
+    // attempts per waiter on average, against thousands for a tight loop.
+    eprintln!("{attempts} attempts by {WAITERS} waiters");
+    assert!(attempts >= 2 * WAITERS, "{attempts}");
+    assert!(
+        attempts <= 25 * WAITERS,
+        "{attempts} attempts for {WAITERS} waiters"
+    );
+}
+
+#[tokio::test]
+async fn a_lease_renews_through_a_connection_manager() {
+    let redis = support::redis();
+    let mut check = redis.conn().await;
+    let resource = format!("{}r", prefix("manager"));
+    let manager = redis::aio::ConnectionManager::new(redis.client())
+        .await
+        .unwrap();
+    let ttl = Duration::from_millis(150);
+
+    let lease = Lease::acquire(manager, &resource, ttl, &Backoff::none())
+        .await
+        .unwrap()
+        .acquired()
+        .unwrap();
+    tokio::time::sleep(ttl * 3).await;
+    let holder: Option<String> = raw(&mut check, &["GET", &lock_key(&resource)]).await;
+    assert_eq!(holder.as_deref(), Some(lease.token().as_str()));
+    assert_eq!(lease.release().await.unwrap(), Release::Released);
+}
+
+mod model {
+    //! Model-based property test: random interleavings of acquire, extend,
+    //! release, expiry and fenced writes by three clients, checked step by
+    //! step against a model of what must happen.
+
+    use super::*;
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, FileFailurePersistence, TestRunner};
+
+    #[derive(Debug, Clone, Copy)]
+    enum Op {
+        Acquire(usize),
+        Extend(usize),
+        Release(usize),
+        /// The holder is paused past its TTL: the lock expires under it.
+        Expire,
+        /// A client writes with its latest grant's fence, current or not.
+        Write(usize),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            3 => (0..3usize).prop_map(Op::Acquire),
+            1 => (0..3usize).prop_map(Op::Extend),
+            2 => (0..3usize).prop_map(Op::Release),
+            1 => Just(Op::Expire),
+            3 => (0..3usize).prop_map(Op::Write),
+        ]
+    }
+
+    /// The lock is held by at most one grant; fences go 1, 2, 3, ... one per
+    /// grant; release and extend succeed exactly for the current holder; a
+    /// write applies exactly when its fence is not below the stored one, so
+    /// the stored fence never goes down.
+    #[test]
+    fn fences_never_go_down_and_only_the_holder_holds() {
+        let server = RedisServer::start();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let config = Config {
+            cases: 48,
+            source_file: Some(file!()),
+            failure_persistence: Some(Box::new(FileFailurePersistence::SourceParallel(
+                "proptest-regressions",
+            ))),
+            ..Config::default()
+        };
+        TestRunner::new(config)
+            .run(&prop::collection::vec(op(), 1..40), |ops| {
+                rt.block_on(async {
+                    let mut conn = server.conn().await;
+                    let p = prefix("model");
+                    let (resource, account) = (format!("{p}r"), format!("{p}acct"));
+                    let mut holder: Option<usize> = None;
+                    let mut grants: [Option<fence::Grant>; 3] = [None, None, None];
+                    let mut counter = 0u64;
+                    let mut stored = 0u64;
+                    for op in ops {
+                        match op {
+                            Op::Acquire(c) => {
+                                let out =
+                                    fence::acquire(&mut conn, &resource, MINUTE).await.unwrap();
+                                prop_assert_eq!(out.is_acquired(), holder.is_none(), "{:?}", op);
+                                if let Acquire::Acquired(g) = out {
+                                    counter += 1;
+                                    prop_assert_eq!(g.fence, counter);
+                                    holder = Some(c);
+                                    grants[c] = Some(g);
+                                }
+                            }
+                            Op::Extend(c) | Op::Release(c) => {
+                                let Some(g) = grants[c].clone() else { continue };
+                                // A client's latest grant is the live one iff it holds.
+                                let ours = holder == Some(c);
+                                if let Op::Extend(_) = op {
+                                    let out = fence::extend(&mut conn, &resource, &g.token, MINUTE)
+                                        .await
+                                        .unwrap();
+                                    prop_assert_eq!(matches!(out, Extend::Extended { .. }), ours);
+                                } else {
+                                    let out = fence::release(&mut conn, &resource, &g.token)
+                                        .await
+                                        .unwrap();
+                                    prop_assert_eq!(out == Release::Released, ours);
+                                    if ours {
+                                        holder = None;
+                                    }
+                                }
+                            }
+                            Op::Expire => {
+                                let _: () = raw(&mut conn, &["DEL", &lock_key(&resource)]).await;
+                                holder = None;
+                            }
+                            Op::Write(c) => {
+                                let Some(g) = grants[c].clone() else { continue };
+                                let out = fence::write(&mut conn, &account, g.fence, "v")
+                                    .await
+                                    .unwrap();
+                                if g.fence >= stored {
+                                    prop_assert_eq!(out, Write::Applied);
+                                    stored = g.fence;
+                                } else {
+                                    prop_assert_eq!(
+                                        out,
+                                        Write::Stale {
+                                            current_fence: stored
+                                        }
+                                    );
+                                }
+                            }
+                        }
+                    }
+                    let on_server = fence::read(&mut conn, &account).await.unwrap();
+                    prop_assert_eq!(on_server.map_or(0, |f| f.fence), stored);
+                    Ok(())
+                })
+            })
+            .unwrap();
+    }
+}
