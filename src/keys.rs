@@ -4,7 +4,7 @@
 //! the first `{` and the next `}`, when that is not empty; otherwise the whole
 //! key. A script may only touch keys of one slot, so scripts that need several
 //! keys derive them from one user key with a shared tag
-//! ([`derive`]), and operations that take several user keys check that they
+//! ([`derive()`]), and operations that take several user keys check that they
 //! share a slot ([`slot`]) before anything is sent.
 
 /// The part of `key` that Redis Cluster hashes.

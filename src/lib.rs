@@ -3,8 +3,9 @@
 //! Most "we need a distributed lock" problems are really "we need one atomic
 //! read-decide-write". nolock ships each such operation as one Lua script that
 //! Redis runs atomically, in one round trip, with no lock to acquire, renew or
-//! lose: bounded counters today; rate limits, conditional sets and fenced
-//! leases (for the cases that truly need mutual exclusion) as they land.
+//! lose: bounded counters ([`limits`]), rate limits ([`rate`]) and conditional
+//! writes ([`cas`]); and, for the cases that truly need mutual exclusion,
+//! leases with fencing tokens ([`fence`]).
 //!
 //! Every operation is an async function that takes any redis-rs async
 //! connection (`MultiplexedConnection`, `ConnectionManager`, a cluster

@@ -71,7 +71,8 @@ pub struct Admission {
     /// How much more fits before the limit: `limit - count` (0 when the
     /// counter is at or above the limit, e.g. after the limit was lowered).
     pub remaining: u64,
-    /// Time until the window resets (the key's PTTL). `None` only if the
+    /// Time until the window resets: the key's PTTL + 1 ms, the first moment
+    /// the counter is gone (at most `window + 1 ms`). `None` only if the
     /// counter has no expiry, which nolock never leaves behind.
     pub reset_after: Option<Duration>,
 }
@@ -362,10 +363,16 @@ impl Operation for Peek {
     }
 }
 
-/// A PTTL reply as a duration: negative values mean "no key" (-2) or "no
-/// expiry" (-1).
+/// The time until a key with this PTTL is gone; `None` for "no key" (-2) or
+/// "no expiry" (-1).
+///
+/// Redis keeps a key through the very millisecond its expiry names (it expires
+/// once the clock is *past* it), so the key is gone PTTL + 1 ms from now: a
+/// caller that waits exactly `reset_after` finds a fresh window.
 fn pttl(ms: i64) -> Option<Duration> {
-    u64::try_from(ms).ok().map(Duration::from_millis)
+    u64::try_from(ms)
+        .ok()
+        .map(|ms| Duration::from_millis(ms.saturating_add(1)))
 }
 
 #[cfg(test)]
@@ -445,7 +452,7 @@ mod tests {
                 count: 5,
                 limit: 3,
                 remaining: 0,
-                reset_after: Some(Duration::from_millis(10))
+                reset_after: Some(Duration::from_millis(11))
             }
         );
     }

@@ -75,7 +75,6 @@ impl Reply {
     }
 
     /// A byte-string field, or `None` for nil / Lua `false`.
-    #[allow(dead_code)] // for the string-valued scripts of cas and fence
     pub(crate) fn bytes(&mut self) -> Result<Option<Vec<u8>>> {
         match self.next()? {
             Value::BulkString(bytes) => Ok(Some(bytes)),
