@@ -5,7 +5,8 @@
 //!
 //! ```sh
 //! cargo bench --bench versus_locks                 # everything, about 4 minutes on 2 cores
-//! cargo bench --bench versus_locks -- debit        # only operations whose label contains "debit"
+//! cargo bench --bench versus_locks -- debit        # only comparisons whose label contains "debit"
+//! cargo bench --bench versus_locks -- overhead     # only try_increment against raw EVALSHA
 //! cargo bench --bench versus_locks -- --json       # the rows as JSON on stdout
 //! ```
 //!
@@ -103,16 +104,14 @@ async fn bench(json: bool, filters: &[String]) -> common::Result<()> {
         println!("{}", report::json(measured.iter().map(|m| &m.row))?);
         return Ok(());
     }
-    print!("\n{}", report::table(&measured));
-    println!();
-    for line in report::targets(&measured) {
-        println!("{line}");
+    if !measured.is_empty() {
+        print!("\n{}", report::table(&measured));
+        println!();
+        for line in report::targets(&measured) {
+            println!("{line}");
+        }
     }
-    if filters.is_empty()
-        || filters
-            .iter()
-            .any(|f| "counter, 1 key".contains(f.as_str()))
-    {
+    if filters.is_empty() || filters.iter().any(|f| f == "overhead") {
         println!();
         for line in overhead(&client).await? {
             println!("{line}");
