@@ -140,7 +140,7 @@ async fn compare(json: bool) -> common::Result<()> {
         PAUSE_TASKS,
         PAUSE_CALLS,
         run::PAUSE_CAPACITY,
-        run::PAUSES.one_in,
+        run::PAUSES.every,
         run::PAUSES.length,
         run::PAUSES.lock_ttl,
         run::LOCK_TTL,

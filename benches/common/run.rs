@@ -21,9 +21,9 @@ pub const LOCK_TTL: Duration = Duration::from_secs(1);
 pub const CAPACITY: u64 = 1_000_000_000;
 /// Each key's capacity in the pause runs, reached well within the run.
 pub const PAUSE_CAPACITY: u64 = 100;
-/// The pause runs: one call in 20 pauses for twice the lock's TTL.
+/// The pause runs: one call in 10 pauses for twice the lock's TTL.
 pub const PAUSES: Pauses = Pauses {
-    one_in: 20,
+    every: 10,
     length: Duration::from_millis(60),
     lock_ttl: Duration::from_millis(30),
 };
@@ -53,8 +53,12 @@ pub enum Budget {
 /// Holders that pause "now and then" for longer than the lock's TTL.
 #[derive(Debug, Clone, Copy)]
 pub struct Pauses {
-    /// Each call pauses with probability `1 / one_in`.
-    pub one_in: u32,
+    /// Task `t` pauses on its calls `n` where `(n + t) % every == 0`: one
+    /// call in `every`, staggered across tasks so that pauses fall all
+    /// through the run, the first on the very first call of task 0. (At
+    /// random, a run could see no pause before the capacity is used up,
+    /// and then nothing to show.)
+    pub every: u64,
     pub length: Duration,
     /// The lock's TTL in these runs (shorter than `length`).
     pub lock_ttl: Duration,
@@ -408,8 +412,8 @@ async fn task<C: ConnectionLike + Send>(
     plan: Plan,
     keys: Arc<Vec<Key>>,
 ) -> Seen {
-    // Key choice and pauses come from a seed per task, so every variant
-    // meets the same schedule; lock jitter and tokens draw from another.
+    // Key choice comes from a seed per task, so every variant meets the same
+    // keys; lock jitter and tokens draw from another.
     let mut schedule = fastrand::Rng::with_seed(0x5eed_0000 + id);
     let mut rng = fastrand::Rng::with_seed(0xbac0_0000 + id);
     let mut seen = Seen {
@@ -418,14 +422,12 @@ async fn task<C: ConnectionLike + Send>(
         errors: 0,
         first_error: None,
     };
-    let mut made = 0;
-    loop {
-        if plan.calls.is_some_and(|n| made >= n)
+    for n in 0u64.. {
+        if plan.calls.is_some_and(|calls| n >= calls as u64)
             || plan.deadline.is_some_and(|d| Instant::now() >= d)
         {
             break;
         }
-        made += 1;
         let k = if keys.len() == 1 {
             0
         } else {
@@ -433,7 +435,7 @@ async fn task<C: ConnectionLike + Send>(
         };
         let pause = plan
             .pauses
-            .filter(|p| schedule.u32(..p.one_in) == 0)
+            .filter(|p| (n + id).is_multiple_of(p.every))
             .map(|p| p.length);
         let call = Call {
             key: &keys[k],
