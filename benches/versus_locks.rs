@@ -107,7 +107,7 @@ async fn bench(json: bool, filters: &[String]) -> common::Result<()> {
     if !measured.is_empty() {
         print!("\n{}", report::table(&measured));
         println!();
-        for line in report::targets(&measured) {
+        for line in report::targets(&measured, None) {
             println!("{line}");
         }
     }
@@ -122,9 +122,11 @@ async fn bench(json: bool, filters: &[String]) -> common::Result<()> {
 
 /// `try_increment` against the same script by raw `EVALSHA`, on one
 /// multiplexed connection, alternated so that both see the same machine:
-/// the median of the per-round ratios.
+/// the median of the per-round ratios. Then the same two code paths without
+/// I/O (`common::overhead`), which a noisy machine disturbs far less.
 async fn overhead(client: &redis::Client) -> common::Result<Vec<String>> {
     let mut lines = Vec::new();
+    let mut script_ops = Vec::new();
     for tasks in [1, 64] {
         let (mut throughput, mut p50) = (Vec::new(), Vec::new());
         for round in 0..OVERHEAD_ROUNDS {
@@ -144,6 +146,9 @@ async fn overhead(client: &redis::Client) -> common::Result<Vec<String>> {
                 pair.push(run::run(client, &s).await?.row);
             }
             throughput.push(pair[0].ops_per_sec / pair[1].ops_per_sec.max(1.0));
+            if tasks == 64 {
+                script_ops.push(pair[0].ops_per_sec);
+            }
             p50.push(pair[0].p50_us / pair[1].p50_us.max(0.1));
             eprintln!("{:.3}x", throughput[round]);
         }
@@ -154,6 +159,18 @@ async fn overhead(client: &redis::Client) -> common::Result<Vec<String>> {
             median(&mut p50),
         ));
     }
+    eprintln!("overhead without I/O ...");
+    let cpu = common::overhead::cpu_cost(200_000, 7).await?;
+    let per_call_ns = 1e9 / median(&mut script_ops).max(1.0);
+    lines.push(format!(
+        "library's own cost per call without I/O (best of 7 x 200,000): try_increment {} ns, \
+         raw EVALSHA {} ns: {:+.0} ns, {:.1}% of the {:.1} µs per call at 64 tasks",
+        cpu.script.as_nanos(),
+        cpu.raw.as_nanos(),
+        cpu.added_ns(),
+        100.0 * cpu.added_ns() / per_call_ns,
+        per_call_ns / 1000.0,
+    ));
     Ok(lines)
 }
 

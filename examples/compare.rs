@@ -125,10 +125,13 @@ async fn compare(json: bool) -> common::Result<()> {
         println!("{}", report::json(measured.iter().map(|m| &m.row))?);
         return Ok(());
     }
+    eprint!("library cost per call without I/O ... ");
+    let cpu = common::overhead::cpu_cost(20_000, 5).await?;
+    eprintln!("{:+.0} ns", cpu.added_ns());
     println!();
     print!("{}", report::table(&measured));
     println!();
-    for line in report::targets(&measured) {
+    for line in report::targets(&measured, Some(&cpu)) {
         println!("{line}");
     }
     println!(

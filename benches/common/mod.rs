@@ -21,6 +21,7 @@ pub mod conn;
 pub mod latency;
 pub mod lock;
 pub mod ops;
+pub mod overhead;
 pub mod report;
 pub mod run;
 #[path = "../../tests/support/server.rs"]

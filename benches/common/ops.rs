@@ -195,7 +195,8 @@ impl Operation {
             // kept on the amount *spent* makes exactly the debit's decision
             // (apply iff opening - spent >= amount, i.e. the balance covers
             // it), atomically, in one round trip and one script. Swap in
-            // `nolock::cas::debit` (and its arm in `recorded`) when it lands.
+            // `nolock::cas::debit` (and its arms in `setup` and `recorded`,
+            // which then see a balance, as for `lock`) when it lands.
             Operation::Debit => {
                 let a = nolock::limits::try_increment_by(
                     conn,
