@@ -126,7 +126,7 @@ async fn compare(json: bool) -> common::Result<()> {
         return Ok(());
     }
     eprint!("library cost per call without I/O ... ");
-    let cpu = common::overhead::cpu_cost(20_000, 5).await?;
+    let cpu = common::overhead::cpu_cost(50_000, 5).await?;
     eprintln!("{:+.0} ns", cpu.added_ns());
     println!();
     print!("{}", report::table(&measured));
