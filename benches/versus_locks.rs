@@ -28,8 +28,10 @@ use common::run::{self, Comparison, Measured, Scenario};
 const TASKS: [usize; 4] = [1, 16, 64, 256];
 const KEYS: [usize; 2] = [1, 1000];
 const RUN_TIME: Duration = Duration::from_secs(2);
-/// Library overhead: script and raw alternate this many times, 1 s each.
-const OVERHEAD_ROUNDS: usize = 5;
+/// Library overhead: script and raw alternate this many times, 250 ms each.
+/// Short rounds, many of them: on a shared machine the load changes from one
+/// second to the next, and the median of many pairs shrugs off bursts.
+const OVERHEAD_ROUNDS: usize = 20;
 
 /// Alternated rounds per comparison (see `run::alternated`).
 const ROUNDS: usize = 4;
@@ -134,16 +136,25 @@ async fn overhead(client: &redis::Client) -> common::Result<Vec<String>> {
                 "overhead, {tasks} tasks, round {}/{OVERHEAD_ROUNDS} ... ",
                 round + 1
             );
+            // Who goes first alternates too.
+            let order = if round % 2 == 0 {
+                [Variant::Script, Variant::Raw]
+            } else {
+                [Variant::Raw, Variant::Script]
+            };
             let mut pair = Vec::new();
-            for variant in [Variant::Script, Variant::Raw] {
+            for variant in order {
                 let s = Scenario::throughput(
                     Operation::Counter,
                     variant,
                     tasks,
                     1,
-                    Duration::from_secs(1),
+                    Duration::from_millis(250),
                 );
                 pair.push(run::run(client, &s).await?.row);
+            }
+            if order[0] == Variant::Raw {
+                pair.swap(0, 1);
             }
             throughput.push(pair[0].ops_per_sec / pair[1].ops_per_sec.max(1.0));
             if tasks == 64 {

@@ -13,8 +13,9 @@
 //! [`run::run`] drives one [`run::Scenario`] (N tasks, one hot key or keys
 //! spread over 1,000 names, optionally with holders that pause past the lock's
 //! TTL) and measures throughput, p50/p99 latency, round trips per operation,
-//! over-admissions and lost updates. [`report`] prints the table and the JSON
-//! rows. Nothing here is part of the library's API.
+//! over-admissions and lost updates. [`overhead`] measures what the library
+//! itself adds per call, without I/O. [`report`] prints the table and the
+//! JSON rows. Nothing here is part of the library's API.
 #![allow(dead_code)]
 
 pub mod conn;
