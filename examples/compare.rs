@@ -138,8 +138,8 @@ async fn compare(json: bool) -> common::Result<()> {
         "\nround trips: requests sent per call. vs lock: throughput over the lock's, same operation and tasks.\n\
          pauses: {} tasks x {} calls on one key that allows {}; one call in {} pauses {:?} \
          (the lock's TTL there: {:?}; elsewhere {:?}).\n\
-         rate limit: GCRA; its script variant waits for nolock::rate. debit script: \
-         limits::try_increment_by on the amount spent (the same decision) until nolock::cas::debit.",
+         rate limit: GCRA (nolock::rate::Limiter on the server clock; lock and watch on the client's). \
+         debit: take 7 if the balance covers it (nolock::cas::debit).",
         PAUSE_TASKS,
         PAUSE_CALLS,
         run::PAUSE_CAPACITY,

@@ -3,8 +3,8 @@
 //! | operation | `script` | `lock` and `watch`: the client reads, decides, writes |
 //! |---|---|---|
 //! | counter | `nolock::limits::try_increment(key, capacity, 1 h)` | `GET` count; admit if below capacity; `SET` count + 1 |
-//! | rate limit | `nolock::rate`, not merged yet | GCRA: `GET` the theoretical arrival time; admit if within the burst; `SET` it one interval later |
-//! | debit | stand-in until `nolock::cas::debit`: see [`Operation::script`] | `GET` balance; admit if at least 7; `SET` balance - 7 |
+//! | rate limit | `nolock::rate::Limiter` (GCRA, server clock) | GCRA: `GET` the theoretical arrival time; admit if within the burst; `SET` it one interval later |
+//! | debit | `nolock::cas::debit` | `GET` balance; admit if at least 7; `SET` balance - 7 |
 //!
 //! `raw` (counter only) sends the very script that `try_increment` runs, as
 //! a hand-written redis-rs `EVALSHA`.
@@ -15,6 +15,7 @@
 use std::sync::LazyLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use nolock::rate::{Algorithm, Limiter, Quota};
 use redis::aio::ConnectionLike;
 use redis::{Cmd, Value};
 use serde::{Deserialize, Serialize};
@@ -59,13 +60,13 @@ pub enum Operation {
 
 /// The counter's window: far longer than any run, so no run sees it reset.
 pub const COUNTER_WINDOW: Duration = Duration::from_secs(3600);
-/// The rate limit's emission interval: one more request per minute after the
-/// burst. Longer than any run, so a run's admissions are the burst at most.
-pub const RATE_INTERVAL: Duration = Duration::from_secs(60);
+/// The rate limit's emission interval: one more request per second after the
+/// burst ([`Operation::allowance`] counts those). Not longer: `nolock::rate`
+/// refuses a burst that takes more than about 71 years to refill, and the
+/// throughput runs use bursts of up to 10^9 so that they never deny.
+pub const RATE_INTERVAL: Duration = Duration::from_secs(1);
 /// What one debit takes; a key opens with `capacity * DEBIT_AMOUNT`.
 pub const DEBIT_AMOUNT: u64 = 7;
-/// The stand-in debit's counter window (see [`Operation::script`]).
-const DEBIT_WINDOW: Duration = Duration::from_secs(24 * 3600);
 /// A `watch` call gives up (an error in the run's counts) after this many conflicts.
 const WATCH_ATTEMPTS: u32 = 100_000;
 
@@ -117,9 +118,7 @@ impl Operation {
     pub fn variants(self) -> &'static [Variant] {
         match self {
             Operation::Counter => &[Variant::Script, Variant::Raw, Variant::Lock, Variant::Watch],
-            // `nolock::rate` has not merged: when it does, add `Variant::Script`
-            // here and fill its arms in `script` and `recorded`.
-            Operation::RateLimit => &[Variant::Lock, Variant::Watch],
+            Operation::RateLimit => &[Variant::Script, Variant::Lock, Variant::Watch],
             Operation::Debit => &[Variant::Script, Variant::Lock, Variant::Watch],
         }
     }
@@ -146,7 +145,8 @@ impl Operation {
         keys: &[Key],
         capacity: u64,
     ) -> Result<()> {
-        if self == Operation::Debit && variant != Variant::Script {
+        let _ = variant; // every variant of the debit starts from the same balances
+        if self == Operation::Debit {
             for chunk in keys.chunks(500) {
                 let mut mset = redis::cmd("MSET");
                 for key in chunk {
@@ -191,25 +191,18 @@ impl Operation {
                     nolock::limits::try_increment(conn, key, call.capacity, COUNTER_WINDOW).await?;
                 Ok(a.admitted)
             }
-            // Stand-in until `nolock::cas::debit` merges: the bounded counter
-            // kept on the amount *spent* makes exactly the debit's decision
-            // (apply iff opening - spent >= amount, i.e. the balance covers
-            // it), atomically, in one round trip and one script. Swap in
-            // `nolock::cas::debit` (and its arms in `setup` and `recorded`,
-            // which then see a balance, as for `lock`) when it lands.
             Operation::Debit => {
-                let a = nolock::limits::try_increment_by(
-                    conn,
-                    key,
-                    DEBIT_AMOUNT,
-                    Self::opening_balance(call.capacity),
-                    DEBIT_WINDOW,
-                )
-                .await?;
-                Ok(a.admitted)
+                let outcome = nolock::cas::debit(conn, key, DEBIT_AMOUNT).await?;
+                Ok(outcome.is_applied())
             }
+            // GCRA, as the lock and WATCH versions below, decided on the
+            // server's clock: a burst of `capacity`, then one per interval.
+            // The state is the same TAT in microseconds, so `recorded` reads
+            // both alike. Building the limiter is a few checks, no I/O.
             Operation::RateLimit => {
-                Err("the rate limit's script variant waits for nolock::rate".into())
+                let quota = Quota::per(1, RATE_INTERVAL)?.with_burst(call.capacity)?;
+                let limiter = Limiter::new(Algorithm::Gcra, quota)?;
+                Ok(limiter.check(conn, key, 1).await?.allowed)
             }
         }
     }
@@ -338,9 +331,6 @@ impl Operation {
         capacity: u64,
         started: SystemTime,
     ) -> Result<Vec<u64>> {
-        if self == Operation::RateLimit && variant == Variant::Script {
-            return Err("read nolock::rate's state here when it merges".into());
-        }
         let mut stored: Vec<Option<i64>> = Vec::with_capacity(keys.len());
         for chunk in keys.chunks(500) {
             let mut mget = redis::cmd("MGET");
@@ -355,16 +345,13 @@ impl Operation {
         let count = |value: Option<i64>| -> u64 {
             match (self, variant) {
                 (Operation::Counter, _) => value.unwrap_or(0).max(0) as u64,
-                // The stand-in stores the amount spent.
-                (Operation::Debit, Variant::Script) => {
-                    value.unwrap_or(0).max(0) as u64 / DEBIT_AMOUNT
-                }
                 (Operation::Debit, _) => {
                     let balance = value.unwrap_or(0).max(0) as u64;
                     Self::opening_balance(capacity).saturating_sub(balance) / DEBIT_AMOUNT
                 }
-                // No interval passes within a run, so the TAT sits one
-                // interval past the first call per admission it recorded.
+                // Admissions come far faster than one per interval, so the
+                // TAT never falls behind the clock: it sits one interval past
+                // the first call per admission it recorded.
                 (Operation::RateLimit, _) => value.map_or(0, |tat| {
                     let intervals = (tat - started) as f64 / interval as f64;
                     intervals.round().max(0.0) as u64
