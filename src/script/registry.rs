@@ -34,7 +34,14 @@ fn collect(dir: &'static Dir<'static>, out: &mut Vec<Script>) {
 pub struct Script {
     name: &'static str,
     source: &'static str,
-    sha1: OnceLock<String>,
+    /// Read from the source once, on first use: every call needs both.
+    derived: OnceLock<Derived>,
+}
+
+#[derive(Debug)]
+struct Derived {
+    sha1: String,
+    read_only: bool,
 }
 
 impl Script {
@@ -42,8 +49,21 @@ impl Script {
         Script {
             name,
             source,
-            sha1: OnceLock::new(),
+            derived: OnceLock::new(),
         }
+    }
+
+    fn derived(&self) -> &Derived {
+        self.derived.get_or_init(|| Derived {
+            sha1: sha1_smol::Sha1::from(self.source).digest().to_string(),
+            read_only: self
+                .source
+                .lines()
+                .next()
+                .and_then(|line| line.strip_prefix("#!lua"))
+                .and_then(|rest| rest.trim().strip_prefix("flags="))
+                .is_some_and(|flags| flags.split(',').any(|flag| flag.trim() == "no-writes")),
+        })
     }
 
     /// The stable name: the path under `lua/` without `.lua`, e.g. `limits/try_increment`.
@@ -58,19 +78,13 @@ impl Script {
 
     /// The lowercase hex SHA1 of the source, as Redis computes it. Computed once.
     pub fn sha1(&self) -> &str {
-        self.sha1
-            .get_or_init(|| sha1_smol::Sha1::from(self.source).digest().to_string())
+        &self.derived().sha1
     }
 
     /// True when the script declares `#!lua flags=no-writes`; it is then run with
     /// `EVALSHA_RO`/`EVAL_RO`, which replicas accept.
     pub fn is_read_only(&self) -> bool {
-        self.source
-            .lines()
-            .next()
-            .and_then(|line| line.strip_prefix("#!lua"))
-            .and_then(|rest| rest.trim().strip_prefix("flags="))
-            .is_some_and(|flags| flags.split(',').any(|flag| flag.trim() == "no-writes"))
+        self.derived().read_only
     }
 }
 
