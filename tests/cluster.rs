@@ -7,7 +7,9 @@
 //! (it takes a few seconds to start), so the bodies isolate themselves by key
 //! prefix, and assert server-wide counts exactly only when the deployment is
 //! theirs alone. Tests that empty or inspect script caches, or count
-//! commands, run alone on the cluster ([`CLUSTER_ACCESS`]).
+//! commands, run alone on the cluster ([`CLUSTER_ACCESS`]); `both!` and
+//! [`CLUSTER_ACCESS`] live in `support::deployment`, shared with
+//! `tests/cluster_modules.rs`.
 
 mod support;
 
@@ -17,58 +19,12 @@ use std::time::Duration;
 use nolock::limits::{self, Peek, Release, TryIncrement};
 use nolock::{Batch, Error, Scripts};
 use redis::aio::MultiplexedConnection;
-use support::deployment::{Deployment, LogsOnPanic};
+use support::deployment::{both, Deployment, CLUSTER_ACCESS};
 use support::{command_calls, keys, prefix, raw};
 
 const MINUTE: Duration = Duration::from_secs(60);
 /// `reset_after` is PTTL + 1 ms: the first moment the counter is gone.
 const MS: Duration = Duration::from_millis(1);
-
-/// Cluster tests hold it for reading while they run; the ones that need the
-/// cluster to themselves hold it for writing: those that empty script caches
-/// or check what is cached (so a flush never lands in the middle of another
-/// test, and no other test's `EVAL` re-caches a script between a flush and
-/// the call that must find it missing), and those that count commands.
-static CLUSTER_ACCESS: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
-
-macro_rules! both {
-    (shared: [$($shared:ident),* $(,)?], exclusive: [$($exclusive:ident),* $(,)?] $(,)?) => {
-        mod single {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $shared() {
-                    super::$shared(&super::Deployment::single()).await
-                }
-            )*
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $exclusive() {
-                    super::$exclusive(&super::Deployment::single()).await
-                }
-            )*
-        }
-        mod cluster {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $shared() {
-                    let _cache = super::CLUSTER_ACCESS.read().await;
-                    let d = super::Deployment::cluster();
-                    let _logs = super::LogsOnPanic(&d);
-                    super::$shared(&d).await
-                }
-            )*
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $exclusive() {
-                    let _cache = super::CLUSTER_ACCESS.write().await;
-                    let d = super::Deployment::cluster();
-                    let _logs = super::LogsOnPanic(&d);
-                    super::$exclusive(&d).await
-                }
-            )*
-        }
-    };
-}
 
 both!(
     shared: [

@@ -103,6 +103,60 @@ impl Deployment {
     }
 }
 
+/// Cluster tests hold it for reading while they run; the ones that need the
+/// cluster to themselves hold it for writing: those that empty script caches
+/// or check what is cached (so a flush never lands in the middle of another
+/// test, and no other test's `EVAL` re-caches a script between a flush and
+/// the call that must find it missing), and those that count commands.
+pub static CLUSTER_ACCESS: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
+/// Makes a `single::` and a `cluster::` test of each body
+/// (`async fn body(d: &Deployment)` in the calling file). `shared` bodies
+/// run side by side on the cluster; `exclusive` ones alone
+/// ([`CLUSTER_ACCESS`]).
+#[allow(unused_macros)]
+macro_rules! both {
+    (shared: [$($shared:ident),* $(,)?], exclusive: [$($exclusive:ident),* $(,)?] $(,)?) => {
+        mod single {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $shared() {
+                    super::$shared(&$crate::support::deployment::Deployment::single()).await
+                }
+            )*
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $exclusive() {
+                    super::$exclusive(&$crate::support::deployment::Deployment::single()).await
+                }
+            )*
+        }
+        mod cluster {
+            use $crate::support::deployment::{Deployment, LogsOnPanic, CLUSTER_ACCESS};
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $shared() {
+                    let _cache = CLUSTER_ACCESS.read().await;
+                    let d = Deployment::cluster();
+                    let _logs = LogsOnPanic(&d);
+                    super::$shared(&d).await
+                }
+            )*
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $exclusive() {
+                    let _cache = CLUSTER_ACCESS.write().await;
+                    let d = Deployment::cluster();
+                    let _logs = LogsOnPanic(&d);
+                    super::$exclusive(&d).await
+                }
+            )*
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use both;
+
 /// Prints the shared cluster's node logs if the test panics (the shared
 /// cluster itself is never dropped, so its own drop cannot).
 pub struct LogsOnPanic<'a>(pub &'a Deployment);
