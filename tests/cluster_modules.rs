@@ -12,12 +12,12 @@ mod support;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use nolock::cas::{self, Adjustment, Expected, Insert, Outcome, Update, Versioned};
+use nolock::cas::{self, Adjust, Adjustment, Expected, Insert, Outcome, Update, Versioned};
 use nolock::fence::{self, Acquire, Backoff, Extend, Lease, Release, Write};
-use nolock::rate::{Algorithm, Limiter, MultiLimiter, Quota};
-use nolock::Error;
+use nolock::rate::{Algorithm, Check, Limiter, MultiLimiter, Quota};
+use nolock::{Batch, Error};
 use redis::aio::MultiplexedConnection;
-use support::deployment::{both, Deployment};
+use support::deployment::{both, run_batch_through_a_flush, Deployment};
 use support::{keys, prefix, raw};
 
 const MINUTE: Duration = Duration::from_secs(60);
@@ -33,10 +33,14 @@ both!(
         fence_acquire_extend_release_and_fences_rise,
         fenced_writes_refuse_older_fences,
         a_lease_renews_on_the_deployment_connection,
+        a_batch_of_rate_checks_gives_the_same_results_as_single_calls,
+        a_batch_of_adjustments_gives_the_same_results_as_single_calls,
     ],
     exclusive: [
         a_multi_limit_across_slots_is_refused_before_anything_is_sent,
         every_module_recovers_a_script_flush_on_every_node,
+        a_flush_between_batches_of_rate_checks_is_recovered,
+        a_flush_between_batches_of_adjustments_is_recovered,
     ],
 );
 
@@ -549,5 +553,171 @@ async fn every_module_recovers_a_script_flush_on_every_node(d: &Deployment) {
             .unwrap_or_else(|| panic!("{name}"));
         let cached: Vec<bool> = raw(&mut owner, &["SCRIPT", "EXISTS", script.sha1()]).await;
         assert_eq!(cached, [true], "{name} cached again by its EVAL");
+    }
+}
+
+// ---------------------------------------------------------------- batches
+
+/// 1,000 rate checks in one batch and the same 1,000 as single calls, on two
+/// key sets of the same shape, decide the same. Keys repeat (4 uses of 250
+/// keys, costs 1 to 3 against a burst of 3), so order inside the batch
+/// matters; hourly quotas keep a few seconds of test from refilling a unit.
+async fn a_batch_of_rate_checks_gives_the_same_results_as_single_calls(d: &Deployment) {
+    let mut conn = d.conn().await;
+    let limiters: Vec<Limiter> = [
+        Algorithm::Gcra,
+        Algorithm::TokenBucket,
+        Algorithm::FixedWindow,
+    ]
+    .into_iter()
+    .map(|a| Limiter::new(a, Quota::per_hour(3).unwrap()).unwrap())
+    .collect();
+    let entry = |p: &str, i: usize| {
+        let k = i % 250;
+        (&limiters[k % 3], format!("{p}{k}"), 1 + (i % 3) as u64)
+    };
+    let (batched, single) = (prefix("rate_batched"), prefix("rate_single"));
+    let batch: Batch<Check> = (0..1000)
+        .map(|i| {
+            let (limiter, key, cost) = entry(&batched, i);
+            Check::new(limiter, &key, cost).unwrap()
+        })
+        .collect();
+    let batch_results = batch.run(&mut conn).await;
+
+    let mut single_results = Vec::new();
+    for i in 0..1000 {
+        let (limiter, key, cost) = entry(&single, i);
+        single_results.push(limiter.check(&mut conn, &key, cost).await.unwrap());
+    }
+    assert_eq!(batch_results.len(), 1000);
+    let mut allowed = 0;
+    for (i, (b, s)) in batch_results.into_iter().zip(&single_results).enumerate() {
+        let b = b.unwrap_or_else(|e| panic!("entry {i}: {e}"));
+        assert_eq!(
+            (b.allowed, b.limit, b.remaining, b.retry_after.is_some()),
+            (s.allowed, s.limit, s.remaining, s.retry_after.is_some()),
+            "entry {i}"
+        );
+        allowed += u64::from(b.allowed);
+    }
+    assert!(allowed > 250 && allowed < 1000, "{allowed}: a mix of both");
+    for k in [0, 1, 2, 249] {
+        assert!(
+            exists(d, &format!("{batched}{k}")).await,
+            "key {k} on its owner"
+        );
+    }
+}
+
+/// The kinds of balance change the adjustment batch test makes.
+#[derive(Clone, Copy)]
+enum Change {
+    Credit(u64, i64),
+    Debit(u64),
+    Overdraft(i64, i64),
+}
+
+/// 1,000 debits, credits and adjustments in one batch and as single calls,
+/// on two key sets of the same shape (200 balances, 5 changes each), give
+/// the same outcomes in the same order and leave the same balances.
+async fn a_batch_of_adjustments_gives_the_same_results_as_single_calls(d: &Deployment) {
+    let mut conn = d.conn().await;
+    let change = |i: usize| {
+        let k = i % 200;
+        let change = match i / 200 {
+            0 => Change::Credit(5, 8),
+            1 => Change::Debit(3 + (k % 3) as u64),
+            2 => Change::Credit(4, 8),
+            3 => Change::Debit(4),
+            _ => Change::Overdraft(-3 - (k % 4) as i64, -2),
+        };
+        (k, change)
+    };
+    let (batched, single) = (prefix("adjust_batched"), prefix("adjust_single"));
+    let batch: Batch<Adjust> = (0..1000)
+        .map(|i| {
+            let (k, change) = change(i);
+            let key = format!("{batched}{k}");
+            match change {
+                Change::Credit(amount, ceiling) => Adjust::credit(&key, amount, Some(ceiling)),
+                Change::Debit(amount) => Adjust::debit(&key, amount),
+                Change::Overdraft(delta, floor) => Adjust::new(&key, delta, floor..),
+            }
+            .unwrap()
+        })
+        .collect();
+    let batch_results = batch.run(&mut conn).await;
+
+    let mut single_results = Vec::new();
+    for i in 0..1000 {
+        let (k, change) = change(i);
+        let key = format!("{single}{k}");
+        let result = match change {
+            Change::Credit(amount, ceiling) => {
+                cas::credit(&mut conn, &key, amount, Some(ceiling)).await
+            }
+            Change::Debit(amount) => cas::debit(&mut conn, &key, amount).await,
+            Change::Overdraft(delta, floor) => cas::adjust(&mut conn, &key, delta, floor..).await,
+        };
+        single_results.push(result.unwrap());
+    }
+    let mut applied = 0;
+    for (i, (b, s)) in batch_results.into_iter().zip(&single_results).enumerate() {
+        let b = b.unwrap_or_else(|e| panic!("entry {i}: {e}"));
+        assert_eq!(b, *s, "entry {i}");
+        applied += u64::from(b.is_applied());
+    }
+    assert!(applied > 200 && applied < 1000, "{applied}: a mix of both");
+    for k in [0, 1, 2, 3, 199] {
+        let key = format!("{batched}{k}");
+        let mut owner = d.owner(&key).await;
+        let stored: String = raw(&mut owner, &["GET", &key]).await;
+        assert_eq!(
+            stored,
+            single_results[800 + k].balance().to_string(),
+            "{key}"
+        );
+    }
+}
+
+async fn a_flush_between_batches_of_rate_checks_is_recovered(d: &Deployment) {
+    let p = prefix("rate_flush");
+    let quota = Quota::per_hour(10).unwrap();
+    let gcra = Limiter::new(Algorithm::Gcra, quota).unwrap();
+    let fixed = Limiter::new(Algorithm::FixedWindow, quota).unwrap();
+    let batch: Batch<Check> = (0..500)
+        .map(|i| {
+            let limiter = if i % 2 == 0 { &gcra } else { &fixed };
+            Check::new(limiter, &format!("{p}{i}"), 2).unwrap()
+        })
+        .collect();
+    // Each run takes 2 more: no check ran twice, none was lost.
+    run_batch_through_a_flush(d, &batch, |run, r| {
+        r.allowed && r.remaining == 8 - 2 * run as u64
+    })
+    .await;
+}
+
+async fn a_flush_between_batches_of_adjustments_is_recovered(d: &Deployment) {
+    let p = prefix("adjust_flush");
+    let keys: Vec<String> = (0..500).map(|i| format!("{p}{i}")).collect();
+    let batch: Batch<Adjust> = keys
+        .iter()
+        .map(|k| Adjust::credit(k, 5, None).unwrap())
+        .collect();
+    run_batch_through_a_flush(d, &batch, |run, a| {
+        *a == Adjustment::Applied {
+            balance: 5 * (run as i64 + 1),
+        }
+    })
+    .await;
+    for key in keys.iter().step_by(50) {
+        let mut owner = d.owner(key).await;
+        assert_eq!(
+            raw::<String>(&mut owner, &["GET", key]).await,
+            "15",
+            "{key}"
+        );
     }
 }

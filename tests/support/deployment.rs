@@ -5,7 +5,7 @@
 //! it implements `ConnectionLike` by delegation and `nolock::BatchConnection`
 //! by saying when it is a cluster.
 
-use nolock::BatchConnection;
+use nolock::{Batch, BatchConnection, Operation};
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
@@ -156,6 +156,39 @@ macro_rules! both {
 }
 #[allow(unused_imports)]
 pub(crate) use both;
+
+/// Runs `batch` three times, with `SCRIPT FLUSH` on every node before the
+/// second run. Every entry's output must pass `expect(run, output)` (run 0,
+/// 1, 2), so each run shows that every entry ran exactly once more; the
+/// flushed run sends each entry once more as `EVAL` (it got `NOSCRIPT` and
+/// did not run), and those `EVAL`s cache the scripts again, so the third
+/// run sends none. Counts commands: hold the deployment alone.
+pub async fn run_batch_through_a_flush<O, F>(d: &Deployment, batch: &Batch<O>, expect: F)
+where
+    O: Operation,
+    O::Output: std::fmt::Debug,
+    F: Fn(usize, &O::Output) -> bool,
+{
+    let mut conn = d.conn().await;
+    nolock::Scripts::load(&mut conn).await.expect("SCRIPT LOAD");
+    for run in 0..3 {
+        if run == 1 {
+            d.flush_scripts_everywhere().await;
+        }
+        let evals_before = d.calls_on_primaries("eval").await;
+        let results = batch.run(&mut conn).await;
+        assert_eq!(results.len(), batch.len());
+        for (i, result) in results.iter().enumerate() {
+            match result {
+                Ok(output) => assert!(expect(run, output), "run {run}, entry {i}: {output:?}"),
+                Err(e) => panic!("run {run}, entry {i}: {e}"),
+            }
+        }
+        let evals = d.calls_on_primaries("eval").await - evals_before;
+        let expected = if run == 1 { batch.len() } else { 0 };
+        assert_eq!(evals, expected as u64, "run {run}: EVALs");
+    }
+}
 
 /// Prints the shared cluster's node logs if the test panics (the shared
 /// cluster itself is never dropped, so its own drop cannot).
