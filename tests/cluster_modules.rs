@@ -44,11 +44,6 @@ both!(
     ],
 );
 
-async fn exists(d: &Deployment, key: &str) -> bool {
-    let mut owner = d.owner(key).await;
-    raw::<i64>(&mut owner, &["EXISTS", key]).await == 1
-}
-
 fn grant(outcome: Acquire) -> fence::Grant {
     match outcome {
         Acquire::Acquired(grant) => grant,
@@ -84,11 +79,11 @@ async fn every_rate_algorithm_counts_down_denies_and_refunds_on_the_keys_owner(d
             assert_eq!(limiter.refund(&mut conn, &key, 1).await.unwrap(), 1);
             let again = limiter.check(&mut conn, &key, 1).await.unwrap();
             assert_eq!((again.allowed, again.remaining), (true, 0), "{algorithm}");
-            assert!(exists(d, &key).await, "{key} on its owner");
+            assert!(d.exists(&key).await, "{key} on its owner");
             owners.insert(d.owner_port(&key).await);
 
             limiter.reset(&mut conn, &key).await.unwrap();
-            assert!(!exists(d, &key).await, "reset");
+            assert!(!d.exists(&key).await, "reset");
         }
     }
     assert_eq!(owners.len(), if d.is_cluster() { 3 } else { 1 });
@@ -139,7 +134,7 @@ async fn a_multi_limit_with_derived_and_shared_keys_is_all_or_nothing(d: &Deploy
         .chain(multi.keys(&u2, &[&all]).unwrap())
     {
         assert_eq!(d.owner_port(&key).await, owner, "{key}");
-        assert!(exists(d, &key).await, "{key}");
+        assert!(d.exists(&key).await, "{key}");
     }
 
     // Refund gives the tenant room again, and reset forgets a user.
@@ -154,7 +149,7 @@ async fn a_multi_limit_with_derived_and_shared_keys_is_all_or_nothing(d: &Deploy
     );
     multi.reset(&mut conn, &u1, &[&all]).await.unwrap();
     for key in multi.keys(&u1, &[&all]).unwrap() {
-        assert!(!exists(d, &key).await, "{key} reset");
+        assert!(!d.exists(&key).await, "{key} reset");
     }
 
     // Derived keys only: an untagged user key becomes the tag of its limits.
@@ -171,7 +166,7 @@ async fn a_multi_limit_with_derived_and_shared_keys_is_all_or_nothing(d: &Deploy
             key,
             nolock::keys::derive(&plain, key.rsplit(':').next().unwrap())
         );
-        assert!(exists(d, &key).await, "{key}");
+        assert!(d.exists(&key).await, "{key}");
     }
 }
 
@@ -275,7 +270,7 @@ async fn versioned_values_write_once_per_version(d: &Deployment) {
             version: 2
         })
     );
-    assert!(exists(d, &key).await);
+    assert!(d.exists(&key).await);
 }
 
 async fn debit_and_credit_stay_within_their_bounds(d: &Deployment) {
@@ -284,7 +279,7 @@ async fn debit_and_credit_stay_within_their_bounds(d: &Deployment) {
 
     let refused = cas::debit(&mut conn, &key, 1).await.unwrap();
     assert_eq!(refused, Adjustment::Insufficient { balance: 0 });
-    assert!(!exists(d, &key).await, "a refused debit creates nothing");
+    assert!(!d.exists(&key).await, "a refused debit creates nothing");
 
     let c = cas::credit(&mut conn, &key, 10, Some(12)).await.unwrap();
     assert_eq!(c, Adjustment::Applied { balance: 10 });
@@ -297,9 +292,7 @@ async fn debit_and_credit_stay_within_their_bounds(d: &Deployment) {
     let t = cas::adjust(&mut conn, &key, -8, -5..).await.unwrap();
     assert_eq!(t, Adjustment::Applied { balance: -2 }, "an overdraft line");
 
-    let mut owner = d.owner(&key).await;
-    let stored: String = raw(&mut owner, &["GET", &key]).await;
-    assert_eq!(stored, "-2");
+    assert_eq!(d.get(&key).await.as_deref(), Some("-2"));
 }
 
 async fn compare_and_set_family_and_watermarks(d: &Deployment) {
@@ -329,7 +322,7 @@ async fn compare_and_set_family_and_watermarks(d: &Deployment) {
     assert!(!wrong.is_applied());
     let deleted = cas::compare_and_delete(&mut conn, &job, "running").await;
     assert_eq!(deleted.unwrap(), Outcome::Applied);
-    assert!(!exists(d, &job).await);
+    assert!(!d.exists(&job).await);
 
     let first = cas::set_if_absent(&mut conn, &idem, "201", Some(MINUTE)).await;
     assert_eq!(first.unwrap(), Insert::Inserted);
@@ -349,24 +342,16 @@ async fn concurrent_debits_never_overdraw(d: &Deployment) {
     let mut conn = d.conn().await;
     let c = cas::credit(&mut conn, &key, 60, None).await.unwrap();
     assert!(c.is_applied());
-    let mut conns = Vec::new();
-    for _ in 0..4 {
-        conns.push(d.conn().await);
-    }
-    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(100));
-    let mut tasks = Vec::new();
-    for i in 0..100 {
-        let mut conn = conns[i % conns.len()].clone();
-        let (key, barrier) = (key.clone(), barrier.clone());
-        tasks.push(tokio::spawn(async move {
-            barrier.wait().await;
-            cas::debit(&mut conn, &key, 1).await.unwrap()
-        }));
-    }
+    let results = d
+        .race(100, |mut conn| {
+            let key = key.clone();
+            async move { cas::debit(&mut conn, &key, 1).await.unwrap() }
+        })
+        .await;
     let mut balances_after = BTreeSet::new();
     let mut refused = 0;
-    for task in tasks {
-        match task.await.unwrap() {
+    for result in results {
+        match result {
             Adjustment::Applied { balance } => {
                 assert!(balances_after.insert(balance), "{balance} seen twice")
             }
@@ -379,8 +364,7 @@ async fn concurrent_debits_never_overdraw(d: &Deployment) {
     }
     assert_eq!(balances_after, (0..60).collect());
     assert_eq!(refused, 40);
-    let mut owner = d.owner(&key).await;
-    assert_eq!(raw::<String>(&mut owner, &["GET", &key]).await, "0");
+    assert_eq!(d.get(&key).await.as_deref(), Some("0"));
 }
 
 // ---------------------------------------------------------------- fence
@@ -402,9 +386,7 @@ async fn fence_acquire_extend_release_and_fences_rise(d: &Deployment) {
 
         let extended = fence::extend(&mut conn, &resource, &g.token, MINUTE).await;
         assert!(matches!(extended.unwrap(), Extend::Extended { .. }));
-        let mut owner = d.owner(&lock).await;
-        let holder: Option<String> = raw(&mut owner, &["GET", &lock]).await;
-        assert_eq!(holder.as_deref(), Some(g.token.as_str()));
+        assert_eq!(d.get(&lock).await.as_deref(), Some(g.token.as_str()));
 
         let released = fence::release(&mut conn, &resource, &g.token).await;
         assert_eq!(released.unwrap(), Release::Released);
@@ -412,11 +394,10 @@ async fn fence_acquire_extend_release_and_fences_rise(d: &Deployment) {
         assert_eq!(again.unwrap(), Release::Lost);
         let lost = fence::extend(&mut conn, &resource, &g.token, MINUTE).await;
         assert_eq!(lost.unwrap(), Extend::Lost);
-        assert!(!exists(d, &lock).await);
+        assert!(!d.exists(&lock).await);
     }
     assert_eq!(last, 3);
-    let mut owner = d.owner(&counter).await;
-    assert_eq!(raw::<String>(&mut owner, &["GET", &counter]).await, "3");
+    assert_eq!(d.get(&counter).await.as_deref(), Some("3"));
 }
 
 async fn fenced_writes_refuse_older_fences(d: &Deployment) {
@@ -432,7 +413,7 @@ async fn fenced_writes_refuse_older_fences(d: &Deployment) {
     assert_eq!(w, Write::Stale { current_fence: 2 });
     let read = fence::read(&mut conn, &key).await.unwrap().unwrap();
     assert_eq!((read.value.as_slice(), read.fence), (&b"b"[..], 2));
-    assert!(exists(d, &key).await);
+    assert!(d.exists(&key).await);
 }
 
 async fn a_lease_renews_on_the_deployment_connection(d: &Deployment) {
@@ -463,7 +444,7 @@ async fn a_lease_renews_on_the_deployment_connection(d: &Deployment) {
     }
     assert!(lease.deadline() > first_deadline, "renewed");
     assert_eq!(lease.release().await.unwrap(), Release::Released);
-    assert!(!exists(d, &lock).await);
+    assert!(!d.exists(&lock).await);
 }
 
 // ---------------------------------------------------------------- all
@@ -604,7 +585,7 @@ async fn a_batch_of_rate_checks_gives_the_same_results_as_single_calls(d: &Deplo
     assert!(allowed > 250 && allowed < 1000, "{allowed}: a mix of both");
     for k in [0, 1, 2, 249] {
         assert!(
-            exists(d, &format!("{batched}{k}")).await,
+            d.exists(&format!("{batched}{k}")).await,
             "key {k} on its owner"
         );
     }
@@ -671,13 +652,8 @@ async fn a_batch_of_adjustments_gives_the_same_results_as_single_calls(d: &Deplo
     assert!(applied > 200 && applied < 1000, "{applied}: a mix of both");
     for k in [0, 1, 2, 3, 199] {
         let key = format!("{batched}{k}");
-        let mut owner = d.owner(&key).await;
-        let stored: String = raw(&mut owner, &["GET", &key]).await;
-        assert_eq!(
-            stored,
-            single_results[800 + k].balance().to_string(),
-            "{key}"
-        );
+        let expected = single_results[800 + k].balance().to_string();
+        assert_eq!(d.get(&key).await, Some(expected), "{key}");
     }
 }
 
@@ -713,11 +689,6 @@ async fn a_flush_between_batches_of_adjustments_is_recovered(d: &Deployment) {
     })
     .await;
     for key in keys.iter().step_by(50) {
-        let mut owner = d.owner(key).await;
-        assert_eq!(
-            raw::<String>(&mut owner, &["GET", key]).await,
-            "15",
-            "{key}"
-        );
+        assert_eq!(d.get(key).await.as_deref(), Some("15"), "{key}");
     }
 }

@@ -91,6 +91,48 @@ impl Deployment {
         total
     }
 
+    /// `GET key` on the primary that owns it.
+    pub async fn get(&self, key: &str) -> Option<String> {
+        let mut owner = self.owner(key).await;
+        super::raw(&mut owner, &["GET", key]).await
+    }
+
+    /// True when the primary that owns `key` has it.
+    pub async fn exists(&self, key: &str) -> bool {
+        let mut owner = self.owner(key).await;
+        super::raw::<i64>(&mut owner, &["EXISTS", key]).await == 1
+    }
+
+    /// Runs `call` in `tasks` tasks spread over 4 connections, released
+    /// together by a barrier, and returns their outputs in task order.
+    pub async fn race<T, F, Fut>(&self, tasks: usize, call: F) -> Vec<T>
+    where
+        F: Fn(AnyConn) -> Fut,
+        Fut: std::future::Future<Output = T> + Send + 'static,
+        T: Send + 'static,
+    {
+        let mut conns = Vec::new();
+        for _ in 0..4 {
+            conns.push(self.conn().await);
+        }
+        let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(tasks));
+        let handles: Vec<_> = (0..tasks)
+            .map(|i| {
+                let work = call(conns[i % conns.len()].clone());
+                let barrier = barrier.clone();
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    work.await
+                })
+            })
+            .collect();
+        let mut outputs = Vec::with_capacity(tasks);
+        for handle in handles {
+            outputs.push(handle.await.expect("a racing task panicked"));
+        }
+        outputs
+    }
+
     /// `SCRIPT FLUSH` on every node.
     pub async fn flush_scripts_everywhere(&self) {
         for mut conn in self.nodes().await {
