@@ -34,10 +34,11 @@
 //!
 //! # Many operations at once
 //!
-//! Every operation also exists as a value that checks its input when built
-//! ([`limits::TryIncrement`], ...). A [`Batch`] of them goes out as one
-//! pipeline per server and returns one typed `Result` per operation, in
-//! order, recovering `NOSCRIPT` entry by entry.
+//! The most batched operations also exist as values that check their input
+//! when built ([`limits::TryIncrement`], [`rate::Check`], [`cas::Adjust`],
+//! ...). A [`Batch`] of them goes out as one pipeline per server and returns
+//! one typed `Result` per operation, in order, recovering `NOSCRIPT` entry by
+//! entry.
 //!
 //! # Redis Cluster
 //!

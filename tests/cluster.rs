@@ -7,7 +7,9 @@
 //! (it takes a few seconds to start), so the bodies isolate themselves by key
 //! prefix, and assert server-wide counts exactly only when the deployment is
 //! theirs alone. Tests that empty or inspect script caches, or count
-//! commands, run alone on the cluster ([`CLUSTER_ACCESS`]).
+//! commands, run alone on the cluster ([`CLUSTER_ACCESS`]); `both!` and
+//! [`CLUSTER_ACCESS`] live in `support::deployment`, shared with
+//! `tests/cluster_modules.rs`.
 
 mod support;
 
@@ -17,58 +19,12 @@ use std::time::Duration;
 use nolock::limits::{self, Peek, Release, TryIncrement};
 use nolock::{Batch, Error, Scripts};
 use redis::aio::MultiplexedConnection;
-use support::deployment::{Deployment, LogsOnPanic};
+use support::deployment::{both, run_batch_through_a_flush, Deployment, CLUSTER_ACCESS};
 use support::{command_calls, keys, prefix, raw};
 
 const MINUTE: Duration = Duration::from_secs(60);
 /// `reset_after` is PTTL + 1 ms: the first moment the counter is gone.
 const MS: Duration = Duration::from_millis(1);
-
-/// Cluster tests hold it for reading while they run; the ones that need the
-/// cluster to themselves hold it for writing: those that empty script caches
-/// or check what is cached (so a flush never lands in the middle of another
-/// test, and no other test's `EVAL` re-caches a script between a flush and
-/// the call that must find it missing), and those that count commands.
-static CLUSTER_ACCESS: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
-
-macro_rules! both {
-    (shared: [$($shared:ident),* $(,)?], exclusive: [$($exclusive:ident),* $(,)?] $(,)?) => {
-        mod single {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $shared() {
-                    super::$shared(&super::Deployment::single()).await
-                }
-            )*
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $exclusive() {
-                    super::$exclusive(&super::Deployment::single()).await
-                }
-            )*
-        }
-        mod cluster {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $shared() {
-                    let _cache = super::CLUSTER_ACCESS.read().await;
-                    let d = super::Deployment::cluster();
-                    let _logs = super::LogsOnPanic(&d);
-                    super::$shared(&d).await
-                }
-            )*
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $exclusive() {
-                    let _cache = super::CLUSTER_ACCESS.write().await;
-                    let d = super::Deployment::cluster();
-                    let _logs = super::LogsOnPanic(&d);
-                    super::$exclusive(&d).await
-                }
-            )*
-        }
-    };
-}
 
 both!(
     shared: [
@@ -234,25 +190,18 @@ async fn the_window_expires_and_counting_starts_again(d: &Deployment) {
 async fn concurrent_callers_admit_exactly_the_limit(d: &Deployment) {
     // A hash tag puts the counter in one slot; the clients share nothing else.
     let key = format!("{{{}}}:c", prefix("concurrent"));
-    let mut conns = Vec::new();
-    for _ in 0..4 {
-        conns.push(d.conn().await);
-    }
-    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(200));
-    let mut tasks = Vec::new();
-    for i in 0..200 {
-        let mut conn = conns[i % conns.len()].clone();
-        let (key, barrier) = (key.clone(), barrier.clone());
-        tasks.push(tokio::spawn(async move {
-            barrier.wait().await;
-            limits::try_increment(&mut conn, &key, 100, MINUTE)
-                .await
-                .unwrap()
-        }));
-    }
+    let results = d
+        .race(200, |mut conn| {
+            let key = key.clone();
+            async move {
+                limits::try_increment(&mut conn, &key, 100, MINUTE)
+                    .await
+                    .unwrap()
+            }
+        })
+        .await;
     let mut admitted = std::collections::BTreeSet::new();
-    for task in tasks {
-        let a = task.await.unwrap();
+    for a in results {
         if a.admitted {
             assert!(admitted.insert(a.count), "count {} seen twice", a.count);
         } else {
@@ -373,41 +322,21 @@ async fn a_batch_gives_the_same_results_as_single_calls(d: &Deployment) {
 }
 
 async fn a_flush_between_two_batches_is_recovered_and_nothing_runs_twice(d: &Deployment) {
-    let mut conn = d.conn().await;
-    Scripts::load(&mut conn).await.unwrap();
     let p = prefix("flush_batches");
     let keys: Vec<String> = (0..500).map(|i| format!("{p}{i}")).collect();
     let batch: Batch<TryIncrement> = keys
         .iter()
         .map(|k| TryIncrement::by(k, 3, 1000, MINUTE).unwrap())
         .collect();
-
-    let first = batch.run(&mut conn).await;
-    assert!(first
-        .iter()
-        .all(|r| matches!(r, Ok(a) if a.admitted && a.count == 3)));
-
-    d.flush_scripts_everywhere().await;
-    let eval_before = d.calls_on_primaries("eval").await;
-    let second = batch.run(&mut conn).await;
-    for (key, result) in keys.iter().zip(&second) {
-        let a = result.as_ref().unwrap_or_else(|e| panic!("{key}: {e}"));
-        assert_eq!((a.admitted, a.count), (true, 6), "{key} ran once more");
-    }
-    // This test runs alone: every entry came back NOSCRIPT and ran as EVAL.
-    let evals = d.calls_on_primaries("eval").await - eval_before;
-    assert_eq!(evals, 500);
-    // Stored counts: each key ran exactly twice in total.
+    run_batch_through_a_flush(d, &batch, |run, a| {
+        a.admitted && a.count == 3 * (run as u64 + 1)
+    })
+    .await;
+    // Stored counts: each key ran exactly three times in total.
     for key in keys.iter().step_by(50) {
         let mut owner = d.owner(key).await;
-        assert_eq!(get(&mut owner, key).await.as_deref(), Some("6"), "{key}");
+        assert_eq!(get(&mut owner, key).await.as_deref(), Some("9"), "{key}");
     }
-
-    // The EVALs re-cached the script: a third batch needs no fallback.
-    let eval_before = d.calls_on_primaries("eval").await;
-    let third = batch.run(&mut conn).await;
-    assert!(third.iter().all(|r| matches!(r, Ok(a) if a.count == 9)));
-    assert_eq!(d.calls_on_primaries("eval").await, eval_before);
 }
 
 async fn batch_entries_fail_alone(d: &Deployment) {

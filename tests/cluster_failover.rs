@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use nolock::fence::{self, Acquire, Token};
 use nolock::limits::{self, TryIncrement};
 use nolock::{Batch, Error, Scripts};
 use support::cluster::RedisCluster;
@@ -17,6 +18,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 const LONG: Duration = Duration::from_secs(600);
+/// The fence task's lock TTL: short, so that a lock whose release was lost
+/// in the switch frees itself within the test.
+const FENCE_TTL: Duration = Duration::from_millis(500);
 
 /// What the clients saw, per outcome.
 #[derive(Debug, Default)]
@@ -43,16 +47,18 @@ impl Seen {
     }
 }
 
-/// Load runs against one hash-tagged counter (single calls from 4 clients)
-/// and 20 counters of the same slot (batches) while the replica of that slot
-/// is promoted with `CLUSTER FAILOVER`. The replica's script cache is emptied
+/// Load runs against one hash-tagged counter (single calls from 4 clients),
+/// 20 counters of the same slot (batches) and a fenced lock of the same slot
+/// (one task acquiring and releasing) while the replica of that slot is
+/// promoted with `CLUSTER FAILOVER`. The replica's script cache is emptied
 /// first, so the new primary starts without scripts.
 ///
 /// Afterwards every counter holds exactly what its clients saw admitted, plus
 /// at most the calls whose outcome was indeterminate (a reply lost in the
 /// switch: the increment may or may not have happened; nolock never replays
 /// it). Nothing is counted twice, nothing admitted is lost, and calls keep
-/// succeeding on the new primary.
+/// succeeding on the new primary. Every fence granted rises above every
+/// fence granted before it, across the switch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counting_is_exact_through_a_coordinated_failover() {
     let cluster = RedisCluster::start();
@@ -105,6 +111,43 @@ async fn counting_is_exact_through_a_coordinated_failover() {
         }));
     }
 
+    // Fences granted, in order, and whether the failover had completed.
+    let resource = format!("{tag}:job");
+    let fences: Arc<Mutex<Vec<(u64, bool)>>> = Arc::default();
+    {
+        let mut conn = cluster.conn().await;
+        let (resource, stop, after, fences) = (
+            resource.clone(),
+            stop.clone(),
+            after_failover.clone(),
+            fences.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let token = Token::random().unwrap();
+                let grant = loop {
+                    match fence::acquire_as(&mut conn, &resource, &token, FENCE_TTL).await {
+                        Ok(outcome) => break outcome.acquired(),
+                        // The same token again: if the lost call took the
+                        // lock, this returns its fence without a new one.
+                        Err(_) if !stop.load(Ordering::Relaxed) => {
+                            tokio::time::sleep(Duration::from_millis(5)).await
+                        }
+                        Err(_) => break None,
+                    }
+                };
+                match grant {
+                    Some(grant) => {
+                        let after = after.load(Ordering::Relaxed);
+                        fences.lock().unwrap().push((grant.fence, after));
+                        let _ = fence::release(&mut conn, &resource, &grant.token).await;
+                    }
+                    None => tokio::time::sleep(Duration::from_millis(10)).await,
+                }
+            }
+        }));
+    }
+
     tokio::time::sleep(Duration::from_millis(300)).await;
     let (old, new) = cluster.failover(&key).await;
     assert_eq!((old, new), (shard.primary, shard.replicas[0]));
@@ -150,6 +193,54 @@ async fn counting_is_exact_through_a_coordinated_failover() {
         "batches: {} admissions seen per key; {indeterminate} indeterminate entries in all, \
          of which {ran_unseen} had run; {refused} refused",
         batch_seen[0].admitted
+    );
+
+    // Fences: strictly rising across the failover, and still rising after.
+    let fences = Arc::try_unwrap(fences).unwrap().into_inner().unwrap();
+    let before_max = fences
+        .iter()
+        .filter(|(_, after)| !after)
+        .map(|(f, _)| *f)
+        .max();
+    eprintln!(
+        "fences: {} granted, {} after the failover, last before {before_max:?}",
+        fences.len(),
+        fences.iter().filter(|(_, after)| *after).count()
+    );
+    assert!(before_max.is_some(), "fences granted before the failover");
+    assert!(
+        fences.iter().any(|(_, after)| *after),
+        "fences granted on the new primary"
+    );
+    for pair in fences.windows(2) {
+        assert!(
+            pair[0].0 < pair[1].0,
+            "fences {:?} then {:?}",
+            pair[0],
+            pair[1]
+        );
+    }
+    let mut fresh = cluster.conn().await;
+    let last = match fence::acquire(&mut fresh, &resource, FENCE_TTL).await {
+        Ok(Acquire::Acquired(grant)) => grant.fence,
+        // A lock whose release was lost in the switch: wait out its TTL.
+        _ => {
+            tokio::time::sleep(FENCE_TTL).await;
+            let outcome = fence::acquire(&mut fresh, &resource, FENCE_TTL).await;
+            outcome
+                .unwrap()
+                .acquired()
+                .expect("free after its TTL")
+                .fence
+        }
+    };
+    assert!(last > fences.last().unwrap().0);
+    let counter = nolock::keys::derive(&resource, "fence");
+    let stored: String = raw(&mut primary, &["GET", &counter]).await;
+    assert_eq!(
+        stored,
+        last.to_string(),
+        "the new primary holds the counter"
     );
 
     // The new primary had no scripts: the EVAL fallback served it.

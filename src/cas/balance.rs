@@ -5,7 +5,7 @@ use std::ops::{Bound, RangeBounds};
 
 use redis::{aio::ConnectionLike, Value};
 
-use crate::script::{embedded, Invocation, Reply, Script};
+use crate::script::{embedded, run_one, Invocation, Operation, Reply, Script};
 use crate::{validate, Error, Result};
 
 static ADJUST: Script = embedded!("cas/adjust");
@@ -84,8 +84,7 @@ pub async fn debit<C>(conn: &mut C, key: &str, amount: u64) -> Result<Adjustment
 where
     C: ConnectionLike + Send,
 {
-    let amount = amount_arg(amount)?;
-    adjust(conn, key, -amount, 0..).await
+    run_one(&Adjust::debit(key, amount)?, conn).await
 }
 
 /// Add `amount` to the balance at `key`, only if the result stays at most
@@ -120,8 +119,7 @@ pub async fn credit<C>(
 where
     C: ConnectionLike + Send,
 {
-    let amount = amount_arg(amount)?;
-    adjust(conn, key, amount, ..=ceiling.unwrap_or(i64::MAX)).await
+    run_one(&Adjust::credit(key, amount, ceiling)?, conn).await
 }
 
 /// Add `delta` (negative: take) to the balance at `key`, only if the result
@@ -167,8 +165,85 @@ pub async fn adjust<C>(
 where
     C: ConnectionLike + Send,
 {
-    let call = adjust_call(key, delta, &bounds)?;
-    decode_adjustment(delta, call.run(conn).await?)
+    run_one(&Adjust::new(key, delta, bounds)?, conn).await
+}
+
+/// [`debit`], [`credit`] and [`adjust`] as a value, for a [`crate::Batch`]:
+/// many balances changed in one round trip per server, each change atomic
+/// and all-or-nothing on its own. The input is checked when it is built.
+///
+/// ```no_run
+/// use nolock::cas::Adjust;
+/// use nolock::Batch;
+///
+/// # async fn run(conn: &mut redis::aio::MultiplexedConnection) -> nolock::Result<()> {
+/// // Reserve one of each item of an order; each line succeeds or fails alone.
+/// let order = ["stock:sku-1", "stock:sku-2", "stock:sku-3"];
+/// let batch: Batch<Adjust> = order
+///     .iter()
+///     .map(|sku| Adjust::debit(sku, 1))
+///     .collect::<nolock::Result<_>>()?;
+/// for (sku, line) in order.iter().zip(batch.run(conn).await) {
+///     println!("{sku}: {:?}", line?);
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Adjust {
+    call: Invocation,
+    delta: i64,
+}
+
+impl Adjust {
+    /// As [`debit`]: take `amount` only if the balance stays at least 0.
+    ///
+    /// # Errors
+    ///
+    /// As [`debit`] before any I/O.
+    ///
+    /// ```
+    /// use nolock::cas::Adjust;
+    /// assert!(Adjust::debit("stock:sku-1", 3).is_ok());
+    /// assert!(Adjust::debit("stock:sku-1", 0).is_err());
+    /// ```
+    pub fn debit(key: &str, amount: u64) -> Result<Adjust> {
+        let amount = amount_arg(amount)?;
+        Adjust::new(key, -amount, 0..)
+    }
+
+    /// As [`credit`]: add `amount` only if the balance stays at most
+    /// `ceiling` (any `i64` when `None`).
+    ///
+    /// # Errors
+    ///
+    /// As [`credit`] before any I/O.
+    pub fn credit(key: &str, amount: u64, ceiling: Option<i64>) -> Result<Adjust> {
+        let amount = amount_arg(amount)?;
+        Adjust::new(key, amount, ..=ceiling.unwrap_or(i64::MAX))
+    }
+
+    /// As [`adjust`]: add `delta` only if the result stays within `bounds`
+    /// on the side it moves towards.
+    ///
+    /// # Errors
+    ///
+    /// As [`adjust`] before any I/O.
+    pub fn new(key: &str, delta: i64, bounds: impl RangeBounds<i64>) -> Result<Adjust> {
+        let call = adjust_call(key, delta, &bounds)?;
+        Ok(Adjust { call, delta })
+    }
+}
+
+impl Operation for Adjust {
+    type Output = Adjustment;
+
+    fn invocation(&self) -> &Invocation {
+        &self.call
+    }
+
+    fn decode(&self, reply: Value) -> Result<Adjustment> {
+        decode_adjustment(self.delta, reply)
+    }
 }
 
 pub(super) fn adjust_call(
@@ -272,6 +347,41 @@ mod tests {
                 "0",
                 "9223372036854775807"
             ]
+        );
+    }
+
+    #[test]
+    fn adjust_values_carry_the_calls_of_debit_credit_and_adjust() {
+        let sent = |op: Adjust| words(op.invocation().command())[4..].to_vec();
+        let max = i64::MAX.to_string();
+        let min = i64::MIN.to_string();
+        assert_eq!(sent(Adjust::debit("k", 7).unwrap()), ["-7", "0", &max]);
+        assert_eq!(
+            sent(Adjust::credit("k", 7, None).unwrap()),
+            ["7", &min, &max]
+        );
+        assert_eq!(
+            sent(Adjust::credit("k", 7, Some(9)).unwrap()),
+            ["7", &min, "9"]
+        );
+        assert_eq!(
+            sent(Adjust::new("k", -2, -5..).unwrap()),
+            ["-2", "-5", &max]
+        );
+        assert!(matches!(
+            Adjust::debit("k", 0),
+            Err(Error::ZeroLimit { .. })
+        ));
+        assert!(matches!(Adjust::credit("", 1, None), Err(Error::EmptyKey)));
+        assert!(matches!(
+            Adjust::new("k", 1, 5..5),
+            Err(Error::EmptyRange { .. })
+        ));
+        let refused = Array(vec![Int(0), BulkString(b"3".to_vec())]);
+        let debit = Adjust::debit("k", 7).unwrap();
+        assert_eq!(
+            debit.decode(refused).unwrap(),
+            Adjustment::Insufficient { balance: 3 }
         );
     }
 

@@ -33,6 +33,10 @@
 //! (raised before anything is sent), [`Error::Overflow`], [`Error::Decode`]
 //! and Redis failures (see [`Error`]).
 //!
+//! **Many balances at once**: [`Adjust`] is [`debit`], [`credit`] and
+//! [`adjust`] as a value; put many in a [`crate::Batch`] to send them in one
+//! round trip per server.
+//!
 //! # Which one, instead of which lock
 //!
 //! These replace a lock when the invariant lives in one Redis key. When it
@@ -206,7 +210,7 @@ mod compare;
 mod monotonic;
 mod versioned;
 
-pub use balance::{adjust, credit, debit, Adjustment};
+pub use balance::{adjust, credit, debit, Adjust, Adjustment};
 pub use compare::{
     compare_and_delete, compare_and_expire, compare_and_set, set_if_absent, Expected, Insert,
     Outcome,

@@ -3,6 +3,7 @@
 use redis::aio::ConnectionLike;
 
 use super::{headers, Algorithm, Headers, Quota, RateLimit};
+use crate::script::{run_one, Invocation, Operation};
 use crate::{validate, Error, Result};
 
 /// One rate limit: an [`Algorithm`], a [`Quota`] and a name for the HTTP
@@ -141,17 +142,7 @@ impl Limiter {
     where
         C: ConnectionLike + Send,
     {
-        validate::key(key)?;
-        let quotas = [self.quota];
-        let decision = super::decide(conn, self.algorithm, peek, &[key], &quotas, cost).await?;
-        decision
-            .limits
-            .into_iter()
-            .next()
-            .ok_or_else(|| Error::UnexpectedReply {
-                script: self.algorithm.scripts().check.name(),
-                detail: "no limit in the reply".to_owned(),
-            })
+        run_one(&Check::build(self, key, cost, peek)?, conn).await
     }
 
     /// Give `amount` units back to `key` (for example when the work they paid
@@ -247,6 +238,84 @@ impl Limiter {
     }
 }
 
+/// [`Limiter::check`] as a value, for a [`crate::Batch`]: a thousand rate
+/// checks on different keys in one round trip per server. The input is
+/// checked when it is built.
+///
+/// ```no_run
+/// use nolock::rate::{Algorithm, Check, Limiter, Quota};
+/// use nolock::Batch;
+///
+/// # async fn run(conn: &mut redis::aio::MultiplexedConnection, users: &[&str]) -> nolock::Result<()> {
+/// let limiter = Limiter::new(Algorithm::Gcra, Quota::per_second(10)?)?;
+/// let mut batch = Batch::new();
+/// for user in users {
+///     batch.push(Check::new(&limiter, &format!("rl:{user}"), 1)?);
+/// }
+/// for (user, decision) in users.iter().zip(batch.run(conn).await) {
+///     println!("{user}: allowed {}", decision?.allowed);
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Check {
+    call: Invocation,
+    quota: Quota,
+}
+
+impl Check {
+    /// Take `cost` units for `key` from `limiter` if they fit.
+    ///
+    /// # Errors
+    ///
+    /// As [`Limiter::check`] before any I/O.
+    ///
+    /// ```
+    /// use nolock::rate::{Algorithm, Check, Limiter, Quota};
+    ///
+    /// let limiter = Limiter::new(Algorithm::TokenBucket, Quota::per_minute(100)?)?;
+    /// assert!(Check::new(&limiter, "rl:user:42", 20).is_ok());
+    /// assert!(Check::new(&limiter, "rl:user:42", 101).is_err()); // could never fit
+    /// assert!(Check::new(&limiter, "", 1).is_err());
+    /// # Ok::<(), nolock::Error>(())
+    /// ```
+    pub fn new(limiter: &Limiter, key: &str, cost: u64) -> Result<Check> {
+        Check::build(limiter, key, cost, false)
+    }
+
+    /// The check, or with `peek` the read-only peek, of `limiter` at `key`.
+    fn build(limiter: &Limiter, key: &str, cost: u64, peek: bool) -> Result<Check> {
+        validate::key(key)?;
+        let quotas = [limiter.quota];
+        let call = super::decide_call(limiter.algorithm, peek, &[key], &quotas, cost)?;
+        Ok(Check {
+            call,
+            quota: limiter.quota,
+        })
+    }
+}
+
+impl Operation for Check {
+    type Output = RateLimit;
+
+    fn invocation(&self) -> &Invocation {
+        &self.call
+    }
+
+    fn decode(&self, reply: redis::Value) -> Result<RateLimit> {
+        let script = self.call.script().name();
+        let decision = super::decode_decision(script, reply, &[self.quota])?;
+        decision
+            .limits
+            .into_iter()
+            .next()
+            .ok_or_else(|| Error::UnexpectedReply {
+                script,
+                detail: "no limit in the reply".to_owned(),
+            })
+    }
+}
+
 /// A policy name: 1 to 64 ASCII letters, digits, `_ - . :`. It is written
 /// into headers (as a structured-field string) and into derived keys.
 pub(super) fn valid_name(name: &str) -> Result<String> {
@@ -285,6 +354,32 @@ mod tests {
                 "{bad:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_check_is_the_limiters_call_checked_when_built() {
+        use crate::script::words;
+        let limiter = Limiter::new(Algorithm::Gcra, Quota::per_second(10).unwrap()).unwrap();
+        let check = Check::new(&limiter, "k", 2).unwrap();
+        let call = super::super::decide_call(Algorithm::Gcra, false, &["k"], &[limiter.quota], 2);
+        assert_eq!(
+            words(check.invocation().command()),
+            words(call.unwrap().command())
+        );
+        assert!(matches!(Check::new(&limiter, "", 1), Err(Error::EmptyKey)));
+        assert!(matches!(
+            Check::new(&limiter, "k", 0),
+            Err(Error::ZeroLimit { what: "cost" })
+        ));
+        assert!(matches!(
+            Check::new(&limiter, "k", 11),
+            Err(Error::InsufficientCapacity {
+                requested: 11,
+                limit: 10
+            })
+        ));
+        let peek = Check::build(&limiter, "k", 1, true).unwrap();
+        assert_eq!(words(peek.invocation().command())[0], "EVALSHA_RO");
     }
 
     #[test]

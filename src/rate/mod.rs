@@ -8,6 +8,8 @@
 //! limits (10 per second *and* 1000 per hour *and* a per-tenant limit) in one
 //! script call, all or nothing. [`Limiter::headers`] renders the IETF
 //! `RateLimit-Policy`, `RateLimit` and `Retry-After` header values.
+//! [`Check`] is [`Limiter::check`] as a value: put many in a [`crate::Batch`]
+//! to check a thousand keys in one round trip per server.
 //!
 //! | call | scripts | what it does |
 //! |---|---|---|
@@ -88,7 +90,7 @@ mod sliding_window;
 mod token_bucket;
 
 pub use headers::Headers;
-pub use limiter::Limiter;
+pub use limiter::{Check, Limiter};
 pub use multi::{MultiLimiter, MultiRateLimit};
 pub use quota::{Quota, MAX_PERIOD};
 

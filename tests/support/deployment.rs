@@ -5,7 +5,7 @@
 //! it implements `ConnectionLike` by delegation and `nolock::BatchConnection`
 //! by saying when it is a cluster.
 
-use nolock::BatchConnection;
+use nolock::{Batch, BatchConnection, Operation};
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
@@ -91,6 +91,48 @@ impl Deployment {
         total
     }
 
+    /// `GET key` on the primary that owns it.
+    pub async fn get(&self, key: &str) -> Option<String> {
+        let mut owner = self.owner(key).await;
+        super::raw(&mut owner, &["GET", key]).await
+    }
+
+    /// True when the primary that owns `key` has it.
+    pub async fn exists(&self, key: &str) -> bool {
+        let mut owner = self.owner(key).await;
+        super::raw::<i64>(&mut owner, &["EXISTS", key]).await == 1
+    }
+
+    /// Runs `call` in `tasks` tasks spread over 4 connections, released
+    /// together by a barrier, and returns their outputs in task order.
+    pub async fn race<T, F, Fut>(&self, tasks: usize, call: F) -> Vec<T>
+    where
+        F: Fn(AnyConn) -> Fut,
+        Fut: std::future::Future<Output = T> + Send + 'static,
+        T: Send + 'static,
+    {
+        let mut conns = Vec::new();
+        for _ in 0..4 {
+            conns.push(self.conn().await);
+        }
+        let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(tasks));
+        let handles: Vec<_> = (0..tasks)
+            .map(|i| {
+                let work = call(conns[i % conns.len()].clone());
+                let barrier = barrier.clone();
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    work.await
+                })
+            })
+            .collect();
+        let mut outputs = Vec::with_capacity(tasks);
+        for handle in handles {
+            outputs.push(handle.await.expect("a racing task panicked"));
+        }
+        outputs
+    }
+
     /// `SCRIPT FLUSH` on every node.
     pub async fn flush_scripts_everywhere(&self) {
         for mut conn in self.nodes().await {
@@ -100,6 +142,93 @@ impl Deployment {
                 .await
                 .expect("SCRIPT FLUSH");
         }
+    }
+}
+
+/// Cluster tests hold it for reading while they run; the ones that need the
+/// cluster to themselves hold it for writing: those that empty script caches
+/// or check what is cached (so a flush never lands in the middle of another
+/// test, and no other test's `EVAL` re-caches a script between a flush and
+/// the call that must find it missing), and those that count commands.
+pub static CLUSTER_ACCESS: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
+/// Makes a `single::` and a `cluster::` test of each body
+/// (`async fn body(d: &Deployment)` in the calling file). `shared` bodies
+/// run side by side on the cluster; `exclusive` ones alone
+/// ([`CLUSTER_ACCESS`]).
+#[allow(unused_macros)]
+macro_rules! both {
+    (shared: [$($shared:ident),* $(,)?], exclusive: [$($exclusive:ident),* $(,)?] $(,)?) => {
+        mod single {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $shared() {
+                    super::$shared(&$crate::support::deployment::Deployment::single()).await
+                }
+            )*
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $exclusive() {
+                    super::$exclusive(&$crate::support::deployment::Deployment::single()).await
+                }
+            )*
+        }
+        mod cluster {
+            use $crate::support::deployment::{Deployment, LogsOnPanic, CLUSTER_ACCESS};
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $shared() {
+                    let _cache = CLUSTER_ACCESS.read().await;
+                    let d = Deployment::cluster();
+                    let _logs = LogsOnPanic(&d);
+                    super::$shared(&d).await
+                }
+            )*
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $exclusive() {
+                    let _cache = CLUSTER_ACCESS.write().await;
+                    let d = Deployment::cluster();
+                    let _logs = LogsOnPanic(&d);
+                    super::$exclusive(&d).await
+                }
+            )*
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use both;
+
+/// Runs `batch` three times, with `SCRIPT FLUSH` on every node before the
+/// second run. Every entry's output must pass `expect(run, output)` (run 0,
+/// 1, 2), so each run shows that every entry ran exactly once more; the
+/// flushed run sends each entry once more as `EVAL` (it got `NOSCRIPT` and
+/// did not run), and those `EVAL`s cache the scripts again, so the third
+/// run sends none. Counts commands: hold the deployment alone.
+pub async fn run_batch_through_a_flush<O, F>(d: &Deployment, batch: &Batch<O>, expect: F)
+where
+    O: Operation,
+    O::Output: std::fmt::Debug,
+    F: Fn(usize, &O::Output) -> bool,
+{
+    let mut conn = d.conn().await;
+    nolock::Scripts::load(&mut conn).await.expect("SCRIPT LOAD");
+    for run in 0..3 {
+        if run == 1 {
+            d.flush_scripts_everywhere().await;
+        }
+        let evals_before = d.calls_on_primaries("eval").await;
+        let results = batch.run(&mut conn).await;
+        assert_eq!(results.len(), batch.len());
+        for (i, result) in results.iter().enumerate() {
+            match result {
+                Ok(output) => assert!(expect(run, output), "run {run}, entry {i}: {output:?}"),
+                Err(e) => panic!("run {run}, entry {i}: {e}"),
+            }
+        }
+        let evals = d.calls_on_primaries("eval").await - evals_before;
+        let expected = if run == 1 { batch.len() } else { 0 };
+        assert_eq!(evals, expected as u64, "run {run}: EVALs");
     }
 }
 

@@ -1,0 +1,694 @@
+//! The `rate`, `cas` and `fence` suites, a representative subset per
+//! operation, run twice: once against a single `redis-server` and once
+//! against the local 3×2 Redis Cluster (shared by the tests of this file).
+//!
+//! Same pattern as `tests/cluster.rs`: each body takes a [`Deployment`],
+//! `both!` makes a `single::` and a `cluster::` test of it, bodies isolate
+//! themselves by key prefix, and the ones that flush script caches or count
+//! commands run alone on the cluster.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use nolock::cas::{self, Adjust, Adjustment, Expected, Insert, Outcome, Update, Versioned};
+use nolock::fence::{self, Acquire, Backoff, Extend, Lease, Release, Write};
+use nolock::rate::{Algorithm, Check, Limiter, MultiLimiter, Quota};
+use nolock::{Batch, Error};
+use redis::aio::MultiplexedConnection;
+use support::deployment::{both, run_batch_through_a_flush, Deployment};
+use support::{keys, prefix, raw};
+
+const MINUTE: Duration = Duration::from_secs(60);
+
+both!(
+    shared: [
+        every_rate_algorithm_counts_down_denies_and_refunds_on_the_keys_owner,
+        a_multi_limit_with_derived_and_shared_keys_is_all_or_nothing,
+        versioned_values_write_once_per_version,
+        debit_and_credit_stay_within_their_bounds,
+        compare_and_set_family_and_watermarks,
+        concurrent_debits_never_overdraw,
+        fence_acquire_extend_release_and_fences_rise,
+        fenced_writes_refuse_older_fences,
+        a_lease_renews_on_the_deployment_connection,
+        a_batch_of_rate_checks_gives_the_same_results_as_single_calls,
+        a_batch_of_adjustments_gives_the_same_results_as_single_calls,
+    ],
+    exclusive: [
+        a_multi_limit_across_slots_is_refused_before_anything_is_sent,
+        every_module_recovers_a_script_flush_on_every_node,
+        a_flush_between_batches_of_rate_checks_is_recovered,
+        a_flush_between_batches_of_adjustments_is_recovered,
+    ],
+);
+
+fn grant(outcome: Acquire) -> fence::Grant {
+    match outcome {
+        Acquire::Acquired(grant) => grant,
+        held => panic!("expected a grant, got {held:?}"),
+    }
+}
+
+// ---------------------------------------------------------------- rate
+
+async fn every_rate_algorithm_counts_down_denies_and_refunds_on_the_keys_owner(d: &Deployment) {
+    let mut conn = d.conn().await;
+    let p = prefix("rate_algorithms");
+    let mut owners = BTreeSet::new();
+    for (i, algorithm) in Algorithm::ALL.into_iter().enumerate() {
+        let limiter = Limiter::new(algorithm, Quota::per_minute(3).unwrap()).unwrap();
+        // Several keys per algorithm, so that every primary serves some.
+        for n in 0..3 {
+            let key = format!("{p}{i}:{n}");
+            for remaining in [2, 1, 0] {
+                let r = limiter.check(&mut conn, &key, 1).await.unwrap();
+                assert!(r.allowed, "{algorithm} {key}");
+                assert_eq!((r.limit, r.remaining), (3, remaining), "{algorithm}");
+            }
+            let denied = limiter.check(&mut conn, &key, 1).await.unwrap();
+            assert!(
+                !denied.allowed && denied.retry_after.is_some(),
+                "{algorithm}"
+            );
+            assert_eq!(denied.remaining, 0);
+            let peek = limiter.peek(&mut conn, &key, 1).await.unwrap();
+            assert!(!peek.allowed, "{algorithm}: peek agrees");
+
+            assert_eq!(limiter.refund(&mut conn, &key, 1).await.unwrap(), 1);
+            let again = limiter.check(&mut conn, &key, 1).await.unwrap();
+            assert_eq!((again.allowed, again.remaining), (true, 0), "{algorithm}");
+            assert!(d.exists(&key).await, "{key} on its owner");
+            owners.insert(d.owner_port(&key).await);
+
+            limiter.reset(&mut conn, &key).await.unwrap();
+            assert!(!d.exists(&key).await, "reset");
+        }
+    }
+    assert_eq!(owners.len(), if d.is_cluster() { 3 } else { 1 });
+}
+
+async fn a_multi_limit_with_derived_and_shared_keys_is_all_or_nothing(d: &Deployment) {
+    let mut conn = d.conn().await;
+    let tag = format!("{{{}}}", prefix("multi"));
+    let (u1, u2, all) = (
+        format!("{tag}:u1"),
+        format!("{tag}:u2"),
+        format!("{tag}:all"),
+    );
+    let multi = MultiLimiter::new(Algorithm::FixedWindow)
+        .limit("minute", Quota::per_minute(3).unwrap())
+        .unwrap()
+        .limit("hour", Quota::per_hour(5).unwrap())
+        .unwrap()
+        .shared_limit("tenant", Quota::per_hour(4).unwrap())
+        .unwrap();
+
+    for _ in 0..3 {
+        let r = multi.check(&mut conn, &u1, &[&all], 1).await.unwrap();
+        assert!(r.allowed);
+    }
+    let r = multi.check(&mut conn, &u1, &[&all], 1).await.unwrap();
+    assert_eq!((r.allowed, r.denied_by), (false, Some(0)), "minute is full");
+    assert_eq!(r.limits[2].remaining, 1, "the tenant was not charged");
+
+    let r = multi.check(&mut conn, &u2, &[&all], 1).await.unwrap();
+    assert!(r.allowed, "the tenant's last unit");
+    let r = multi.check(&mut conn, &u2, &[&all], 1).await.unwrap();
+    assert_eq!((r.allowed, r.denied_by), (false, Some(2)), "tenant is full");
+    assert_eq!(
+        (r.limits[0].remaining, r.limits[1].remaining),
+        (2, 4),
+        "u2's own limits were not charged by the denial"
+    );
+    let peek = multi.peek(&mut conn, &u2, &[&all], 1).await.unwrap();
+    assert_eq!(peek.denied_by, Some(2));
+
+    // Every key of both users lives on one node: the tag's owner.
+    let owner = d.owner_port(&all).await;
+    for key in multi
+        .keys(&u1, &[&all])
+        .unwrap()
+        .into_iter()
+        .chain(multi.keys(&u2, &[&all]).unwrap())
+    {
+        assert_eq!(d.owner_port(&key).await, owner, "{key}");
+        assert!(d.exists(&key).await, "{key}");
+    }
+
+    // Refund gives the tenant room again, and reset forgets a user.
+    let remaining = multi.refund(&mut conn, &u2, &[&all], 1).await.unwrap();
+    assert_eq!(remaining, [3, 5, 1]);
+    assert!(
+        multi
+            .check(&mut conn, &u2, &[&all], 1)
+            .await
+            .unwrap()
+            .allowed
+    );
+    multi.reset(&mut conn, &u1, &[&all]).await.unwrap();
+    for key in multi.keys(&u1, &[&all]).unwrap() {
+        assert!(!d.exists(&key).await, "{key} reset");
+    }
+
+    // Derived keys only: an untagged user key becomes the tag of its limits.
+    let plain = format!("{}user", prefix("multi_plain"));
+    let derived = MultiLimiter::new(Algorithm::Gcra)
+        .limit("second", Quota::per_second(10).unwrap())
+        .unwrap()
+        .limit("minute", Quota::per_minute(100).unwrap())
+        .unwrap();
+    let r = derived.check(&mut conn, &plain, &[], 2).await.unwrap();
+    assert_eq!((r.allowed, r.limits[0].remaining), (true, 8));
+    for key in derived.keys(&plain, &[]).unwrap() {
+        assert_eq!(
+            key,
+            nolock::keys::derive(&plain, key.rsplit(':').next().unwrap())
+        );
+        assert!(d.exists(&key).await, "{key}");
+    }
+}
+
+async fn a_multi_limit_across_slots_is_refused_before_anything_is_sent(d: &Deployment) {
+    let mut conn = d.conn().await;
+    let p = prefix("cross_slot");
+    let user = format!("{{{p}a}}:user");
+    // A shared key whose tag hashes to another slot than the user's.
+    let shared = (0..)
+        .map(|i| format!("{{{p}b{i}}}:all"))
+        .find(|k| nolock::keys::slot(k) != nolock::keys::slot(&user))
+        .unwrap();
+    let multi = MultiLimiter::new(Algorithm::Gcra)
+        .limit("second", Quota::per_second(10).unwrap())
+        .unwrap()
+        .shared_limit("tenant", Quota::per_second(100).unwrap())
+        .unwrap();
+    // Alone on the deployment: command counts are this test's.
+    let counted = ["evalsha", "evalsha_ro", "eval", "eval_ro", "del"];
+    let mut before = Vec::new();
+    for cmd in counted {
+        before.push(d.calls_on_primaries(cmd).await);
+    }
+
+    let errors = [
+        multi
+            .check(&mut conn, &user, &[&shared], 1)
+            .await
+            .unwrap_err(),
+        multi
+            .peek(&mut conn, &user, &[&shared], 1)
+            .await
+            .unwrap_err(),
+        multi
+            .refund(&mut conn, &user, &[&shared], 1)
+            .await
+            .unwrap_err(),
+        multi.reset(&mut conn, &user, &[&shared]).await.unwrap_err(),
+    ];
+    for err in &errors {
+        match err {
+            Error::CrossSlot {
+                first,
+                first_slot,
+                second,
+                second_slot,
+            } => {
+                assert_eq!(*first, nolock::keys::derive(&user, "second"));
+                assert_eq!(*second, shared);
+                assert_ne!(first_slot, second_slot);
+            }
+            other => panic!("expected CrossSlot, got {other}"),
+        }
+        assert!(err.is_invalid_input() && err.is_definite());
+        assert!(err.to_string().contains("hash tag"), "{err}");
+    }
+
+    for mut node in d.nodes().await {
+        assert!(keys(&mut node, &format!("*{p}*")).await.is_empty());
+    }
+    for (cmd, before) in counted.into_iter().zip(before) {
+        assert_eq!(
+            d.calls_on_primaries(cmd).await,
+            before,
+            "{cmd}: nothing sent"
+        );
+    }
+}
+
+// ---------------------------------------------------------------- cas
+
+async fn versioned_values_write_once_per_version(d: &Deployment) {
+    let mut conn = d.conn().await;
+    let key = format!("{}cfg", prefix("versioned"));
+    let v1 = vec!["eu".to_owned()];
+    let v2 = vec!["eu".to_owned(), "us".to_owned()];
+
+    let none: Option<Versioned<Vec<String>>> = cas::get_versioned(&mut conn, &key).await.unwrap();
+    assert_eq!(none, None);
+    let w = cas::set_if_version(&mut conn, &key, 0, &v1).await.unwrap();
+    assert_eq!(w, Update::Written { version: 1 });
+    let stale = cas::set_if_version(&mut conn, &key, 0, &v2).await.unwrap();
+    assert_eq!(
+        stale,
+        Update::Conflict {
+            current: Some(Versioned {
+                value: v1.clone(),
+                version: 1
+            })
+        }
+    );
+    let w = cas::set_if_version(&mut conn, &key, 1, &v2).await.unwrap();
+    assert_eq!(w, Update::Written { version: 2 });
+    let read = cas::get_versioned::<Vec<String>, _>(&mut conn, &key)
+        .await
+        .unwrap();
+    assert_eq!(
+        read,
+        Some(Versioned {
+            value: v2,
+            version: 2
+        })
+    );
+    assert!(d.exists(&key).await);
+}
+
+async fn debit_and_credit_stay_within_their_bounds(d: &Deployment) {
+    let mut conn = d.conn().await;
+    let key = format!("{}stock", prefix("balance"));
+
+    let refused = cas::debit(&mut conn, &key, 1).await.unwrap();
+    assert_eq!(refused, Adjustment::Insufficient { balance: 0 });
+    assert!(!d.exists(&key).await, "a refused debit creates nothing");
+
+    let c = cas::credit(&mut conn, &key, 10, Some(12)).await.unwrap();
+    assert_eq!(c, Adjustment::Applied { balance: 10 });
+    let c = cas::credit(&mut conn, &key, 3, Some(12)).await.unwrap();
+    assert_eq!(c, Adjustment::AboveCeiling { balance: 10 });
+    let t = cas::debit(&mut conn, &key, 4).await.unwrap();
+    assert_eq!(t, Adjustment::Applied { balance: 6 });
+    let t = cas::debit(&mut conn, &key, 7).await.unwrap();
+    assert_eq!(t, Adjustment::Insufficient { balance: 6 });
+    let t = cas::adjust(&mut conn, &key, -8, -5..).await.unwrap();
+    assert_eq!(t, Adjustment::Applied { balance: -2 }, "an overdraft line");
+
+    assert_eq!(d.get(&key).await.as_deref(), Some("-2"));
+}
+
+async fn compare_and_set_family_and_watermarks(d: &Deployment) {
+    let mut conn = d.conn().await;
+    let p = prefix("compare");
+    let (job, idem, mark) = (format!("{p}job"), format!("{p}idem"), format!("{p}mark"));
+
+    let set = cas::compare_and_set(&mut conn, &job, Expected::Absent, "queued", None);
+    assert_eq!(set.await.unwrap(), Outcome::Applied);
+    let moved = cas::compare_and_set(&mut conn, &job, Expected::value("queued"), "running", None);
+    assert_eq!(moved.await.unwrap(), Outcome::Applied);
+    let late = cas::compare_and_set(&mut conn, &job, Expected::value("queued"), "running", None);
+    assert_eq!(
+        late.await.unwrap(),
+        Outcome::Mismatch {
+            current: Some(b"running".to_vec())
+        }
+    );
+    let expire = cas::compare_and_expire(&mut conn, &job, "running", MINUTE);
+    assert_eq!(expire.await.unwrap(), Outcome::Applied);
+    let mut owner = d.owner(&job).await;
+    let ttl: i64 = raw(&mut owner, &["PTTL", &job]).await;
+    assert!(ttl > 0 && ttl <= 60_000, "{ttl}");
+    let wrong = cas::compare_and_delete(&mut conn, &job, "queued")
+        .await
+        .unwrap();
+    assert!(!wrong.is_applied());
+    let deleted = cas::compare_and_delete(&mut conn, &job, "running").await;
+    assert_eq!(deleted.unwrap(), Outcome::Applied);
+    assert!(!d.exists(&job).await);
+
+    let first = cas::set_if_absent(&mut conn, &idem, "201", Some(MINUTE)).await;
+    assert_eq!(first.unwrap(), Insert::Inserted);
+    let retry = cas::set_if_absent(&mut conn, &idem, "other", None).await;
+    assert_eq!(retry.unwrap(), Insert::Existing(b"201".to_vec()));
+
+    let m = cas::set_if_greater(&mut conn, &mark, 10).await.unwrap();
+    assert!(m.applied && m.value == 10);
+    let m = cas::set_if_greater(&mut conn, &mark, 7).await.unwrap();
+    assert!(!m.applied && m.value == 10);
+    let m = cas::set_if_less(&mut conn, &mark, 7).await.unwrap();
+    assert!(m.applied && m.value == 7);
+}
+
+async fn concurrent_debits_never_overdraw(d: &Deployment) {
+    let key = format!("{{{}}}:balance", prefix("concurrent_debits"));
+    let mut conn = d.conn().await;
+    let c = cas::credit(&mut conn, &key, 60, None).await.unwrap();
+    assert!(c.is_applied());
+    let results = d
+        .race(100, |mut conn| {
+            let key = key.clone();
+            async move { cas::debit(&mut conn, &key, 1).await.unwrap() }
+        })
+        .await;
+    let mut balances_after = BTreeSet::new();
+    let mut refused = 0;
+    for result in results {
+        match result {
+            Adjustment::Applied { balance } => {
+                assert!(balances_after.insert(balance), "{balance} seen twice")
+            }
+            Adjustment::Insufficient { balance } => {
+                assert_eq!(balance, 0);
+                refused += 1;
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(balances_after, (0..60).collect());
+    assert_eq!(refused, 40);
+    assert_eq!(d.get(&key).await.as_deref(), Some("0"));
+}
+
+// ---------------------------------------------------------------- fence
+
+async fn fence_acquire_extend_release_and_fences_rise(d: &Deployment) {
+    let mut conn = d.conn().await;
+    let resource = format!("{}report", prefix("fence"));
+    let lock = nolock::keys::derive(&resource, "lock");
+    let counter = nolock::keys::derive(&resource, "fence");
+    assert_eq!(d.owner_port(&lock).await, d.owner_port(&counter).await);
+
+    let mut last = 0;
+    for round in 1..=3 {
+        let g = grant(fence::acquire(&mut conn, &resource, MINUTE).await.unwrap());
+        assert!(g.fence > last, "round {round}: {} after {last}", g.fence);
+        last = g.fence;
+        let held = fence::acquire(&mut conn, &resource, MINUTE).await.unwrap();
+        assert!(matches!(held, Acquire::Held { expires_in: Some(t) } if t <= MINUTE));
+
+        let extended = fence::extend(&mut conn, &resource, &g.token, MINUTE).await;
+        assert!(matches!(extended.unwrap(), Extend::Extended { .. }));
+        assert_eq!(d.get(&lock).await.as_deref(), Some(g.token.as_str()));
+
+        let released = fence::release(&mut conn, &resource, &g.token).await;
+        assert_eq!(released.unwrap(), Release::Released);
+        let again = fence::release(&mut conn, &resource, &g.token).await;
+        assert_eq!(again.unwrap(), Release::Lost);
+        let lost = fence::extend(&mut conn, &resource, &g.token, MINUTE).await;
+        assert_eq!(lost.unwrap(), Extend::Lost);
+        assert!(!d.exists(&lock).await);
+    }
+    assert_eq!(last, 3);
+    assert_eq!(d.get(&counter).await.as_deref(), Some("3"));
+}
+
+async fn fenced_writes_refuse_older_fences(d: &Deployment) {
+    let mut conn = d.conn().await;
+    let key = format!("{}balance", prefix("fenced_write"));
+
+    assert_eq!(fence::read(&mut conn, &key).await.unwrap(), None);
+    let w = fence::write(&mut conn, &key, 2, "a").await.unwrap();
+    assert_eq!(w, Write::Applied);
+    let w = fence::write(&mut conn, &key, 2, "b").await.unwrap();
+    assert_eq!(w, Write::Applied, "the same grant writes again");
+    let w = fence::write(&mut conn, &key, 1, "late").await.unwrap();
+    assert_eq!(w, Write::Stale { current_fence: 2 });
+    let read = fence::read(&mut conn, &key).await.unwrap().unwrap();
+    assert_eq!((read.value.as_slice(), read.fence), (&b"b"[..], 2));
+    assert!(d.exists(&key).await);
+}
+
+async fn a_lease_renews_on_the_deployment_connection(d: &Deployment) {
+    let conn = d.conn().await;
+    let resource = format!("{}r", prefix("lease"));
+    let lock = nolock::keys::derive(&resource, "lock");
+    let mut owner = d.owner(&lock).await;
+    let ttl = Duration::from_millis(300);
+
+    let lease = Lease::acquire(conn, &resource, ttl, &Backoff::none())
+        .await
+        .unwrap()
+        .acquired()
+        .expect("a free lock");
+    let first_deadline = lease.deadline();
+    // Hold it for more than 3 TTLs: the renewals keep the lock.
+    let start = Instant::now();
+    while start.elapsed() < 3 * ttl + Duration::from_millis(100) {
+        let holder: Option<String> = raw(&mut owner, &["GET", &lock]).await;
+        assert_eq!(
+            holder.as_deref(),
+            Some(lease.token().as_str()),
+            "lapsed after {:?}",
+            start.elapsed()
+        );
+        assert!(!lease.is_lost(), "{:?}", lease.loss());
+        tokio::time::sleep(Duration::from_millis(40)).await;
+    }
+    assert!(lease.deadline() > first_deadline, "renewed");
+    assert_eq!(lease.release().await.unwrap(), Release::Released);
+    assert!(!d.exists(&lock).await);
+}
+
+// ---------------------------------------------------------------- all
+
+/// Script caches emptied on every node, then one call of each module's main
+/// operations: each runs exactly once, through `EVAL` (or `EVAL_RO`) the
+/// first time a script is needed on its node, which caches it again.
+async fn every_module_recovers_a_script_flush_on_every_node(d: &Deployment) {
+    let mut conn = d.conn().await;
+    // One tag: every key on one node, whose `EVAL`s this test can count.
+    let tag = format!("{{{}}}", prefix("flush_modules"));
+    let key = |part: &str| format!("{tag}:{part}");
+    let mut owner = d.owner(&tag).await;
+    let evals = |mut c: MultiplexedConnection| async move {
+        support::command_calls(&mut c, "eval").await
+            + support::command_calls(&mut c, "eval_ro").await
+    };
+    d.flush_scripts_everywhere().await;
+    let before = evals(owner.clone()).await;
+
+    // rate: gcra/check (twice: the second finds it cached), sliding_window/check
+    let limiter = Limiter::new(Algorithm::Gcra, Quota::per_minute(5).unwrap()).unwrap();
+    for remaining in [4, 3] {
+        let r = limiter.check(&mut conn, &key("rl"), 1).await.unwrap();
+        assert_eq!((r.allowed, r.remaining), (true, remaining), "ran once");
+    }
+    let multi = MultiLimiter::new(Algorithm::SlidingWindow)
+        .limit("minute", Quota::per_minute(5).unwrap())
+        .unwrap()
+        .shared_limit("all", Quota::per_minute(9).unwrap())
+        .unwrap();
+    let r = multi.check(&mut conn, &key("u"), &[&key("all")], 2).await;
+    assert_eq!(r.unwrap().remaining(), 3);
+
+    // cas: set_if_version, get_versioned (read-only), adjust (credit, debit)
+    let w = cas::set_if_version(&mut conn, &key("v"), 0, &7u32).await;
+    assert_eq!(w.unwrap(), Update::Written { version: 1 });
+    let v = cas::get_versioned::<u32, _>(&mut conn, &key("v")).await;
+    assert_eq!(
+        v.unwrap(),
+        Some(Versioned {
+            value: 7,
+            version: 1
+        })
+    );
+    let c = cas::credit(&mut conn, &key("b"), 5, None).await.unwrap();
+    assert_eq!(c, Adjustment::Applied { balance: 5 });
+    let t = cas::debit(&mut conn, &key("b"), 2).await.unwrap();
+    assert_eq!(t, Adjustment::Applied { balance: 3 });
+
+    // fence: acquire, extend, write, read (read-only), release
+    let resource = key("job");
+    let g = grant(fence::acquire(&mut conn, &resource, MINUTE).await.unwrap());
+    assert_eq!(g.fence, 1);
+    let e = fence::extend(&mut conn, &resource, &g.token, MINUTE).await;
+    assert!(matches!(e.unwrap(), Extend::Extended { .. }));
+    let w = fence::write(&mut conn, &key("res"), g.fence, "x").await;
+    assert_eq!(w.unwrap(), Write::Applied);
+    let read = fence::read(&mut conn, &key("res")).await.unwrap().unwrap();
+    assert_eq!(read.fence, 1);
+    let r = fence::release(&mut conn, &resource, &g.token).await;
+    assert_eq!(r.unwrap(), Release::Released);
+
+    // Alone on the deployment: one EVAL per script, on the tag's node.
+    let scripts = [
+        "gcra/check",
+        "sliding_window/check",
+        "set_if_version",
+        "get_versioned",
+        "adjust",
+        "acquire",
+        "extend",
+        "write",
+        "read",
+        "release",
+    ];
+    assert_eq!(evals(owner.clone()).await - before, scripts.len() as u64);
+    for name in [
+        "rate/gcra/check",
+        "cas/adjust",
+        "fence/acquire",
+        "fence/read",
+    ] {
+        let script = nolock::Scripts::all()
+            .iter()
+            .find(|s| s.name() == name)
+            .unwrap_or_else(|| panic!("{name}"));
+        let cached: Vec<bool> = raw(&mut owner, &["SCRIPT", "EXISTS", script.sha1()]).await;
+        assert_eq!(cached, [true], "{name} cached again by its EVAL");
+    }
+}
+
+// ---------------------------------------------------------------- batches
+
+/// 1,000 rate checks in one batch and the same 1,000 as single calls, on two
+/// key sets of the same shape, decide the same. Keys repeat (4 uses of 250
+/// keys, costs 1 to 3 against a burst of 3), so order inside the batch
+/// matters; hourly quotas keep a few seconds of test from refilling a unit.
+async fn a_batch_of_rate_checks_gives_the_same_results_as_single_calls(d: &Deployment) {
+    let mut conn = d.conn().await;
+    let limiters: Vec<Limiter> = [
+        Algorithm::Gcra,
+        Algorithm::TokenBucket,
+        Algorithm::FixedWindow,
+    ]
+    .into_iter()
+    .map(|a| Limiter::new(a, Quota::per_hour(3).unwrap()).unwrap())
+    .collect();
+    let entry = |p: &str, i: usize| {
+        let k = i % 250;
+        (&limiters[k % 3], format!("{p}{k}"), 1 + (i % 3) as u64)
+    };
+    let (batched, single) = (prefix("rate_batched"), prefix("rate_single"));
+    let batch: Batch<Check> = (0..1000)
+        .map(|i| {
+            let (limiter, key, cost) = entry(&batched, i);
+            Check::new(limiter, &key, cost).unwrap()
+        })
+        .collect();
+    let batch_results = batch.run(&mut conn).await;
+
+    let mut single_results = Vec::new();
+    for i in 0..1000 {
+        let (limiter, key, cost) = entry(&single, i);
+        single_results.push(limiter.check(&mut conn, &key, cost).await.unwrap());
+    }
+    assert_eq!(batch_results.len(), 1000);
+    let mut allowed = 0;
+    for (i, (b, s)) in batch_results.into_iter().zip(&single_results).enumerate() {
+        let b = b.unwrap_or_else(|e| panic!("entry {i}: {e}"));
+        assert_eq!(
+            (b.allowed, b.limit, b.remaining, b.retry_after.is_some()),
+            (s.allowed, s.limit, s.remaining, s.retry_after.is_some()),
+            "entry {i}"
+        );
+        allowed += u64::from(b.allowed);
+    }
+    assert!(allowed > 250 && allowed < 1000, "{allowed}: a mix of both");
+    for k in [0, 1, 2, 249] {
+        assert!(
+            d.exists(&format!("{batched}{k}")).await,
+            "key {k} on its owner"
+        );
+    }
+}
+
+/// The kinds of balance change the adjustment batch test makes.
+#[derive(Clone, Copy)]
+enum Change {
+    Credit(u64, i64),
+    Debit(u64),
+    Overdraft(i64, i64),
+}
+
+/// 1,000 debits, credits and adjustments in one batch and as single calls,
+/// on two key sets of the same shape (200 balances, 5 changes each), give
+/// the same outcomes in the same order and leave the same balances.
+async fn a_batch_of_adjustments_gives_the_same_results_as_single_calls(d: &Deployment) {
+    let mut conn = d.conn().await;
+    let change = |i: usize| {
+        let k = i % 200;
+        let change = match i / 200 {
+            0 => Change::Credit(5, 8),
+            1 => Change::Debit(3 + (k % 3) as u64),
+            2 => Change::Credit(4, 8),
+            3 => Change::Debit(4),
+            _ => Change::Overdraft(-3 - (k % 4) as i64, -2),
+        };
+        (k, change)
+    };
+    let (batched, single) = (prefix("adjust_batched"), prefix("adjust_single"));
+    let batch: Batch<Adjust> = (0..1000)
+        .map(|i| {
+            let (k, change) = change(i);
+            let key = format!("{batched}{k}");
+            match change {
+                Change::Credit(amount, ceiling) => Adjust::credit(&key, amount, Some(ceiling)),
+                Change::Debit(amount) => Adjust::debit(&key, amount),
+                Change::Overdraft(delta, floor) => Adjust::new(&key, delta, floor..),
+            }
+            .unwrap()
+        })
+        .collect();
+    let batch_results = batch.run(&mut conn).await;
+
+    let mut single_results = Vec::new();
+    for i in 0..1000 {
+        let (k, change) = change(i);
+        let key = format!("{single}{k}");
+        let result = match change {
+            Change::Credit(amount, ceiling) => {
+                cas::credit(&mut conn, &key, amount, Some(ceiling)).await
+            }
+            Change::Debit(amount) => cas::debit(&mut conn, &key, amount).await,
+            Change::Overdraft(delta, floor) => cas::adjust(&mut conn, &key, delta, floor..).await,
+        };
+        single_results.push(result.unwrap());
+    }
+    let mut applied = 0;
+    for (i, (b, s)) in batch_results.into_iter().zip(&single_results).enumerate() {
+        let b = b.unwrap_or_else(|e| panic!("entry {i}: {e}"));
+        assert_eq!(b, *s, "entry {i}");
+        applied += u64::from(b.is_applied());
+    }
+    assert!(applied > 200 && applied < 1000, "{applied}: a mix of both");
+    for k in [0, 1, 2, 3, 199] {
+        let key = format!("{batched}{k}");
+        let expected = single_results[800 + k].balance().to_string();
+        assert_eq!(d.get(&key).await, Some(expected), "{key}");
+    }
+}
+
+async fn a_flush_between_batches_of_rate_checks_is_recovered(d: &Deployment) {
+    let p = prefix("rate_flush");
+    let quota = Quota::per_hour(10).unwrap();
+    let gcra = Limiter::new(Algorithm::Gcra, quota).unwrap();
+    let fixed = Limiter::new(Algorithm::FixedWindow, quota).unwrap();
+    let batch: Batch<Check> = (0..500)
+        .map(|i| {
+            let limiter = if i % 2 == 0 { &gcra } else { &fixed };
+            Check::new(limiter, &format!("{p}{i}"), 2).unwrap()
+        })
+        .collect();
+    // Each run takes 2 more: no check ran twice, none was lost.
+    run_batch_through_a_flush(d, &batch, |run, r| {
+        r.allowed && r.remaining == 8 - 2 * run as u64
+    })
+    .await;
+}
+
+async fn a_flush_between_batches_of_adjustments_is_recovered(d: &Deployment) {
+    let p = prefix("adjust_flush");
+    let keys: Vec<String> = (0..500).map(|i| format!("{p}{i}")).collect();
+    let batch: Batch<Adjust> = keys
+        .iter()
+        .map(|k| Adjust::credit(k, 5, None).unwrap())
+        .collect();
+    run_batch_through_a_flush(d, &batch, |run, a| {
+        *a == Adjustment::Applied {
+            balance: 5 * (run as i64 + 1),
+        }
+    })
+    .await;
+    for key in keys.iter().step_by(50) {
+        assert_eq!(d.get(key).await.as_deref(), Some("15"), "{key}");
+    }
+}
