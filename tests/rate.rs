@@ -725,3 +725,43 @@ async fn works_through_connection_manager_and_a_pool() {
     assert_eq!(l.check(&mut pooled, &key, 1).await.unwrap().remaining, 0);
     assert!(!l.check(&mut pooled, &key, 1).await.unwrap().allowed);
 }
+
+/// A fixed-window counter that Lua's `tonumber` reads but `INCRBY`/`DECRBY`
+/// refuse ("5.0", " 5", "0x5", "5e0") must fail the call before the first
+/// write: a multi-limit check or refund must not charge the keys before it.
+#[tokio::test]
+async fn a_counter_incrby_refuses_fails_a_multi_limit_call_before_any_write() {
+    let redis = support::redis();
+    let mut conn = redis.conn().await;
+    let tag = prefix("lenient");
+    let limits = MultiLimiter::new(Algorithm::FixedWindow)
+        .limit("own", Quota::per_minute(10).unwrap())
+        .unwrap()
+        .shared_limit("odd", Quota::per_minute(10).unwrap())
+        .unwrap();
+    for (i, odd_value) in ["5.0", " 5", "0x5", "5e0"].into_iter().enumerate() {
+        let user = format!("{{{tag}}}:user{i}");
+        let odd = format!("{{{tag}}}:odd{i}");
+        let _: () = raw(&mut conn, &["SET", &odd, odd_value, "PX", "60000"]).await;
+        let own = limits.keys(&user, &[&odd]).unwrap().remove(0);
+
+        // check on a missing own key: it would be created before the odd key fails.
+        let err = limits.check(&mut conn, &user, &[&odd], 1).await.unwrap_err();
+        assert!(err.is_definite(), "{odd_value:?}: {err}");
+        let exists: i64 = raw(&mut conn, &["EXISTS", &own]).await;
+        assert_eq!(exists, 0, "{odd_value:?}: check wrote the first key");
+
+        // check and refund on an existing own key: it would be counted first.
+        let _: () = raw(&mut conn, &["SET", &own, "3", "PX", "60000"]).await;
+        let before = snapshot(&mut conn, &own).await;
+        assert!(limits.check(&mut conn, &user, &[&odd], 1).await.is_err());
+        assert!(limits.refund(&mut conn, &user, &[&odd], 1).await.is_err());
+        assert_eq!(
+            snapshot(&mut conn, &own).await,
+            before,
+            "{odd_value:?}: the first key was written"
+        );
+        let stored: String = raw(&mut conn, &["GET", &odd]).await;
+        assert_eq!(stored, odd_value, "the odd key is left alone");
+    }
+}

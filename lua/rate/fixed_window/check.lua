@@ -6,7 +6,7 @@
 -- when a limiter is first used, not on the clock, so the windows of
 -- different users do not all end at the same instant.
 --
--- KEYS[i]     limit i: a string holding an integer, the units admitted in the
+-- KEYS[i]     limit i: a canonical decimal integer (as INCRBY writes it), the units admitted in the
 --             current window; its expiry (PEXPIRETIME) is the window's end.
 --             Missing, or past its end, means empty.
 -- ARGV[1]     cost    integer, 1 <= cost <= every limit.
@@ -54,6 +54,17 @@ local function int(i, min, max)
   return v
 end
 
+-- A stored count: the canonical decimal INCRBY writes and accepts (no sign,
+-- no leading zeros, no spaces), below 2^53. Lua's tonumber alone would also
+-- take "5.0", " 5" or "0x5", which INCRBY/DECRBY refuse, and a refusal after
+-- an earlier key was written would be a partial write.
+local function count_of(s)
+  if s ~= '0' and not string.match(s, '^[1-9]%d*$') then return nil end
+  local v = tonumber(s)
+  if v > MAX then return nil end
+  return v
+end
+
 local n = #KEYS
 if n < 1 or #ARGV ~= 1 + 2 * n then
   return fail('expected 1 + 2 arguments per key, got ' .. #ARGV .. ' for ' .. n .. ' keys')
@@ -77,8 +88,8 @@ for i = 1, n do
   local c, e = 0, nil
   local stored = redis.call('GET', KEYS[i])
   if stored then
-    c = tonumber(stored)
-    if c == nil or c ~= math.floor(c) or c < 0 then
+    c = count_of(stored)
+    if c == nil then
       return fail('key ' .. i .. ' does not hold a counter')
     end
     e = redis.call('PEXPIRETIME', KEYS[i])

@@ -31,6 +31,17 @@ local function int(i, min, max)
   return v
 end
 
+-- A stored count: the canonical decimal INCRBY writes and accepts (no sign,
+-- no leading zeros, no spaces), below 2^53. Lua's tonumber alone would also
+-- take "5.0", " 5" or "0x5", which INCRBY/DECRBY refuse, and a refusal after
+-- an earlier key was written would be a partial write.
+local function count_of(s)
+  if s ~= '0' and not string.match(s, '^[1-9]%d*$') then return nil end
+  local v = tonumber(s)
+  if v > MAX then return nil end
+  return v
+end
+
 local n = #KEYS
 if n < 1 or #ARGV ~= 1 + 2 * n then
   return fail('expected 1 + 2 arguments per key, got ' .. #ARGV .. ' for ' .. n .. ' keys')
@@ -49,8 +60,8 @@ for i = 1, n do
   local c = 0
   local stored = redis.call('GET', KEYS[i])
   if stored then
-    c = tonumber(stored)
-    if c == nil or c ~= math.floor(c) or c < 0 then
+    c = count_of(stored)
+    if c == nil then
       return fail('key ' .. i .. ' does not hold a counter')
     end
     local e = redis.call('PEXPIRETIME', KEYS[i])
