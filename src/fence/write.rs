@@ -46,7 +46,8 @@ pub struct Fenced {
 /// # Errors
 ///
 /// Before any I/O: [`Error::EmptyKey`], [`Error::ZeroLimit`] (`fence == 0`:
-/// no grant has fence 0). From Redis: [`Error::Redis`] (the key is not a
+/// no grant has fence 0), [`Error::ValueTooLarge`] (above
+/// [`MAX_VALUE_LEN`](crate::MAX_VALUE_LEN)). From Redis: [`Error::Redis`] (the key is not a
 /// hash, or a hash without a valid fence field; nothing was written) and
 /// [`Error::Indeterminate`].
 ///
@@ -79,6 +80,7 @@ fn write_call(key: &str, fence: u64, value: &[u8]) -> Result<Invocation> {
     if fence == 0 {
         return Err(Error::ZeroLimit { what: "fence" });
     }
+    let value = validate::value("value", value)?;
     // Sent as decimal digits; the script compares them as digits, exactly.
     Ok(Invocation::new(&WRITE, &[key])
         .arg(fence.to_string())
@@ -158,6 +160,18 @@ mod tests {
             write_call("k", 0, b""),
             Err(Error::ZeroLimit { what: "fence" })
         ));
+    }
+
+    #[test]
+    fn a_value_redis_would_refuse_is_rejected_before_a_command_is_built() {
+        // Above proto-max-bulk-len the server drops the connection (and every
+        // other request in flight on it); cas refuses such values up front too.
+        let big = vec![0u8; crate::MAX_VALUE_LEN + 1];
+        assert!(matches!(
+            write_call("k", 1, &big),
+            Err(Error::ValueTooLarge { what: "value", .. })
+        ));
+        assert!(write_call("k", 1, &big[..crate::MAX_VALUE_LEN]).is_ok());
     }
 
     #[test]
