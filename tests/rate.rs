@@ -746,7 +746,10 @@ async fn a_counter_incrby_refuses_fails_a_multi_limit_call_before_any_write() {
         let own = limits.keys(&user, &[&odd]).unwrap().remove(0);
 
         // check on a missing own key: it would be created before the odd key fails.
-        let err = limits.check(&mut conn, &user, &[&odd], 1).await.unwrap_err();
+        let err = limits
+            .check(&mut conn, &user, &[&odd], 1)
+            .await
+            .unwrap_err();
         assert!(err.is_definite(), "{odd_value:?}: {err}");
         let exists: i64 = raw(&mut conn, &["EXISTS", &own]).await;
         assert_eq!(exists, 0, "{odd_value:?}: check wrote the first key");
