@@ -224,10 +224,14 @@ impl Error {
     pub(crate) fn from_redis(err: RedisError) -> Self {
         let definite = match err.kind() {
             ErrorKind::Server(_) | ErrorKind::Extension => true,
-            ErrorKind::Client
-            | ErrorKind::InvalidClientConfig
+            // Raised while connecting or routing, before a request exists.
+            ErrorKind::InvalidClientConfig
             | ErrorKind::AuthenticationFailed
             | ErrorKind::ClusterConnectionNotFound => true,
+            // redis-rs also uses `Client` for failures after a request was
+            // handed to the connection (the cluster connection's "request
+            // wasn't handled due to internal failure"), so it cannot promise
+            // the script did not run.
             ErrorKind::Io => err.is_connection_refusal(),
             _ => false,
         };
@@ -278,8 +282,16 @@ mod tests {
 
     #[test]
     fn server_errors_are_definite() {
-        let err = RedisError::from((ErrorKind::Client, "nope"));
+        let err = RedisError::from((ErrorKind::Server(redis::ServerErrorKind::ReadOnly), "nope"));
         assert!(matches!(Error::from_redis(err), Error::Redis(_)));
+        let err = RedisError::from((ErrorKind::AuthenticationFailed, "nope"));
+        assert!(matches!(Error::from_redis(err), Error::Redis(_)));
+    }
+
+    #[test]
+    fn client_side_failures_may_have_sent_the_request() {
+        let err = RedisError::from((ErrorKind::Client, "request wasn't handled"));
+        assert!(matches!(Error::from_redis(err), Error::Indeterminate(_)));
     }
 
     #[test]

@@ -105,7 +105,9 @@ pub struct Released {
 /// Add 1 to the counter at `key` if that keeps it at most `limit`.
 ///
 /// The first admitted increment sets the key to expire after `window`
-/// (millisecond precision). A denied call writes nothing. One round trip.
+/// (millisecond precision). A denied call consumes nothing (the one write it
+/// can make: giving `window` to a counter found without any expiry, which
+/// would otherwise deny forever). One round trip.
 ///
 /// # Errors
 ///

@@ -303,6 +303,22 @@ async fn a_counter_found_without_expiry_gets_the_window_on_admission() {
     assert!(ttl > 0);
 }
 
+#[tokio::test]
+async fn a_full_counter_found_without_expiry_gets_the_window_on_denial() {
+    let redis = support::redis();
+    let mut conn = redis.conn().await;
+    let key = format!("{}c", prefix("noexpiry_full"));
+    let _: () = raw(&mut conn, &["SET", &key, "5"]).await;
+    let a = limits::try_increment(&mut conn, &key, 5, MINUTE)
+        .await
+        .unwrap();
+    assert!(!a.admitted);
+    assert_eq!(a.count, 5, "nothing consumed");
+    assert!(a.reset_after.is_some(), "so the caller knows when to retry");
+    let ttl: i64 = raw(&mut conn, &["PTTL", &key]).await;
+    assert!(ttl > 0 && ttl <= 60_000, "it will not deny forever: {ttl}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_hundred_concurrent_callers_admit_exactly_the_limit() {
     let redis = support::redis();

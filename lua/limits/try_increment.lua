@@ -3,12 +3,14 @@
 -- KEYS[1]  the counter: an integer string whose TTL is the current window.
 -- ARGV[1]  limit   integer, 1 <= limit <= 2^53-1: the most the counter may hold.
 -- ARGV[2]  window  integer milliseconds, >= 1: set as the key's expiry when the
---                  increment creates the counter (or finds it without a TTL).
+--                  increment creates the counter, and whenever the counter is
+--                  found without a TTL (written by something else), even on a
+--                  denial: a full counter without expiry would deny forever.
 -- ARGV[3]  n       integer, 1 <= n <= limit: the amount to add, all or nothing.
 --
 -- Reply: {admitted, count, pttl}
 --   admitted  1 when n was added; 0 when count + n would pass limit (then the
---             key is left exactly as it was: a denial never consumes)
+--             count is left as it was: a denial never consumes)
 --   count     the counter after the call
 --   pttl      milliseconds until the counter expires (the window resets);
 --             -2 when there is no counter (nothing was ever admitted)
@@ -48,14 +50,18 @@ if stored then
 end
 
 -- Compared as n > limit - count so that no intermediate passes 2^53.
+local function expiry()
+  local pttl = redis.call('PTTL', KEYS[1])
+  if pttl == -1 then
+    redis.call('PEXPIRE', KEYS[1], window)
+    pttl = window
+  end
+  return pttl
+end
+
 if n > limit - count then
-  return {0, count, redis.call('PTTL', KEYS[1])}
+  return {0, count, expiry()}
 end
 
 count = redis.call('INCRBY', KEYS[1], n)
-local pttl = redis.call('PTTL', KEYS[1])
-if pttl < 0 then
-  redis.call('PEXPIRE', KEYS[1], window)
-  pttl = window
-end
-return {1, count, pttl}
+return {1, count, expiry()}
