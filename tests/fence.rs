@@ -1148,3 +1148,92 @@ mod model {
             .unwrap();
     }
 }
+
+/// A connection whose first reply is lost after the server ran the command,
+/// as when a connection drops between the request and its answer.
+struct LosesFirstReply {
+    inner: MultiplexedConnection,
+    lost: bool,
+}
+
+impl redis::aio::ConnectionLike for LosesFirstReply {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        Box::pin(async move {
+            let reply = self.inner.req_packed_command(cmd).await;
+            if self.lost {
+                return reply;
+            }
+            self.lost = true;
+            Err(std::io::Error::from(std::io::ErrorKind::ConnectionReset).into())
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipe: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        self.inner.req_packed_commands(pipe, offset, count)
+    }
+
+    fn get_db(&self) -> i64 {
+        self.inner.get_db()
+    }
+}
+
+#[tokio::test]
+async fn a_lost_acquire_reply_is_retried_with_the_same_token_and_fence() {
+    let redis = support::redis();
+    let resource = format!("{}r", prefix("lost_reply"));
+    let backoff = Backoff::new(Duration::from_secs(2));
+    let mut plain = redis.conn().await;
+    // Cached, so that the first request (the one whose reply is lost) runs
+    // the script rather than getting NOSCRIPT.
+    nolock::Scripts::load(&mut plain).await.unwrap();
+
+    // A plain acquire whose reply is lost is indeterminate: it did run.
+    let mut conn = LosesFirstReply {
+        inner: redis.conn().await,
+        lost: false,
+    };
+    let err = fence::acquire(&mut conn, &resource, MINUTE)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Indeterminate(_)), "{err}");
+    let fence_now: String = raw(
+        &mut plain,
+        &["GET", &nolock::keys::derive(&resource, "fence")],
+    )
+    .await;
+    assert_eq!(fence_now, "1", "the lost acquire took the lock and fence 1");
+
+    // With retry, the lost attempt is repeated with its token: the caller
+    // gets that very grant, and no second fence is used up.
+    let resource = format!("{resource}2");
+    let mut conn = LosesFirstReply {
+        inner: redis.conn().await,
+        lost: false,
+    };
+    let grant = fence::acquire_with_retry(&mut conn, &resource, MINUTE, &backoff)
+        .await
+        .unwrap()
+        .acquired()
+        .expect("the lock is ours");
+    assert_eq!(grant.fence, 1);
+    let fence_now: String = raw(
+        &mut plain,
+        &["GET", &nolock::keys::derive(&resource, "fence")],
+    )
+    .await;
+    assert_eq!(fence_now, "1", "one fence for one grant");
+    assert_eq!(
+        fence::release(&mut plain, &resource, &grant.token)
+            .await
+            .unwrap(),
+        Release::Released
+    );
+}

@@ -101,9 +101,13 @@ fn jitter(cap: Duration, r: u64) -> Duration {
 /// `backoff.timeout` has passed.
 ///
 /// One token is drawn for all attempts, so an attempt whose reply is lost
-/// cannot leave a lock behind that a later attempt does not recognise. Errors
-/// are not retried: they are returned at once (an [`Error::Indeterminate`]
-/// acquire may have taken the lock; it expires after `ttl`).
+/// cannot leave a lock behind that a later attempt does not recognise: an
+/// [`Error::Indeterminate`] attempt is tried again (with backoff, within the
+/// deadline), and if the lost attempt had taken the lock the next one finds
+/// it held by this very token and returns the same grant and fence
+/// ([`super::acquire_as`] is idempotent for the holder). Definite errors are
+/// returned at once; an `Indeterminate` one only when the deadline has passed
+/// (the lock, if it was taken, then expires after `ttl`).
 ///
 /// Returns [`Acquire::Held`] (from the last attempt) when the deadline
 /// passes.
@@ -143,13 +147,16 @@ where
     let start = Instant::now();
     let mut attempt = 0u32;
     loop {
-        let outcome = acquire_as(conn, resource, &token, ttl).await?;
-        if outcome.is_acquired() {
-            return Ok(outcome);
-        }
+        let result = acquire_as(conn, resource, &token, ttl).await;
         let waited = start.elapsed();
-        if waited >= backoff.timeout {
-            return Ok(outcome);
+        match result {
+            Ok(outcome) if outcome.is_acquired() || waited >= backoff.timeout => {
+                return Ok(outcome)
+            }
+            Ok(_) => {}
+            // Same token, so a repeat cannot take a second fence.
+            Err(Error::Indeterminate(_)) if waited < backoff.timeout => {}
+            Err(err) => return Err(err),
         }
         let sleep = backoff.delay(attempt).min(backoff.timeout - waited);
         attempt = attempt.saturating_add(1);
