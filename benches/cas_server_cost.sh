@@ -49,8 +49,8 @@ bench "compare_and_delete (mismatch)" EVALSHA $(sha compare_and_delete) 1 s x
 bench "get_versioned" EVALSHA_RO $(sha get_versioned) 1 doc
 bench "set_if_version (conflict)" EVALSHA $(sha set_if_version) 1 doc 0 '"y"'
 bench "set_if_version (written, new keys)" EVALSHA $(sha set_if_version) 1 doc:__rand_int__ 0 '"y"'
-bench "set_if_greater (applied, new keys)" EVALSHA $(sha set_if_greater) 1 hw:__rand_int__ 42
-bench "set_if_greater (kept)" EVALSHA $(sha set_if_greater) 1 n 1
+bench "set_if_greater (applied, new keys)" EVALSHA $(sha watermark) 1 hw:__rand_int__ 42 greater
+bench "set_if_greater (kept)" EVALSHA $(sha watermark) 1 n 1 greater
 bench "credit (applied)" EVALSHA $(sha adjust) 1 bal 1 $MIN $MAX
 bench "debit (insufficient)" EVALSHA $(sha adjust) 1 empty -7 0 $MAX
 bench "limits/try_increment (reference)" EVALSHA $(LUA=lua/limits sha try_increment) 1 lim 1000000000 60000 1

@@ -36,8 +36,7 @@
 -- (exact only up to 2^53). A value is two limbs {hi, lo} meaning
 -- hi * 10^9 + lo with 0 <= lo < 10^9. Both limbs stay far below 2^53, so
 -- parsing and comparing (and adding, in cas/adjust) are exact. This block is
--- identical in cas/adjust.lua, cas/set_if_greater.lua and
--- cas/set_if_less.lua (a unit test checks it).
+-- identical in cas/adjust.lua and cas/watermark.lua (a unit test checks it).
 local LIMB = 1000000000
 local I64_MIN = {-9223372037, 145224192}
 local I64_MAX = {9223372036, 854775807}

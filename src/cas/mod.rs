@@ -24,8 +24,8 @@
 //! | `UPDATE t SET expires_at = now() + $ttl WHERE k = $1 AND v = $old` | [`compare_and_expire`] | `lua/cas/compare_and_expire.lua` |
 //! | `SELECT body, ver FROM doc WHERE id = $1` | [`get_versioned`] | `lua/cas/get_versioned.lua` |
 //! | `UPDATE doc SET body = $b, ver = ver + 1 WHERE id = $1 AND ver = $v` | [`set_if_version`] | `lua/cas/set_if_version.lua` |
-//! | `UPDATE t SET hw = $x WHERE k = $1 AND hw < $x` | [`set_if_greater`] | `lua/cas/set_if_greater.lua` |
-//! | `UPDATE t SET lw = $x WHERE k = $1 AND lw > $x` | [`set_if_less`] | `lua/cas/set_if_less.lua` |
+//! | `UPDATE t SET hw = $x WHERE k = $1 AND hw < $x` | [`set_if_greater`] | `lua/cas/watermark.lua` |
+//! | `UPDATE t SET lw = $x WHERE k = $1 AND lw > $x` | [`set_if_less`] | `lua/cas/watermark.lua` |
 //!
 //! A condition that does not hold is a normal outcome, never an error: every
 //! call returns an enum saying what happened, with the current state so the
@@ -234,9 +234,7 @@ mod tests {
         }
         let reference = block("cas/adjust");
         assert!(reference.contains("local function parse"));
-        for name in ["cas/set_if_greater", "cas/set_if_less"] {
-            assert_eq!(block(name), reference, "{name}");
-        }
+        assert_eq!(block("cas/watermark"), reference);
     }
 
     #[test]
@@ -254,9 +252,8 @@ mod tests {
                 "cas/compare_and_expire",
                 "cas/compare_and_set",
                 "cas/get_versioned",
-                "cas/set_if_greater",
-                "cas/set_if_less",
                 "cas/set_if_version",
+                "cas/watermark",
             ]
         );
         let read_only: Vec<_> = Scripts::all()

@@ -6,8 +6,7 @@ use redis::{aio::ConnectionLike, Value};
 use crate::script::{embedded, Invocation, Reply, Script};
 use crate::{validate, Result};
 
-static SET_IF_GREATER: Script = embedded!("cas/set_if_greater");
-static SET_IF_LESS: Script = embedded!("cas/set_if_less");
+static WATERMARK: Script = embedded!("cas/watermark");
 
 /// The outcome of [`set_if_greater`] and [`set_if_less`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,8 +51,8 @@ pub async fn set_if_greater<C>(conn: &mut C, key: &str, value: i64) -> Result<Wa
 where
     C: ConnectionLike + Send,
 {
-    let call = watermark_call(&SET_IF_GREATER, key, value)?;
-    decode_watermark(&SET_IF_GREATER, call.run(conn).await?)
+    let call = watermark_call(key, value, "greater")?;
+    decode_watermark(call.run(conn).await?)
 }
 
 /// Store `value` at `key` only if it is less than the stored integer (or the
@@ -81,18 +80,22 @@ pub async fn set_if_less<C>(conn: &mut C, key: &str, value: i64) -> Result<Water
 where
     C: ConnectionLike + Send,
 {
-    let call = watermark_call(&SET_IF_LESS, key, value)?;
-    decode_watermark(&SET_IF_LESS, call.run(conn).await?)
+    let call = watermark_call(key, value, "less")?;
+    decode_watermark(call.run(conn).await?)
 }
 
-fn watermark_call(script: &'static Script, key: &str, value: i64) -> Result<Invocation> {
+/// Both directions run `lua/cas/watermark.lua`; `direction` is `"greater"`
+/// or `"less"`.
+fn watermark_call(key: &str, value: i64, direction: &'static str) -> Result<Invocation> {
     validate::key(key)?;
-    Ok(Invocation::new(script, &[key]).arg(value))
+    Ok(Invocation::new(&WATERMARK, &[key])
+        .arg(value)
+        .arg(direction))
 }
 
 /// `{applied, stored}`, stored as a decimal string.
-fn decode_watermark(script: &'static Script, value: Value) -> Result<Watermark> {
-    let mut reply = Reply::new(script.name(), value)?;
+fn decode_watermark(value: Value) -> Result<Watermark> {
+    let mut reply = Reply::new(WATERMARK.name(), value)?;
     let mark = Watermark {
         applied: reply.flag()?,
         value: reply.int()?,
@@ -110,29 +113,30 @@ mod tests {
 
     #[test]
     fn the_command_carries_the_value_in_decimal() {
-        let call = watermark_call(&SET_IF_LESS, "k", i64::MIN).unwrap();
+        let call = watermark_call("k", i64::MIN, "less").unwrap();
         assert_eq!(
             words(call.command()),
             [
                 "EVALSHA",
-                SET_IF_LESS.sha1(),
+                WATERMARK.sha1(),
                 "1",
                 "k",
-                "-9223372036854775808"
+                "-9223372036854775808",
+                "less"
             ]
         );
         assert!(matches!(
-            watermark_call(&SET_IF_GREATER, "", 1),
+            watermark_call("", 1, "greater"),
             Err(Error::EmptyKey)
         ));
     }
 
     #[test]
     fn stored_values_decode_exactly() {
-        let mark = decode_watermark(
-            &SET_IF_GREATER,
-            Array(vec![Int(0), BulkString(b"9223372036854775807".to_vec())]),
-        )
+        let mark = decode_watermark(Array(vec![
+            Int(0),
+            BulkString(b"9223372036854775807".to_vec()),
+        ]))
         .unwrap();
         assert_eq!(
             mark,
@@ -141,6 +145,6 @@ mod tests {
                 value: i64::MAX
             }
         );
-        assert!(decode_watermark(&SET_IF_GREATER, Array(vec![Int(1)])).is_err());
+        assert!(decode_watermark(Array(vec![Int(1)])).is_err());
     }
 }

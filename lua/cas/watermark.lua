@@ -1,11 +1,15 @@
--- cas/set_if_less: store an integer only if it is less than the stored one.
+-- cas/watermark: store an integer only if it moves the stored one in one direction.
+-- Runs cas::set_if_greater (ARGV[2] = "greater") and cas::set_if_less ("less").
 --
 -- KEYS[1]  a decimal 64-bit signed integer string. A missing key accepts any value.
--- ARGV[1]  value  decimal i64: the candidate.
+-- ARGV[1]  value      decimal i64: the candidate.
+-- ARGV[2]  direction  "greater": write when value > stored (a high-water mark);
+--                     "less": write when value < stored (a low-water mark).
 --
 -- Reply: {applied, stored}
---   applied  1 when value was written (the key was missing or held a greater
---            value), 0 when the stored value was kept (equal counts as kept)
+--   applied  1 when value was written (the key was missing or value was
+--            beyond the stored one in the direction), 0 when the stored value
+--            was kept (equal counts as kept)
 --   stored   decimal string: the value in the key after the call, exact over
 --            the whole i64 range
 --
@@ -15,16 +19,16 @@
 -- write is SET KEEPTTL: a key's expiry is kept. A stored non-integer is an
 -- error and is left alone.
 --
--- Example (low-water mark): missing key.  ARGV {"10"} -> {1, "10"}
---                                         ARGV {"12"} -> {0, "10"}
---                                         ARGV {"-3"} -> {1, "-3"}
+-- Example (high-water mark): missing key.  ARGV {"10", "greater"} -> {1, "10"}
+--                                          ARGV {"7", "greater"}  -> {0, "10"}
+--                                          ARGV {"12", "greater"} -> {1, "12"}
+-- (low-water mark) on that key:            ARGV {"-3", "less"}    -> {1, "-3"}
 
 -- int64: exact 64-bit signed integers in Lua 5.1, whose numbers are doubles
 -- (exact only up to 2^53). A value is two limbs {hi, lo} meaning
 -- hi * 10^9 + lo with 0 <= lo < 10^9. Both limbs stay far below 2^53, so
 -- parsing and comparing (and adding, in cas/adjust) are exact. This block is
--- identical in cas/adjust.lua, cas/set_if_greater.lua and
--- cas/set_if_less.lua (a unit test checks it).
+-- identical in cas/adjust.lua and cas/watermark.lua (a unit test checks it).
 local LIMB = 1000000000
 local I64_MIN = {-9223372037, 145224192}
 local I64_MAX = {9223372036, 854775807}
@@ -61,17 +65,23 @@ end
 -- end of int64
 
 local value = parse(ARGV[1])
-if #ARGV ~= 1 or not value then
-  return redis.error_reply('ERR nolock cas/set_if_less: bad value: ' .. tostring(ARGV[1]))
+if #ARGV ~= 2 or not value then
+  return redis.error_reply('ERR nolock cas/watermark: bad value: ' .. tostring(ARGV[1]))
+end
+local greater = ARGV[2] == 'greater'
+if not greater and ARGV[2] ~= 'less' then
+  return redis.error_reply('ERR nolock cas/watermark: bad direction: ' .. tostring(ARGV[2]))
 end
 
 local current = redis.call('GET', KEYS[1])
 if current then
   local stored = parse(current)
   if not stored then
-    return redis.error_reply('ERR nolock cas/set_if_less: the key does not hold a 64-bit integer')
+    return redis.error_reply('ERR nolock cas/watermark: the key does not hold a 64-bit integer')
   end
-  if not less(value, stored) then
+  local beyond
+  if greater then beyond = less(stored, value) else beyond = less(value, stored) end
+  if not beyond then
     return {0, current}
   end
 end
