@@ -58,9 +58,47 @@ pub fn derive(key: &str, part: &str) -> String {
     }
 }
 
+/// The first key and its slot, and the first key in another slot, when
+/// `keys` do not all share one cluster slot. Every multi-key check of the
+/// crate goes through here (the engine before sending, `rate::MultiLimiter`
+/// before it builds anything).
+pub(crate) fn split_slot<'k>(keys: &[&'k str]) -> Option<[(&'k str, u16); 2]> {
+    let (&first, rest) = keys.split_first()?;
+    let slot = slot(first);
+    rest.iter()
+        .map(|&key| (key, self::slot(key)))
+        .find(|&(_, other)| other != slot)
+        .map(|other| [(first, slot), other])
+}
+
+/// [`crate::Error::CrossSlot`] when `keys` span several cluster slots.
+pub(crate) fn same_slot(keys: &[&str]) -> crate::Result<()> {
+    match split_slot(keys) {
+        None => Ok(()),
+        Some([(first, first_slot), (second, second_slot)]) => Err(crate::Error::CrossSlot {
+            first: first.to_owned(),
+            first_slot,
+            second: second.to_owned(),
+            second_slot,
+        }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn split_slot_names_the_first_key_of_another_slot() {
+        assert_eq!(split_slot(&[]), None);
+        assert_eq!(split_slot(&["{a}x", "{a}y"]), None);
+        let [(first, _), (second, other)] = split_slot(&["{a}x", "{a}y", "{b}z", "{c}w"]).unwrap();
+        assert_eq!((first, second, other), ("{a}x", "{b}z", slot("b")));
+        assert!(matches!(
+            same_slot(&["{a}x", "{b}z"]),
+            Err(crate::Error::CrossSlot { .. })
+        ));
+    }
 
     #[test]
     fn tags_follow_the_redis_rules() {

@@ -220,16 +220,8 @@ impl MultiLimiter {
             }
             out.push(k);
         }
-        let first = &out[0];
-        let slot = keys::slot(first);
-        if let Some(other) = out.iter().find(|k| keys::slot(k) != slot) {
-            return Err(Error::CrossSlot {
-                first: first.clone(),
-                first_slot: slot,
-                second: other.clone(),
-                second_slot: keys::slot(other),
-            });
-        }
+        let refs: Vec<&str> = out.iter().map(String::as_str).collect();
+        keys::same_slot(&refs)?;
         Ok(out)
     }
 

@@ -88,12 +88,8 @@ impl Invocation {
         // A script may only touch keys of one slot on a cluster. Refusing it
         // everywhere (single nodes too) means a key layout that works in
         // development also works on a cluster.
-        let cross_slot = keys.iter().zip(slot).find_map(|(first, slot)| {
-            keys.iter()
-                .map(|key| (*key, keys::slot(key)))
-                .find(|(_, other)| *other != slot)
-                .map(|(key, other)| [((*first).to_owned(), slot), (key.to_owned(), other)])
-        });
+        let cross_slot = keys::split_slot(keys)
+            .map(|[(first, a), (second, b)]| [(first.to_owned(), a), (second.to_owned(), b)]);
         Invocation {
             script,
             cmd,
