@@ -93,8 +93,21 @@
 //!   release/extend, a self-renewing [`fence::Lease`], fenced writes.
 //! * [`script`]: the engine: the embedded registry, [`Scripts::load`], `EVALSHA`
 //!   with the `EVAL` fallback, [`Batch`], [`stats`]; cluster behaviour.
+//! * [`policy`]: a per-decision timeout and what to do when Redis fails
+//!   (fail closed, fail open, a per-process limiter), visible in the answer.
+//! * `layer` (feature `tower`): `RateLimitLayer` for axum, hyper and tower.
 //! * [`keys`]: cluster slots and hash tags for scripts that touch several keys.
 //! * [`Error`]: bad input (before I/O), definite and indeterminate Redis failures.
+//!
+//! # Features
+//!
+//! None is on by default; the core depends on redis-rs and tokio only.
+//!
+//! * `tower`: the `layer` module (`tower-layer`, `tower-service`, `http`).
+//! * `tracing`: a span per script call and events for fallbacks and lost
+//!   leases (`tracing`).
+//! * `metrics`: counters and a latency histogram through the `metrics`
+//!   facade.
 //!
 //! Requires Redis 7.0 or later (read-only scripts declare `#!lua flags=no-writes`).
 
@@ -114,7 +127,11 @@ pub mod cas;
 mod error;
 pub mod fence;
 pub mod keys;
+#[cfg(feature = "tower")]
+pub mod layer;
 pub mod limits;
+mod observe;
+pub mod policy;
 pub mod rate;
 pub mod script;
 mod validate;
@@ -122,3 +139,6 @@ mod validate;
 pub use error::{Error, Result};
 pub use script::{stats, Batch, BatchConnection, Operation, Script, Scripts, Stats};
 pub use validate::{MAX_INTEGER, MAX_TTL, MAX_VALUE_LEN};
+
+#[cfg(feature = "tracing")]
+pub use observe::record_keys_in_spans;

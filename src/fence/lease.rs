@@ -94,6 +94,9 @@ impl Shared {
     }
 
     fn lose(&self, loss: Loss) {
+        if self.state().loss.is_none() {
+            crate::observe::lease_lost();
+        }
         self.state().loss.get_or_insert(loss);
         self.lost.cancel();
     }

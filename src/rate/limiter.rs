@@ -142,7 +142,11 @@ impl Limiter {
     where
         C: ConnectionLike + Send,
     {
-        run_one(&Check::build(self, key, cost, peek)?, conn).await
+        let decision = run_one(&Check::build(self, key, cost, peek)?, conn).await?;
+        if !peek {
+            crate::observe::decision(&self.name, decision.allowed);
+        }
+        Ok(decision)
     }
 
     /// Give `amount` units back to `key` (for example when the work they paid

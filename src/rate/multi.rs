@@ -299,7 +299,14 @@ impl MultiLimiter {
     {
         let keys = self.keys(key, shared_keys)?;
         let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-        super::decide(conn, self.algorithm, peek, &keys, &self.quotas, cost).await
+        let decision = super::decide(conn, self.algorithm, peek, &keys, &self.quotas, cost).await?;
+        if !peek {
+            // Each limit is counted under its own name: which one denied shows.
+            for (name, limit) in self.names.iter().zip(&decision.limits) {
+                crate::observe::decision(name, limit.allowed && decision.allowed);
+            }
+        }
+        Ok(decision)
     }
 
     /// Give `amount` back to every limit (see

@@ -9,7 +9,7 @@ use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr
 use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, Value};
 
 use super::invoke::{is_noscript, Invocation, BATCHES, CALLS, FALLBACKS};
-use crate::{Error, Result};
+use crate::{observe, Error, Result};
 
 /// An operation checked and ready to send: one script call and the decoding
 /// of its reply into [`Operation::Output`].
@@ -180,6 +180,7 @@ impl<O: Operation> Batch<O> {
         C: BatchConnection,
     {
         BATCHES.fetch_add(1, Relaxed);
+        let start = std::time::Instant::now();
         let calls: Vec<&Invocation> = self.ops.iter().map(Operation::invocation).collect();
         let mut replies: Vec<Option<Result<Value>>> = Vec::with_capacity(calls.len());
         let mut ready = Vec::with_capacity(calls.len());
@@ -232,7 +233,8 @@ impl<O: Operation> Batch<O> {
             }
         }
 
-        self.ops
+        let results: Vec<_> = self
+            .ops
             .iter()
             .zip(replies)
             .map(|(op, reply)| match reply {
@@ -242,7 +244,9 @@ impl<O: Operation> Batch<O> {
                     detail: "no reply was recorded for this batch entry".into(),
                 }),
             })
-            .collect()
+            .collect();
+        observe::batch(calls.first().map(|c| c.script().name()), start, &results);
+        results
     }
 }
 
@@ -295,6 +299,10 @@ where
         .collect();
     if !missing.is_empty() {
         FALLBACKS.fetch_add(missing.len() as u64, Relaxed);
+        observe::batch_noscript(
+            calls.first().map(|c| c.script().name()),
+            missing.len() as u64,
+        );
         let mut pipe = redis::pipe();
         for &position in &missing {
             pipe.add_command(calls[indices[position]].fallback_command());

@@ -4,7 +4,7 @@ use std::time::Duration;
 use redis::{aio::ConnectionLike, Arg, Cmd, ErrorKind, ServerErrorKind, ToRedisArgs, Value};
 
 use super::Script;
-use crate::{keys, Error, Result};
+use crate::{keys, observe, Error, Result};
 
 pub(super) static CALLS: AtomicU64 = AtomicU64::new(0);
 pub(super) static FALLBACKS: AtomicU64 = AtomicU64::new(0);
@@ -163,6 +163,7 @@ impl Invocation {
     {
         self.check()?;
         CALLS.fetch_add(1, Relaxed);
+        let mut observed = observe::Call::start(self.script.name(), || self.first_key());
         let mut eval = None;
         let mut redirects = 0;
         loop {
@@ -170,18 +171,33 @@ impl Invocation {
             match send(conn, cmd).await {
                 Err(err) if is_noscript(&err) && eval.is_none() => {
                     FALLBACKS.fetch_add(1, Relaxed);
+                    observed.noscript();
                     eval = Some(self.fallback_command());
                 }
                 Err(err) if is_redirect(&err) && redirects < REDIRECT_DELAYS.len() => {
                     REDIRECTS.fetch_add(1, Relaxed);
+                    observed.redirect();
                     let delay = REDIRECT_DELAYS[redirects];
                     if !delay.is_zero() {
                         tokio::time::sleep(delay).await;
                     }
                     redirects += 1;
                 }
-                result => return result.map_err(Error::from_redis),
+                result => {
+                    let result = result.map_err(Error::from_redis);
+                    observed.finish(&result);
+                    return result;
+                }
             }
+        }
+    }
+
+    /// The first key, for spans that opted in to keys.
+    pub(crate) fn first_key(&self) -> Option<String> {
+        match (self.cmd.args_iter().nth(2), self.cmd.args_iter().nth(3)) {
+            (Some(Arg::Simple(b"0")) | None, _) => None,
+            (_, Some(Arg::Simple(key))) => Some(String::from_utf8_lossy(key).into_owned()),
+            _ => None,
         }
     }
 }
