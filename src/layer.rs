@@ -33,7 +33,7 @@
 //! let app: Router = Router::new()
 //!     .route("/", get(|| async { "hello" }))
 //!     .layer(RateLimitLayer::new(conn, limiter, |req| {
-//!         let user = req.headers().get("x-user").and_then(|v| v.to_str().ok());
+//!         let user = req.headers.get("x-user").and_then(|v| v.to_str().ok());
 //!         format!("rl:user:{}", user.unwrap_or("anonymous"))
 //!     }));
 //! # Ok(()) }

@@ -17,6 +17,8 @@
 //! | [`Limiter::peek`] | `lua/rate/<algorithm>/peek.lua` | what `check` would say; read-only (`EVALSHA_RO`) |
 //! | [`Limiter::refund`] | `lua/rate/<algorithm>/refund.lua` | give units back (work not done) |
 //! | [`Limiter::reset`] | `DEL` | forget the state: the limiter is full |
+//! | [`Limiter::check_at_most`] | `lua/rate/{gcra,token_bucket}/check_at_most.lua` | take `min(max, available)`; GCRA and token bucket only |
+//! | [`Limiter::until_ready`] | `check`, repeated | sleep the server's `retry_after` (with jitter) until admitted or a deadline |
 //!
 //! # Choosing an algorithm
 //!
@@ -80,6 +82,7 @@ use redis::aio::ConnectionLike;
 use crate::script::{Invocation, Reply, Script};
 use crate::{validate, Error, Result};
 
+mod at_most;
 mod fixed_window;
 mod gcra;
 pub mod headers;
@@ -88,7 +91,9 @@ mod multi;
 mod quota;
 mod sliding_window;
 mod token_bucket;
+mod wait;
 
+pub use at_most::Grant;
 pub use headers::Headers;
 pub use limiter::{Check, Limiter};
 pub use multi::{MultiLimiter, MultiRateLimit};

@@ -1,0 +1,78 @@
+-- rate/token_bucket/check_at_most: take as many tokens as the bucket holds, up to `max`.
+--
+-- go-redis/redis_rate's AllowAtMost for the token bucket: grant
+-- min(max, tokens) now and charge exactly those; the decisions are those of
+-- rate/gcra/check_at_most for the same T and burst = capacity.
+--
+-- KEYS[1]   the bucket: a hash {tokens, at} exactly as
+--           rate/token_bucket/check writes it (tokens: integer in
+--           [0, capacity]; at: integer microseconds since the Unix epoch,
+--           server clock, up to which refill is credited). Missing means
+--           full. Anything else is an error, with nothing written.
+-- ARGV[1]   max       integer, 1 <= max <= 2^53 - 1: the most tokens wanted.
+-- ARGV[2]   interval  T, integer microseconds >= 1 per token.
+-- ARGV[3]   capacity  C, integer >= 1, with C x T <= 2^51.
+--
+-- Decision, with now = TIME in microseconds:
+--   add = floor((now - at) / T); tokens = min(C, tokens + add);
+--   at = now when full, else at + add x T
+--   granted = min(max, tokens)
+-- When granted > 0, {tokens - granted, at} is stored and the key expires
+-- when the bucket is full again; when granted = 0 nothing is written.
+--
+-- Reply: {granted, now, remaining, retry_after, reset_after}
+--   granted      tokens taken by this call, 0 <= granted <= max
+--   now          the server time of the decision, microseconds since the epoch
+--   remaining    tokens left after this call
+--   retry_after  milliseconds (rounded up) until one token is in the bucket,
+--                when nothing was granted; -1 when something was
+--   reset_after  milliseconds (rounded up) until the bucket is full again
+--
+-- Example: capacity 10, 10 per second (T = 100000), 7 tokens at N:
+-- max 20 -> {7, N, 0, -1, 1000}.
+
+--@include lib/fail
+--@include lib/args
+--@include lib/div
+--@include lib/stored
+--@include lib/time
+
+local MAX = 9007199254740991
+local MAX_FILL = 2251799813685248
+
+if #KEYS ~= 1 or #ARGV ~= 3 then
+  return fail('expected 1 key and 3 arguments, got ' .. #KEYS .. ' and ' .. #ARGV)
+end
+local max = arg_int(1, 1, MAX)
+if not max then return fail('bad max: ' .. tostring(ARGV[1])) end
+local step, cap = arg_int(2, 1, MAX_FILL), arg_int(3, 1, MAX)
+if not step or not cap or cap * step > MAX_FILL then
+  return fail('bad interval or capacity')
+end
+
+local now = now_us()
+local k, a = cap, now
+local state = redis.call('HMGET', KEYS[1], 'tokens', 'at')
+if not (state[1] or state[2]) and redis.call('EXISTS', KEYS[1]) == 1 then
+  return fail('key does not hold a token bucket')
+end
+if state[1] or state[2] then
+  k, a = stored_int(state[1], 0, MAX), stored_int(state[2], 0, MAX)
+  if not k or not a then return fail('key does not hold a token bucket') end
+  if now > a then
+    local add = floor_div(now - a, step)
+    if k + add >= cap then k, a = cap, now else k, a = k + add, a + add * step end
+  end
+  if k > cap then k = cap end -- the capacity was lowered
+end
+
+local granted = math.min(max, k)
+if granted > 0 then
+  k = k - granted
+  redis.call('HSET', KEYS[1], 'tokens', k, 'at', a)
+  redis.call('PEXPIREAT', KEYS[1], ceil_div(a + (cap - k) * step, 1000))
+end
+local retry, reset = -1, 0
+if granted == 0 then retry = ceil_div(a + step - now, 1000) end
+if k < cap then reset = ceil_div(math.max(0, a + (cap - k) * step - now), 1000) end
+return {granted, now, k, retry, reset}
