@@ -289,6 +289,16 @@ async fn metrics_and_spans_match_the_decisions() {
         );
     }
     assert_eq!(allowed, 3);
+    let lease = nolock::fence::Lease::acquire(
+        conn.clone(),
+        "metrics-test-lease",
+        Duration::from_millis(300),
+        &nolock::fence::Backoff::none(),
+    )
+    .await
+    .unwrap()
+    .acquired()
+    .unwrap();
     let open = Guard::new(Duration::from_millis(100), OnFailure::Open).unwrap();
     redis.kill();
     for _ in 0..2 {
@@ -298,6 +308,10 @@ async fn metrics_and_spans_match_the_decisions() {
             .unwrap();
         assert_eq!(g.source(), Source::Open);
     }
+    // The lease's renewal fails with the server gone: a loss.
+    tokio::time::timeout(Duration::from_secs(1), lease.lost())
+        .await
+        .unwrap();
 
     let mut counters = HashMap::new();
     let mut samples = 0;
@@ -338,9 +352,13 @@ async fn metrics_and_spans_match_the_decisions() {
             >= 2
     );
     assert!(samples >= 7, "one latency sample per call: {samples}");
+    assert!(count("nolock_lease_losses_total{}") >= 1);
 
     let all = captured.0.lock().unwrap();
-    let spans: Vec<_> = all.iter().filter(|(n, _)| n == "nolock.script").collect();
+    let spans: Vec<_> = all
+        .iter()
+        .filter(|(n, f)| n == "nolock.script" && f["script"] == "rate/gcra/check")
+        .collect();
     assert_eq!(spans.len(), 7, "one span per script call");
     let first = &spans[0].1;
     assert_eq!(first["script"], "rate/gcra/check");
