@@ -97,6 +97,7 @@
 //!   (fail closed, fail open, a per-process limiter), visible in the answer.
 //! * `layer` (feature `tower`): `RateLimitLayer` for axum, hyper and tower.
 //! * [`keys`]: cluster slots and hash tags for scripts that touch several keys.
+//! * [`acl`]: the Redis ACL permissions nolock needs.
 //! * [`Error`]: bad input (before I/O), definite and indeterminate Redis failures.
 //!
 //! # Features
@@ -123,6 +124,7 @@
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
 
+pub mod acl;
 pub mod cas;
 mod error;
 pub mod fence;

@@ -1,0 +1,102 @@
+//! The Redis ACL permissions nolock needs, for a dedicated Redis user.
+//!
+//! Every nolock operation is a script, and Redis 7 checks a script's
+//! `redis.call` commands and keys against the ACL of the user that runs it,
+//! so the user needs the script commands **and** every command the scripts
+//! call, on every key they touch. [`COMMANDS`] is that list; the unit tests
+//! check it against the embedded scripts, and `tests/acl.rs` runs every
+//! module as a user that has exactly these permissions and nothing else.
+//!
+//! Keys: grant the prefixes your application passes to nolock, **and** the
+//! same prefixes after a `{`: keys that nolock derives (fence lock and
+//! counter keys, `MultiLimiter` limits) turn an untagged key into a hash tag
+//! (`app:job` gives `{app:job}:lock`; see [`crate::keys::derive`]).
+//!
+//! ```text
+//! ACL SETUSER app-limits on >secret resetkeys ~app:* ~{app:* resetchannels -@all
+//!     +evalsha +evalsha_ro +eval +eval_ro +script|load +del +get +set +incr
+//!     +incrby +decrby +hget +hmget +hset +hincrby +exists +pexpire +pexpireat
+//!     +pexpiretime +pttl +time
+//! ```
+//!
+//! On a cluster, add [`CLUSTER_COMMANDS`] (`Batch::run` reads the slot
+//! map). [`OPTIONAL_COMMANDS`] are used when granted and worked around
+//! when not.
+//!
+//! ```
+//! let rule = format!("on >secret resetkeys ~app:* ~{{app:* -@all {}", nolock::acl::COMMANDS);
+//! assert!(rule.contains("+evalsha "));
+//! ```
+
+/// The commands nolock sends or its scripts call, as ACL rules (`+name`,
+/// `+command|subcommand`), separated by spaces.
+///
+/// * `evalsha`, `evalsha_ro`: every call (`_ro` for read-only scripts);
+///   `eval`, `eval_ro`: the fallback after `NOSCRIPT`.
+/// * `script|load`: [`Scripts::load`](crate::Scripts::load).
+/// * `del`: `rate::Limiter::reset` and `MultiLimiter::reset`.
+/// * The rest are called by the scripts: strings and counters (`get`, `set`,
+///   `incr`, `incrby`, `decrby`), hashes (`hget`, `hmget`, `hset`,
+///   `hincrby`), expiry (`pexpire`, `pexpireat`, `pexpiretime`, `pttl`),
+///   `exists`, and `time` (the server clock every rate decision reads).
+pub const COMMANDS: &str = "+evalsha +evalsha_ro +eval +eval_ro +script|load +del \
++get +set +incr +incrby +decrby +hget +hmget +hset +hincrby +exists +pexpire +pexpireat \
++pexpiretime +pttl +time";
+
+/// What a cluster needs on top of [`COMMANDS`]: `cluster|slots`, read by
+/// [`Batch::run`](crate::Batch::run) to split a batch by node.
+pub const CLUSTER_COMMANDS: &str = "+cluster|slots";
+
+/// Used when granted: `info` lets [`Scripts::load`](crate::Scripts::load)
+/// tell a single server from a cluster in its one pipelined round trip;
+/// without it, `load` sends each script once more, one by one.
+pub const OPTIONAL_COMMANDS: &str = "+info";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Scripts;
+
+    #[test]
+    fn every_command_a_script_calls_is_granted() {
+        let granted: Vec<&str> = COMMANDS.split_whitespace().collect();
+        let mut called = Vec::new();
+        for script in Scripts::all() {
+            for part in script.source().split("redis.call(").skip(1) {
+                let name = part
+                    .trim_start_matches(['\'', '"'])
+                    .split(['\'', '"'])
+                    .next()
+                    .unwrap_or_default()
+                    .to_ascii_lowercase();
+                assert!(
+                    granted.contains(&format!("+{name}").as_str()),
+                    "{} calls {name}, which acl::COMMANDS does not grant",
+                    script.name()
+                );
+                called.push(name);
+            }
+            assert!(
+                !script.source().contains("redis.pcall("),
+                "{}",
+                script.name()
+            );
+        }
+        // Nothing granted that no script or wrapper uses.
+        for rule in &granted {
+            let name = rule.trim_start_matches('+');
+            let wrapper = [
+                "evalsha",
+                "evalsha_ro",
+                "eval",
+                "eval_ro",
+                "script|load",
+                "del",
+            ];
+            assert!(
+                wrapper.contains(&name) || called.iter().any(|c| c == name),
+                "{rule} is granted but unused"
+            );
+        }
+    }
+}

@@ -1,0 +1,193 @@
+//! Every module, run as a Redis user that has exactly `nolock::acl::COMMANDS`
+//! on its key prefixes and nothing else; and what a missing permission looks
+//! like (a definite error, nothing written).
+
+mod support;
+
+use std::time::Duration;
+
+use nolock::cas::{self, Expected};
+use nolock::rate::{Algorithm, Check, Limiter, MultiLimiter, Quota};
+use nolock::{fence, limits, Batch, Error, Scripts};
+use redis::aio::MultiplexedConnection;
+use support::RedisServer;
+
+/// A user with `commands` on `acl:*` and `{acl:*`; returns its connection.
+async fn user(server: &RedisServer, name: &str, commands: &str) -> MultiplexedConnection {
+    let mut admin = server.conn().await;
+    let rule = format!("on >pw-{name} resetkeys ~acl:* ~{{acl:* resetchannels -@all {commands}");
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg(name)
+        .arg(rule.split_whitespace().collect::<Vec<_>>())
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let url = server
+        .url()
+        .replace("redis://", &format!("redis://{name}:pw-{name}@"));
+    redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn every_module_runs_with_only_the_documented_permissions() {
+    let server = RedisServer::start();
+    let mut c = user(&server, "nolock", nolock::acl::COMMANDS).await;
+    let c = &mut c;
+    // The user really is restricted.
+    let denied = redis::cmd("FLUSHALL").query_async::<()>(c).await;
+    assert!(denied.is_err());
+
+    Scripts::load(c).await.unwrap();
+    let minute = Duration::from_secs(60);
+
+    // limits
+    assert!(
+        limits::try_increment(c, "acl:l", 2, minute)
+            .await
+            .unwrap()
+            .admitted
+    );
+    assert!(
+        limits::try_increment_by(c, "acl:l", 1, 2, minute)
+            .await
+            .unwrap()
+            .admitted
+    );
+    assert!(
+        !limits::try_increment(c, "acl:l", 2, minute)
+            .await
+            .unwrap()
+            .admitted
+    );
+    limits::release(c, "acl:l", 1).await.unwrap();
+    limits::peek(c, "acl:l").await.unwrap();
+    let batch: Batch<_> = (0..3)
+        .map(|i| limits::TryIncrement::new(&format!("acl:b{i}"), 1, minute).unwrap())
+        .collect();
+    assert!(batch
+        .run(c)
+        .await
+        .iter()
+        .all(|r| r.as_ref().unwrap().admitted));
+
+    // rate: every algorithm, every call; multi-limits; partial grants; batches
+    for algorithm in Algorithm::ALL {
+        let l = Limiter::new(algorithm, Quota::per_minute(5).unwrap()).unwrap();
+        let key = format!("acl:r:{algorithm}");
+        assert!(l.check(c, &key, 2).await.unwrap().allowed, "{algorithm}");
+        l.peek(c, &key, 1).await.unwrap();
+        l.refund(c, &key, 1).await.unwrap();
+        l.reset(c, &key).await.unwrap();
+        let mut b = Batch::new();
+        b.push(Check::new(&l, &key, 1).unwrap());
+        assert!(b.run(c).await[0].as_ref().unwrap().allowed);
+    }
+    for algorithm in [Algorithm::Gcra, Algorithm::TokenBucket] {
+        let l = Limiter::new(algorithm, Quota::per_minute(5).unwrap()).unwrap();
+        let g = l
+            .check_at_most(c, &format!("acl:m:{algorithm}"), 9)
+            .await
+            .unwrap();
+        assert_eq!(g.granted, 5);
+    }
+    let multi = MultiLimiter::new(Algorithm::Gcra)
+        .limit("user", Quota::per_minute(5).unwrap())
+        .unwrap()
+        .shared_limit("all", Quota::per_minute(50).unwrap())
+        .unwrap();
+    assert!(
+        multi
+            .check(c, "acl:u", &["{acl:u}:all"], 1)
+            .await
+            .unwrap()
+            .allowed
+    );
+    multi.reset(c, "acl:u", &["{acl:u}:all"]).await.unwrap();
+
+    // cas
+    cas::compare_and_set(c, "acl:c", Expected::Absent, "a", None)
+        .await
+        .unwrap();
+    cas::set_if_absent(c, "acl:c2", "b", Some(minute))
+        .await
+        .unwrap();
+    cas::compare_and_expire(c, "acl:c", "a", minute)
+        .await
+        .unwrap();
+    assert!(cas::compare_and_delete(c, "acl:c", "a")
+        .await
+        .unwrap()
+        .is_applied());
+    cas::set_if_greater(c, "acl:w", 5).await.unwrap();
+    cas::set_if_less(c, "acl:w2", 5).await.unwrap();
+    cas::credit(c, "acl:bal", 10, None).await.unwrap();
+    assert!(cas::debit(c, "acl:bal", 3).await.unwrap().is_applied());
+    cas::set_if_version(c, "acl:v", 0, &"one".to_owned())
+        .await
+        .unwrap();
+    let v: Option<cas::Versioned<String>> = cas::get_versioned(c, "acl:v").await.unwrap();
+    assert!(v.is_some());
+
+    // fence: derived keys land under {acl:...
+    let fence::Acquire::Acquired(grant) = fence::acquire(c, "acl:job", minute).await.unwrap()
+    else {
+        panic!("not acquired");
+    };
+    fence::extend(c, "acl:job", &grant.token, minute)
+        .await
+        .unwrap();
+    fence::write(c, "acl:data", grant.fence, "x").await.unwrap();
+    assert!(fence::read(c, "acl:data").await.unwrap().is_some());
+    fence::release(c, "acl:job", &grant.token).await.unwrap();
+    let lease = fence::Lease::acquire(c.clone(), "acl:lease", minute, &fence::Backoff::none())
+        .await
+        .unwrap()
+        .acquired()
+        .unwrap();
+    lease.release().await.unwrap();
+
+    // The NOSCRIPT fallback (EVAL) works too.
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut server.conn().await)
+        .await
+        .unwrap();
+    let before = nolock::stats().noscript_fallbacks;
+    assert!(
+        limits::try_increment(c, "acl:after_flush", 1, minute)
+            .await
+            .unwrap()
+            .admitted
+    );
+    assert!(nolock::stats().noscript_fallbacks > before);
+}
+
+#[tokio::test]
+async fn a_missing_permission_is_a_definite_error_with_nothing_written() {
+    let server = RedisServer::start();
+    // Everything but PEXPIREAT, which a GCRA check calls after deciding.
+    let without: String = nolock::acl::COMMANDS
+        .split_whitespace()
+        .filter(|c| *c != "+pexpireat")
+        .collect::<Vec<_>>()
+        .join(" ");
+    let mut c = user(&server, "partial", &without).await;
+    let l = Limiter::new(Algorithm::TokenBucket, Quota::per_minute(5).unwrap()).unwrap();
+    let err = l.check(&mut c, "acl:tb", 1).await.unwrap_err();
+    assert!(matches!(err, Error::Redis(_)) && err.is_definite(), "{err}");
+    // A key outside the granted patterns is refused before the script runs.
+    let mut full = user(&server, "full", nolock::acl::COMMANDS).await;
+    let err = l.check(&mut full, "other:tb", 1).await.unwrap_err();
+    assert!(err.is_definite(), "{err}");
+    let exists: u64 = redis::cmd("EXISTS")
+        .arg("other:tb")
+        .query_async(&mut server.conn().await)
+        .await
+        .unwrap();
+    assert_eq!(exists, 0);
+}
