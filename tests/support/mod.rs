@@ -36,6 +36,9 @@ impl TestRedis {
 }
 
 pub fn redis() -> TestRedis {
+    if std::env::var_os("NOLOCK_ACL").is_some() {
+        return acl_user();
+    }
     match std::env::var("REDIS_URL") {
         Ok(url) if !url.is_empty() => TestRedis { url, server: None },
         _ => {
@@ -45,6 +48,35 @@ pub fn redis() -> TestRedis {
                 server: Some(server),
             }
         }
+    }
+}
+
+/// Commands the tests send themselves to set up and inspect state; the
+/// library never sends them (`nolock::acl`'s unit test checks every command
+/// its scripts call against `acl::COMMANDS`).
+pub const TEST_INSPECTION: &str = "+keys +rpush +lrange +hgetall +hkeys +dump +info";
+
+/// With `NOLOCK_ACL` set, [`redis`] gives a new server and the URL of a
+/// user that has only `nolock::acl::COMMANDS` (plus [`TEST_INSPECTION`]) on
+/// the test key prefixes, so a suite shows nolock needs nothing more.
+fn acl_user() -> TestRedis {
+    let server = RedisServer::start();
+    let rule = format!(
+        "on >acl-pw resetkeys ~nolock-test:* ~{{nolock-test:* resetchannels -@all {} {TEST_INSPECTION}",
+        nolock::acl::COMMANDS
+    );
+    let mut conn = server.client().get_connection().expect("connect as admin");
+    redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("nolock-tests")
+        .arg(rule.split_whitespace().collect::<Vec<_>>())
+        .query::<()>(&mut conn)
+        .expect("ACL SETUSER");
+    TestRedis {
+        url: server
+            .url()
+            .replace("redis://", "redis://nolock-tests:acl-pw@"),
+        server: Some(server),
     }
 }
 
