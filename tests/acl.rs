@@ -80,7 +80,7 @@ async fn every_module_runs_with_only_the_documented_permissions() {
         let l = Limiter::new(algorithm, Quota::per_minute(5).unwrap()).unwrap();
         let key = format!("acl:r:{algorithm}");
         assert!(l.check(c, &key, 2).await.unwrap().allowed, "{algorithm}");
-        l.peek(c, &key, 1).await.unwrap();
+        assert!(l.peek(c, &key, 1).await.unwrap().allowed);
         l.refund(c, &key, 1).await.unwrap();
         l.reset(c, &key).await.unwrap();
         let mut b = Batch::new();
@@ -110,26 +110,35 @@ async fn every_module_runs_with_only_the_documented_permissions() {
     multi.reset(c, "acl:u", &["{acl:u}:all"]).await.unwrap();
 
     // cas
-    cas::compare_and_set(c, "acl:c", Expected::Absent, "a", None)
+    assert!(
+        cas::compare_and_set(c, "acl:c", Expected::Absent, "a", None)
+            .await
+            .unwrap()
+            .is_applied()
+    );
+    assert!(cas::set_if_absent(c, "acl:c2", "b", Some(minute))
         .await
-        .unwrap();
-    cas::set_if_absent(c, "acl:c2", "b", Some(minute))
+        .unwrap()
+        .is_inserted());
+    assert!(cas::compare_and_expire(c, "acl:c", "a", minute)
         .await
-        .unwrap();
-    cas::compare_and_expire(c, "acl:c", "a", minute)
-        .await
-        .unwrap();
+        .unwrap()
+        .is_applied());
     assert!(cas::compare_and_delete(c, "acl:c", "a")
         .await
         .unwrap()
         .is_applied());
-    cas::set_if_greater(c, "acl:w", 5).await.unwrap();
-    cas::set_if_less(c, "acl:w2", 5).await.unwrap();
-    cas::credit(c, "acl:bal", 10, None).await.unwrap();
-    assert!(cas::debit(c, "acl:bal", 3).await.unwrap().is_applied());
-    cas::set_if_version(c, "acl:v", 0, &"one".to_owned())
+    assert!(cas::set_if_greater(c, "acl:w", 5).await.unwrap().applied);
+    assert!(cas::set_if_less(c, "acl:w2", 5).await.unwrap().applied);
+    assert!(cas::credit(c, "acl:bal", 10, None)
         .await
-        .unwrap();
+        .unwrap()
+        .is_applied());
+    assert!(cas::debit(c, "acl:bal", 3).await.unwrap().is_applied());
+    assert!(cas::set_if_version(c, "acl:v", 0, &"one".to_owned())
+        .await
+        .unwrap()
+        .is_written());
     let v: Option<cas::Versioned<String>> = cas::get_versioned(c, "acl:v").await.unwrap();
     assert!(v.is_some());
 
@@ -141,7 +150,10 @@ async fn every_module_runs_with_only_the_documented_permissions() {
     fence::extend(c, "acl:job", &grant.token, minute)
         .await
         .unwrap();
-    fence::write(c, "acl:data", grant.fence, "x").await.unwrap();
+    assert!(matches!(
+        fence::write(c, "acl:data", grant.fence, "x").await.unwrap(),
+        fence::Write::Applied
+    ));
     assert!(fence::read(c, "acl:data").await.unwrap().is_some());
     fence::release(c, "acl:job", &grant.token).await.unwrap();
     let lease = fence::Lease::acquire(c.clone(), "acl:lease", minute, &fence::Backoff::none())
