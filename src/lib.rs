@@ -122,3 +122,9 @@ mod validate;
 pub use error::{Error, Result};
 pub use script::{stats, Batch, BatchConnection, Operation, Script, Scripts, Stats};
 pub use validate::{MAX_INTEGER, MAX_TTL, MAX_VALUE_LEN};
+
+/// What the exported macros expand to; not part of the API.
+#[doc(hidden)]
+pub mod __private {
+    pub use include_dir;
+}

@@ -85,10 +85,12 @@ mod compose;
 mod invoke;
 mod registry;
 mod reply;
+mod user;
 
 pub use batch::{Batch, BatchConnection, Operation};
 pub use invoke::{stats, Stats};
 pub use registry::{Loaded, Script, Scripts};
+pub use user::{Call, ScriptDir};
 
 pub(crate) use batch::run_one;
 #[cfg(test)]

@@ -1,0 +1,455 @@
+//! Your own scripts through nolock's engine: [`ScriptDir`] and [`Call`].
+//!
+//! A directory of Lua files is embedded at compile time with
+//! [`crate::scripts!`] (the same `include_dir` mechanism as nolock's own
+//! `lua/`) and follows the same conventions: a script is known by its path
+//! without `.lua`, `#!lua flags=no-writes` on its first line makes it
+//! read-only (run with `EVALSHA_RO`, which replicas serve), and
+//! `--@include lib/<name>` after its header splices in a helper, either one
+//! of nolock's (`lib/fail`, `lib/args`, `lib/stored`, `lib/div`, `lib/time`)
+//! or one of yours under `<dir>/lib/` (yours first). Files under `lib/` are
+//! helpers, not scripts.
+//!
+//! Composition runs once, on first use of the directory, and the SHA1 is
+//! taken over the composed text, as for nolock's scripts.
+//!
+//! A [`Call`] runs through the same code as nolock's own operations (see the
+//! [module docs](super)): cross-slot check before I/O, `EVALSHA` then one
+//! `EVAL` on `NOSCRIPT` (counted in [`crate::stats`]), the `MOVED`/`READONLY`
+//! resend, definite and indeterminate errors; it is an [`Operation`], so it
+//! goes in a [`crate::Batch`] with per-entry `NOSCRIPT` recovery.
+
+use std::any::type_name;
+use std::borrow::Cow;
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::OnceLock;
+
+use include_dir::{include_dir, Dir};
+use redis::aio::ConnectionLike;
+use redis::{FromRedisValue, ToRedisArgs, Value};
+
+use super::{compose, run_one, Invocation, Operation, Script};
+use crate::{Error, Result};
+
+/// nolock's helpers as written (`lua/lib/`), for composing your scripts at
+/// run time; nolock's own scripts were composed by `build.rs`.
+static LIB: Dir<'static> = include_dir!("$CARGO_MANIFEST_DIR/lua/lib");
+
+/// A directory of your own Lua scripts, embedded at compile time by
+/// [`crate::scripts!`]; keep it in a `static`.
+///
+/// # Example
+///
+/// ```no_run
+/// // lua/leaderboard/add.lua in your crate:
+/// //   -- leaderboard/add: add ARGV[2] points to member ARGV[1]; reply: the new score.
+/// //   return redis.call('ZINCRBY', KEYS[1], ARGV[2], ARGV[1])
+/// static MY_SCRIPTS: nolock::script::ScriptDir = nolock::scripts!("$CARGO_MANIFEST_DIR/lua");
+///
+/// # async fn run(conn: &mut redis::aio::MultiplexedConnection) -> nolock::Result<()> {
+/// nolock::Scripts::load_with(conn, &[&MY_SCRIPTS]).await?; // optional, at startup
+/// let score: f64 = MY_SCRIPTS
+///     .call("leaderboard/add", &["board:{weekly}"])?
+///     .arg("alice")
+///     .arg(10)
+///     .run(conn)
+///     .await?;
+/// # Ok(()) }
+/// ```
+pub struct ScriptDir {
+    dir: Dir<'static>,
+    /// Composed on first use: the scripts sorted by name, or the first file
+    /// that could not be composed and why.
+    scripts: OnceLock<std::result::Result<Vec<Script>, (String, String)>>,
+}
+
+impl ScriptDir {
+    /// Use [`crate::scripts!`].
+    #[doc(hidden)]
+    pub const fn from_dir(dir: Dir<'static>) -> Self {
+        ScriptDir {
+            dir,
+            scripts: OnceLock::new(),
+        }
+    }
+
+    /// Every script of the directory, sorted by name (helpers under `lib/`
+    /// are not scripts).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ScriptSource`] when a script cannot be composed (a missing
+    /// helper, a helper included twice, a name outside `[A-Za-z0-9_/-]`, a
+    /// file that is not UTF-8). It is a mistake in the directory, the same
+    /// on every call: a unit test calling this catches it before deployment.
+    pub fn scripts(&'static self) -> Result<&'static [Script]> {
+        match self.scripts.get_or_init(|| compose_dir(&self.dir)) {
+            Ok(scripts) => Ok(scripts),
+            Err((script, reason)) => Err(Error::ScriptSource {
+                script: script.clone(),
+                reason: reason.clone(),
+            }),
+        }
+    }
+
+    /// The script called `name`: its path under the directory without
+    /// `.lua` (`"leaderboard/add"`).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::UnknownScript`] when there is none ([`crate::script!`] makes
+    /// that a compile error); [`Error::ScriptSource`] as for
+    /// [`ScriptDir::scripts`].
+    pub fn get(&'static self, name: &str) -> Result<&'static Script> {
+        let scripts = self.scripts()?;
+        scripts
+            .binary_search_by(|script| script.name().cmp(name))
+            .map(|at| &scripts[at])
+            .map_err(|_| Error::UnknownScript { name: name.into() })
+    }
+
+    /// A call of the script `name` with these keys; add arguments with
+    /// [`Call::arg`], then [`Call::run`] it or push it into a
+    /// [`crate::Batch`]. `T` is the type its reply decodes into.
+    ///
+    /// # Errors
+    ///
+    /// As [`ScriptDir::get`]. Nothing is sent.
+    pub fn call<T>(&'static self, name: &str, keys: &[&str]) -> Result<Call<T>> {
+        Ok(Call::new(self.get(name)?, keys))
+    }
+}
+
+impl fmt::Debug for ScriptDir {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Option<Vec<&str>> = match self.scripts.get() {
+            Some(Ok(scripts)) => Some(scripts.iter().map(Script::name).collect()),
+            _ => None,
+        };
+        f.debug_struct("ScriptDir")
+            .field("scripts", &names)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The scripts of `dir`, each composed with the helpers it includes.
+fn compose_dir(dir: &Dir<'static>) -> std::result::Result<Vec<Script>, (String, String)> {
+    let mut files = Vec::new();
+    walk(dir, &mut files)?;
+    let (libs, sources): (Vec<_>, Vec<_>) = files
+        .into_iter()
+        .partition(|(name, _)| name.starts_with("lib/"));
+    let lib = |path: &str| {
+        libs.iter()
+            .find(|(name, _)| *name == path)
+            .map(|(_, code)| *code)
+            .or_else(|| nolock_lib(path))
+    };
+    let mut scripts = Vec::with_capacity(sources.len());
+    for (name, source) in sources {
+        let composed = compose::compose(name, source, lib)
+            .map_err(|reason| (format!("{name}.lua"), reason))?;
+        // No include: keep the text in the binary rather than a copy.
+        let source = if composed == source {
+            Cow::Borrowed(source)
+        } else {
+            Cow::Owned(composed)
+        };
+        scripts.push(Script::composed(name, source));
+    }
+    scripts.sort_by_key(|script| script.name());
+    Ok(scripts)
+}
+
+/// Every `.lua` file under `dir`: its path without `.lua`, and its text.
+fn walk(
+    dir: &Dir<'static>,
+    out: &mut Vec<(&'static str, &'static str)>,
+) -> std::result::Result<(), (String, String)> {
+    for file in dir.files() {
+        let path = file.path();
+        if path.extension().is_none_or(|ext| ext != "lua") {
+            continue;
+        }
+        let shown = path.display().to_string();
+        let name = path
+            .to_str()
+            .and_then(|p| p.strip_suffix(".lua"))
+            .ok_or_else(|| (shown.clone(), "the path is not UTF-8".to_owned()))?;
+        let source = file
+            .contents_utf8()
+            .ok_or_else(|| (shown, "the file is not UTF-8".to_owned()))?;
+        out.push((name, source));
+    }
+    for sub in dir.dirs() {
+        walk(sub, out)?;
+    }
+    Ok(())
+}
+
+/// nolock's helper `lib/<name>`, as written.
+fn nolock_lib(path: &str) -> Option<&'static str> {
+    let name = path.strip_prefix("lib/")?;
+    LIB.get_file(format!("{name}.lua"))?.contents_utf8()
+}
+
+/// One call of one of your scripts, with its reply decoded into `T`
+/// (any redis-rs `FromRedisValue`: `i64`, `String`, `Vec<_>`, tuples,
+/// `redis::Value`, ...).
+///
+/// Built by [`ScriptDir::call`] (or [`Call::new`] from a [`Script`]); run
+/// alone with [`Call::run`], or many at once in a [`crate::Batch`] (it is an
+/// [`Operation`]).
+///
+/// # Errors and what they promise
+///
+/// As for nolock's own operations, with one caveat. [`Error::Redis`] is
+/// definite for nolock's scripts because each checks everything before its
+/// first write; Redis does not roll back a script that fails halfway, so a
+/// script of yours that raises an error (or calls `redis.error_reply`)
+/// after a write leaves that write in place. Follow the same rule (checks
+/// first, then writes; `lib/fail` and `lib/args` help) and the promise
+/// holds for yours too. A reply that does not decode into `T` is
+/// [`Error::ReplyType`]: the script ran, so it is not definite.
+pub struct Call<T> {
+    call: Invocation,
+    output: PhantomData<fn() -> T>,
+}
+
+impl<T> Call<T> {
+    /// A call of `script` with these keys (every key the script touches
+    /// must be one of them; on a cluster they must share a slot).
+    pub fn new(script: &'static Script, keys: &[&str]) -> Self {
+        Call {
+            call: Invocation::new(script, keys),
+            output: PhantomData,
+        }
+    }
+
+    /// Add an argument (`ARGV[n]`, in order).
+    #[must_use = "arg returns the call with the argument added"]
+    pub fn arg(mut self, arg: impl ToRedisArgs) -> Self {
+        self.call = self.call.arg(arg);
+        self
+    }
+
+    /// The script this call runs.
+    pub fn script(&self) -> &'static Script {
+        self.call.script()
+    }
+}
+
+impl<T: FromRedisValue + Send> Call<T> {
+    /// Run the script: one round trip (`EVALSHA`, or `EVALSHA_RO` for a
+    /// read-only script), two when the server has lost it (`EVAL` once).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::CrossSlot`] when the keys span cluster slots (nothing is
+    /// sent); [`Error::Redis`] when the server refused the call or the
+    /// script raised an error (see the type docs for what that promises);
+    /// [`Error::Indeterminate`] when the reply was lost;
+    /// [`Error::ReplyType`] when the reply does not decode into `T` (the
+    /// script ran).
+    pub async fn run<C>(&self, conn: &mut C) -> Result<T>
+    where
+        C: ConnectionLike + Send,
+    {
+        run_one(self, conn).await
+    }
+}
+
+impl<T: FromRedisValue + Send> Operation for Call<T> {
+    type Output = T;
+
+    fn invocation(&self) -> &Invocation {
+        &self.call
+    }
+
+    fn decode(&self, reply: Value) -> Result<T> {
+        T::from_redis_value(reply).map_err(|err| Error::ReplyType {
+            script: self.script().name(),
+            target: type_name::<T>(),
+            detail: err.to_string(),
+        })
+    }
+}
+
+impl<T> Clone for Call<T> {
+    fn clone(&self) -> Self {
+        Call {
+            call: self.call.clone(),
+            output: PhantomData,
+        }
+    }
+}
+
+impl<T> fmt::Debug for Call<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Call")
+            .field("script", &self.script().name())
+            .field("output", &type_name::<T>())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A [`ScriptDir`] of the Lua files under `dir`, embedded at compile time
+/// (the `include_dir` syntax: `"$CARGO_MANIFEST_DIR/lua"`). Use it to
+/// initialize a `static`.
+///
+/// ```no_run
+/// static MY_SCRIPTS: nolock::script::ScriptDir = nolock::scripts!("$CARGO_MANIFEST_DIR/lua");
+/// ```
+///
+/// Your crate needs no `include_dir` dependency of its own. Changing a file
+/// under `dir` rebuilds the crate on the next `cargo build` only if cargo
+/// notices; `include_dir` tracks the files it embeds.
+#[macro_export]
+macro_rules! scripts {
+    // `tt`, not `literal`: a `literal` fragment reaches the proc macro
+    // wrapped in an invisible group, which `include_dir!` refuses.
+    ($dir:tt) => {{
+        // The expansion of `include_dir!` names `include_dir::...`: resolve
+        // it to nolock's copy, so the caller needs no dependency of its own.
+        use $crate::__private::include_dir;
+        $crate::script::ScriptDir::from_dir(include_dir::include_dir!($dir))
+    }};
+}
+
+/// `MY_SCRIPTS.get(name)` with the name checked at compile time: a
+/// misspelt or missing script does not build.
+///
+/// Arguments: the `static` [`ScriptDir`], its directory relative to your
+/// `Cargo.toml` (`"lua"` for `scripts!("$CARGO_MANIFEST_DIR/lua")`), and the
+/// script's name. Returns `nolock::Result<&'static Script>`; it can still
+/// be [`crate::Error::ScriptSource`] (a bad include), or
+/// [`crate::Error::UnknownScript`] if the directory given here is not the
+/// one the `static` embeds.
+///
+/// ```no_run
+/// static MY_SCRIPTS: nolock::script::ScriptDir = nolock::scripts!("$CARGO_MANIFEST_DIR/lua");
+///
+/// # async fn run(conn: &mut redis::aio::MultiplexedConnection) -> nolock::Result<()> {
+/// let add = nolock::script!(MY_SCRIPTS, "lua", "leaderboard/add")?;
+/// let score: f64 = nolock::script::Call::new(add, &["board:{weekly}"])
+///     .arg("alice")
+///     .arg(10)
+///     .run(conn)
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[macro_export]
+macro_rules! script {
+    ($scripts:path, $dir:literal, $name:literal) => {{
+        const _: &str = include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/",
+            $dir,
+            "/",
+            $name,
+            ".lua"
+        ));
+        $crate::script::ScriptDir::get(&$scripts, $name)
+    }};
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    static FIXTURES: ScriptDir = crate::scripts!("$CARGO_MANIFEST_DIR/tests/fixtures/lua");
+
+    #[test]
+    fn a_directory_is_composed_with_nolock_and_own_helpers() {
+        let names: Vec<_> = FIXTURES
+            .scripts()
+            .unwrap()
+            .iter()
+            .map(Script::name)
+            .collect();
+        assert!(names.contains(&"counter/add"), "{names:?}");
+        assert!(
+            names.iter().all(|n| !n.starts_with("lib/")),
+            "helpers are not scripts: {names:?}"
+        );
+        let checked = FIXTURES.get("counter/checked_add").unwrap();
+        assert!(checked.source().contains("local function fail("));
+        assert!(checked
+            .source()
+            .contains("local SCRIPT_NAME = 'counter/checked_add'"));
+        assert!(!checked.source().contains("--@include"));
+        let sha = sha1_smol::Sha1::from(checked.source()).digest().to_string();
+        assert_eq!(checked.sha1(), sha, "SHA1 over the composed text");
+        assert!(FIXTURES.get("counter/read").unwrap().is_read_only());
+        assert!(!FIXTURES.get("counter/add").unwrap().is_read_only());
+    }
+
+    #[test]
+    fn an_unknown_name_is_a_typed_error() {
+        match FIXTURES.get("counter/nope") {
+            Err(Error::UnknownScript { name }) => assert_eq!(name, "counter/nope"),
+            other => panic!("{other:?}"),
+        }
+        let err = FIXTURES.call::<i64>("nope", &[]).unwrap_err();
+        assert!(err.is_invalid_input() && err.is_definite());
+    }
+
+    #[test]
+    fn the_checked_macro_finds_the_same_script() {
+        let by_macro = crate::script!(FIXTURES, "tests/fixtures/lua", "counter/add").unwrap();
+        assert!(std::ptr::eq(by_macro, FIXTURES.get("counter/add").unwrap()));
+    }
+
+    #[test]
+    fn a_bad_include_is_a_typed_error_for_the_whole_directory() {
+        static BAD: ScriptDir = ScriptDir::from_dir(Dir::new(
+            "",
+            &[include_dir::DirEntry::File(include_dir::File::new(
+                "x/bad.lua",
+                b"-- x/bad: test.\n--@include lib/none\nreturn 1\n",
+            ))],
+        ));
+        match BAD.scripts() {
+            Err(Error::ScriptSource { script, reason }) => {
+                assert_eq!(script, "x/bad.lua");
+                assert!(reason.contains("lib/none"), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(BAD.get("x/bad"), Err(Error::ScriptSource { .. })));
+    }
+
+    #[test]
+    fn a_call_builds_the_engine_command_and_decodes_into_the_type_asked() {
+        let call = FIXTURES
+            .call::<(i64, String)>("counter/add", &["{t}:c"])
+            .unwrap()
+            .arg(5);
+        let words = super::super::words(call.invocation().command());
+        assert_eq!(words[0], "EVALSHA");
+        assert_eq!(words[2..], ["1", "{t}:c", "5"]);
+        let ok = call.decode(Value::Array(vec![
+            Value::Int(5),
+            Value::BulkString(b"x".to_vec()),
+        ]));
+        assert_eq!(ok.unwrap(), (5, "x".to_owned()));
+        let err = call.decode(Value::Int(5)).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::ReplyType {
+                    script: "counter/add",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(!err.is_definite());
+        let read = FIXTURES.call::<i64>("counter/read", &["k"]).unwrap();
+        assert_eq!(
+            super::super::words(read.invocation().command())[0],
+            "EVALSHA_RO"
+        );
+    }
+}
