@@ -87,7 +87,7 @@ mod registry;
 mod reply;
 mod user;
 
-pub use batch::{Batch, BatchConnection, Operation};
+pub use batch::{Batch, BatchConnection, Map, Operation};
 pub use invoke::{stats, Stats};
 pub use registry::{Loaded, Script, Scripts};
 pub use user::{Call, ScriptDir};
