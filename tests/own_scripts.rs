@@ -30,6 +30,7 @@ both!(
         a_single_call_through_a_flush_costs_one_eval,
         a_batch_through_a_flush_costs_one_eval_per_entry,
         load_with_caches_user_scripts_on_every_node,
+        a_miss_costs_two_round_trips_against_three_for_redis_rs_script,
     ],
 );
 
@@ -303,38 +304,41 @@ async fn cluster_a_read_only_user_script_is_served_by_a_replica() {
     assert_eq!(role[0], Value::BulkString(b"slave".to_vec()));
 }
 
-/// The cost of a script cache miss, counted by the server: nolock sends
-/// `EVALSHA` then `EVAL` (2 round trips); redis-rs's `Script::invoke_async`
-/// sends `EVALSHA`, `SCRIPT LOAD`, `EVALSHA` (3). In a pipeline, redis-rs's
-/// `invoke_script` fails with `NOSCRIPT` after a flush; a nolock `Batch`
-/// recovers. Printed for the README (`--nocapture`).
-#[tokio::test]
-async fn single_a_miss_costs_two_round_trips_against_three_for_redis_rs_script() {
-    let server = support::RedisServer::start();
-    let mut conn = server.conn().await;
-    let p = prefix("versus");
-    let source = FIXTURES.get("counter/add").unwrap().source().to_owned();
-    let theirs = redis::Script::new(&source);
-    let counts = |conn: &mut MultiplexedConnection| {
-        let mut conn = conn.clone();
-        async move {
-            let mut n = Vec::new();
-            for cmd in ["evalsha", "eval", "script|load"] {
-                n.push(command_calls(&mut conn, cmd).await);
-            }
-            n
+/// `[EVALSHA, EVAL, SCRIPT LOAD]` calls summed over every node.
+async fn script_commands(d: &Deployment) -> [u64; 3] {
+    let mut n = [0; 3];
+    for mut node in d.nodes().await {
+        for (count, cmd) in n.iter_mut().zip(["evalsha", "eval", "script|load"]) {
+            *count += command_calls(&mut node, cmd).await;
         }
-    };
-    let delta =
-        |a: &[u64], b: &[u64]| -> Vec<u64> { b.iter().zip(a).map(|(b, a)| b - a).collect() };
+    }
+    n
+}
 
-    let _: () = raw(&mut conn, &["SCRIPT", "FLUSH"]).await;
-    let before = counts(&mut conn).await;
+fn since(before: [u64; 3], after: [u64; 3]) -> [u64; 3] {
+    [0, 1, 2].map(|i| after[i] - before[i])
+}
+
+/// The cost of a script cache miss, counted by the servers: nolock sends
+/// `EVALSHA` then `EVAL` (2 round trips); redis-rs's `Script::invoke_async`
+/// sends `EVALSHA`, `SCRIPT LOAD` (to every node of a cluster) and
+/// `EVALSHA` again (3 round trips). In a pipeline, redis-rs's
+/// `invoke_script` fails with `NOSCRIPT` after a flush; a nolock `Batch`
+/// recovers in one more round trip per node. Printed for the README
+/// (`--nocapture`).
+async fn a_miss_costs_two_round_trips_against_three_for_redis_rs_script(d: &Deployment) {
+    let mut conn = d.conn().await;
+    let p = prefix("versus");
+    let theirs = redis::Script::new(FIXTURES.get("counter/add").unwrap().source());
+    let deployment = if d.is_cluster() { "cluster" } else { "single" };
+
+    d.flush_scripts_everywhere().await;
+    let before = script_commands(d).await;
     assert_eq!(add(&format!("{p}a"), 1).run(&mut conn).await.unwrap(), 1);
-    let ours = delta(&before, &counts(&mut conn).await);
+    let ours = since(before, script_commands(d).await);
 
-    let _: () = raw(&mut conn, &["SCRIPT", "FLUSH"]).await;
-    let before = counts(&mut conn).await;
+    d.flush_scripts_everywhere().await;
+    let before = script_commands(d).await;
     let value: i64 = theirs
         .key(format!("{p}b"))
         .arg(1)
@@ -342,14 +346,18 @@ async fn single_a_miss_costs_two_round_trips_against_three_for_redis_rs_script()
         .await
         .unwrap();
     assert_eq!(value, 1);
-    let redis_rs = delta(&before, &counts(&mut conn).await);
+    let redis_rs = since(before, script_commands(d).await);
 
-    println!("miss on one call   [EVALSHA, EVAL, SCRIPT LOAD]: nolock {ours:?}, redis-rs Script {redis_rs:?}");
+    println!(
+        "{deployment}: a miss on one call [EVALSHA, EVAL, SCRIPT LOAD]: \
+         nolock {ours:?}, redis-rs Script {redis_rs:?}"
+    );
     assert_eq!(ours, [1, 1, 0], "nolock: 2 commands, 2 round trips");
-    assert_eq!(redis_rs, [2, 0, 1], "redis-rs: 3 commands, 3 round trips");
+    let loads = if d.is_cluster() { 6 } else { 1 };
+    assert_eq!(redis_rs, [2, 0, loads], "redis-rs: 3 round trips");
 
     // Pipelines: 10 calls after a flush.
-    let _: () = raw(&mut conn, &["SCRIPT", "FLUSH"]).await;
+    d.flush_scripts_everywhere().await;
     let mut pipe = redis::pipe();
     for i in 0..10 {
         pipe.invoke_script(theirs.key(format!("{p}pipe{i}")).arg(1));
@@ -359,13 +367,19 @@ async fn single_a_miss_costs_two_round_trips_against_three_for_redis_rs_script()
         failed.is_err(),
         "redis-rs pipelines do not recover NOSCRIPT"
     );
-    let _: () = raw(&mut conn, &["SCRIPT", "FLUSH"]).await;
-    let before = counts(&mut conn).await;
+    d.flush_scripts_everywhere().await;
+    let before = script_commands(d).await;
     let batch: Batch<Call<i64>> = (0..10).map(|i| add(&format!("{p}pipe{i}"), 1)).collect();
     for result in batch.run(&mut conn).await {
         assert_eq!(result.unwrap(), 1, "each entry ran once");
     }
-    let batched = delta(&before, &counts(&mut conn).await);
-    println!("miss in a batch of 10 [EVALSHA, EVAL, SCRIPT LOAD]: nolock {batched:?} in 2 round trips; redis-rs pipeline: NOSCRIPT error");
+    let batched = since(before, script_commands(d).await);
+    println!(
+        "{deployment}: a miss in a batch of 10 [EVALSHA, EVAL, SCRIPT LOAD]: nolock {batched:?}; \
+         redis-rs pipeline: {}",
+        failed
+            .map(|_| "ok".to_owned())
+            .unwrap_or_else(|e| e.to_string())
+    );
     assert_eq!(batched, [10, 10, 0]);
 }
