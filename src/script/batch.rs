@@ -44,7 +44,7 @@ pub trait Operation: Send + Sync {
     /// #[derive(Debug)]
     /// enum Out {
     ///     Quota(Admission),
-    ///     Score(f64),
+    ///     Score((i64, i64)),
     /// }
     ///
     /// # async fn run(conn: &mut redis::aio::MultiplexedConnection) -> nolock::Result<()> {
@@ -54,7 +54,7 @@ pub trait Operation: Send + Sync {
     /// ));
     /// batch.push(Box::new(
     ///     MY_SCRIPTS
-    ///         .call::<f64>("leaderboard/add", &["board:{weekly}"])?
+    ///         .call::<(i64, i64)>("leaderboard/add", &["board:{weekly}"])?
     ///         .arg("alice")
     ///         .arg(10)
     ///         .map(Out::Score),

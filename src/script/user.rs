@@ -42,14 +42,13 @@ static LIB: Dir<'static> = include_dir!("$CARGO_MANIFEST_DIR/lua/lib");
 /// # Example
 ///
 /// ```no_run
-/// // lua/leaderboard/add.lua in your crate:
-/// //   -- leaderboard/add: add ARGV[2] points to member ARGV[1]; reply: the new score.
-/// //   return redis.call('ZINCRBY', KEYS[1], ARGV[2], ARGV[1])
+/// // Your crate's lua/leaderboard/add.lua (as in nolock's
+/// // examples/lua/leaderboard/add.lua) replies {score, rank}.
 /// static MY_SCRIPTS: nolock::script::ScriptDir = nolock::scripts!("$CARGO_MANIFEST_DIR/lua");
 ///
 /// # async fn run(conn: &mut redis::aio::MultiplexedConnection) -> nolock::Result<()> {
 /// nolock::Scripts::load_with(conn, &[&MY_SCRIPTS]).await?; // optional, at startup
-/// let score: f64 = MY_SCRIPTS
+/// let (score, rank): (i64, i64) = MY_SCRIPTS
 ///     .call("leaderboard/add", &["board:{weekly}"])?
 ///     .arg("alice")
 ///     .arg(10)
@@ -328,11 +327,13 @@ macro_rules! scripts {
 /// one the `static` embeds.
 ///
 /// ```no_run
-/// static MY_SCRIPTS: nolock::script::ScriptDir = nolock::scripts!("$CARGO_MANIFEST_DIR/lua");
+/// // In your crate: scripts!("$CARGO_MANIFEST_DIR/lua") and script!(MY_SCRIPTS, "lua", ...).
+/// static MY_SCRIPTS: nolock::script::ScriptDir =
+///     nolock::scripts!("$CARGO_MANIFEST_DIR/examples/lua");
 ///
 /// # async fn run(conn: &mut redis::aio::MultiplexedConnection) -> nolock::Result<()> {
-/// let add = nolock::script!(MY_SCRIPTS, "lua", "leaderboard/add")?;
-/// let score: f64 = nolock::script::Call::new(add, &["board:{weekly}"])
+/// let add = nolock::script!(MY_SCRIPTS, "examples/lua", "leaderboard/add")?;
+/// let (score, rank): (i64, i64) = nolock::script::Call::new(add, &["board:{weekly}"])
 ///     .arg("alice")
 ///     .arg(10)
 ///     .run(conn)
