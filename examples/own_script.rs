@@ -55,7 +55,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("loaded {} scripts", loaded.scripts.len());
 
     // One typed call; the name is checked at compile time.
-    let add = nolock::script!(SCRIPTS, "examples/lua", "leaderboard/add")?;
+    let add = nolock::checked_script!(SCRIPTS, "examples/lua", "leaderboard/add")?;
     let (score, rank): (i64, i64) = Call::new(add, &[&board])
         .arg("alice")
         .arg(30)

@@ -215,7 +215,7 @@ pub enum Error {
     },
 
     /// No script of that name in the [`crate::script::ScriptDir`] asked.
-    /// Nothing was sent. [`crate::script!`] makes a misspelt name a compile
+    /// Nothing was sent. [`crate::checked_script!`] makes a misspelt name a compile
     /// error instead.
     #[error("no script named {name:?} in this script directory")]
     UnknownScript {

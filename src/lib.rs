@@ -92,7 +92,9 @@
 //! * [`fence`]: leases with fencing tokens: fenced acquire, token-checked
 //!   release/extend, a self-renewing [`fence::Lease`], fenced writes.
 //! * [`script`]: the engine: the embedded registry, [`Scripts::load`], `EVALSHA`
-//!   with the `EVAL` fallback, [`Batch`], [`stats`]; cluster behaviour.
+//!   with the `EVAL` fallback, [`Batch`], [`stats`]; cluster behaviour; your
+//!   own Lua directory through the same engine ([`scripts!`],
+//!   [`script::ScriptDir`], [`script::Call`]).
 //! * [`keys`]: cluster slots and hash tags for scripts that touch several keys.
 //! * [`Error`]: bad input (before I/O), definite and indeterminate Redis failures.
 //!

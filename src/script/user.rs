@@ -97,7 +97,7 @@ impl ScriptDir {
     ///
     /// # Errors
     ///
-    /// [`Error::UnknownScript`] when there is none ([`crate::script!`] makes
+    /// [`Error::UnknownScript`] when there is none ([`crate::checked_script!`] makes
     /// that a compile error); [`Error::ScriptSource`] as for
     /// [`ScriptDir::scripts`].
     pub fn get(&'static self, name: &str) -> Result<&'static Script> {
@@ -301,9 +301,11 @@ impl<T> fmt::Debug for Call<T> {
 /// static MY_SCRIPTS: nolock::script::ScriptDir = nolock::scripts!("$CARGO_MANIFEST_DIR/lua");
 /// ```
 ///
-/// Your crate needs no `include_dir` dependency of its own. Changing a file
-/// under `dir` rebuilds the crate on the next `cargo build` only if cargo
-/// notices; `include_dir` tracks the files it embeds.
+/// Your crate needs no `include_dir` dependency of its own. An edit to an
+/// embedded file rebuilds your crate (each file is embedded with
+/// `include_bytes!`); a file added or removed is noticed only when the crate
+/// is rebuilt for another reason, unless your `build.rs` prints
+/// `cargo:rerun-if-changed=lua` (an `include_dir` limitation).
 #[macro_export]
 macro_rules! scripts {
     // `tt`, not `literal`: a `literal` fragment reaches the proc macro
@@ -332,7 +334,7 @@ macro_rules! scripts {
 ///     nolock::scripts!("$CARGO_MANIFEST_DIR/examples/lua");
 ///
 /// # async fn run(conn: &mut redis::aio::MultiplexedConnection) -> nolock::Result<()> {
-/// let add = nolock::script!(MY_SCRIPTS, "examples/lua", "leaderboard/add")?;
+/// let add = nolock::checked_script!(MY_SCRIPTS, "examples/lua", "leaderboard/add")?;
 /// let (score, rank): (i64, i64) = nolock::script::Call::new(add, &["board:{weekly}"])
 ///     .arg("alice")
 ///     .arg(10)
@@ -341,7 +343,7 @@ macro_rules! scripts {
 /// # Ok(()) }
 /// ```
 #[macro_export]
-macro_rules! script {
+macro_rules! checked_script {
     ($scripts:path, $dir:literal, $name:literal) => {{
         const _: &str = include_str!(concat!(
             env!("CARGO_MANIFEST_DIR"),
@@ -398,7 +400,8 @@ mod tests {
 
     #[test]
     fn the_checked_macro_finds_the_same_script() {
-        let by_macro = crate::script!(FIXTURES, "tests/fixtures/lua", "counter/add").unwrap();
+        let by_macro =
+            crate::checked_script!(FIXTURES, "tests/fixtures/lua", "counter/add").unwrap();
         assert!(std::ptr::eq(by_macro, FIXTURES.get("counter/add").unwrap()));
     }
 
