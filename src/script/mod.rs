@@ -89,6 +89,7 @@
 // for it (`invocation()` and `decode()`); the single-call function is then
 // `run_one(&Op::new(..)?, conn)`. See `limits::TryIncrement`.
 mod batch;
+mod call;
 #[cfg_attr(not(test), allow(dead_code))]
 mod compose;
 mod invoke;
@@ -97,9 +98,10 @@ mod reply;
 mod user;
 
 pub use batch::{Batch, BatchConnection, Map, Operation};
+pub use call::Call;
 pub use invoke::{stats, Stats};
 pub use registry::{Loaded, Script, Scripts};
-pub use user::{Call, ScriptDir};
+pub use user::ScriptDir;
 
 pub(crate) use batch::run_one;
 #[cfg(test)]

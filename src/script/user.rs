@@ -1,4 +1,5 @@
-//! Your own scripts through nolock's engine: [`ScriptDir`] and [`Call`].
+//! Your own scripts through nolock's engine: [`ScriptDir`], the registry
+//! of a directory of yours; [`Call`] (in `call.rs`) runs them.
 //!
 //! A directory of Lua files is embedded at compile time with
 //! [`crate::scripts!`] (the same `include_dir` mechanism as nolock's own
@@ -16,20 +17,17 @@
 //! A [`Call`] runs through the same code as nolock's own operations (see the
 //! [module docs](super)): cross-slot check before I/O, `EVALSHA` then one
 //! `EVAL` on `NOSCRIPT` (counted in [`crate::stats`]), the `MOVED`/`READONLY`
-//! resend, definite and indeterminate errors; it is an [`Operation`], so it
-//! goes in a [`crate::Batch`] with per-entry `NOSCRIPT` recovery.
+//! resend, definite and indeterminate errors; it is an
+//! [`Operation`](crate::Operation), so it goes in a [`crate::Batch`] with
+//! per-entry `NOSCRIPT` recovery.
 
-use std::any::type_name;
 use std::borrow::Cow;
 use std::fmt;
-use std::marker::PhantomData;
 use std::sync::OnceLock;
 
 use include_dir::{include_dir, Dir};
-use redis::aio::ConnectionLike;
-use redis::{FromRedisValue, ToRedisArgs, Value};
 
-use super::{compose, run_one, Invocation, Operation, Script};
+use super::{compose, Call, Script};
 use crate::{Error, Result};
 
 /// nolock's helpers as written (`lua/lib/`), for composing your scripts at
@@ -193,106 +191,6 @@ fn nolock_lib(path: &str) -> Option<&'static str> {
     LIB.get_file(format!("{name}.lua"))?.contents_utf8()
 }
 
-/// One call of one of your scripts, with its reply decoded into `T`
-/// (any redis-rs `FromRedisValue`: `i64`, `String`, `Vec<_>`, tuples,
-/// `redis::Value`, ...).
-///
-/// Built by [`ScriptDir::call`] (or [`Call::new`] from a [`Script`]); run
-/// alone with [`Call::run`], or many at once in a [`crate::Batch`] (it is an
-/// [`Operation`]).
-///
-/// # Errors and what they promise
-///
-/// As for nolock's own operations, with one caveat. [`Error::Redis`] is
-/// definite for nolock's scripts because each checks everything before its
-/// first write; Redis does not roll back a script that fails halfway, so a
-/// script of yours that raises an error (or calls `redis.error_reply`)
-/// after a write leaves that write in place. Follow the same rule (checks
-/// first, then writes; `lib/fail` and `lib/args` help) and the promise
-/// holds for yours too. A reply that does not decode into `T` is
-/// [`Error::ReplyType`]: the script ran, so it is not definite.
-pub struct Call<T> {
-    call: Invocation,
-    output: PhantomData<fn() -> T>,
-}
-
-impl<T> Call<T> {
-    /// A call of `script` with these keys (every key the script touches
-    /// must be one of them; on a cluster they must share a slot).
-    pub fn new(script: &'static Script, keys: &[&str]) -> Self {
-        Call {
-            call: Invocation::new(script, keys),
-            output: PhantomData,
-        }
-    }
-
-    /// Add an argument (`ARGV[n]`, in order).
-    #[must_use = "arg returns the call with the argument added"]
-    pub fn arg(mut self, arg: impl ToRedisArgs) -> Self {
-        self.call = self.call.arg(arg);
-        self
-    }
-
-    /// The script this call runs.
-    pub fn script(&self) -> &'static Script {
-        self.call.script()
-    }
-}
-
-impl<T: FromRedisValue + Send> Call<T> {
-    /// Run the script: one round trip (`EVALSHA`, or `EVALSHA_RO` for a
-    /// read-only script), two when the server has lost it (`EVAL` once).
-    ///
-    /// # Errors
-    ///
-    /// [`Error::CrossSlot`] when the keys span cluster slots (nothing is
-    /// sent); [`Error::Redis`] when the server refused the call or the
-    /// script raised an error (see the type docs for what that promises);
-    /// [`Error::Indeterminate`] when the reply was lost;
-    /// [`Error::ReplyType`] when the reply does not decode into `T` (the
-    /// script ran).
-    pub async fn run<C>(&self, conn: &mut C) -> Result<T>
-    where
-        C: ConnectionLike + Send,
-    {
-        run_one(self, conn).await
-    }
-}
-
-impl<T: FromRedisValue + Send> Operation for Call<T> {
-    type Output = T;
-
-    fn invocation(&self) -> &Invocation {
-        &self.call
-    }
-
-    fn decode(&self, reply: Value) -> Result<T> {
-        T::from_redis_value(reply).map_err(|err| Error::ReplyType {
-            script: self.script().name(),
-            target: type_name::<T>(),
-            detail: err.to_string(),
-        })
-    }
-}
-
-impl<T> Clone for Call<T> {
-    fn clone(&self) -> Self {
-        Call {
-            call: self.call.clone(),
-            output: PhantomData,
-        }
-    }
-}
-
-impl<T> fmt::Debug for Call<T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Call")
-            .field("script", &self.script().name())
-            .field("output", &type_name::<T>())
-            .finish_non_exhaustive()
-    }
-}
-
 /// A [`ScriptDir`] of the Lua files under `dir`, embedded at compile time
 /// (the `include_dir` syntax: `"$CARGO_MANIFEST_DIR/lua"`). Use it to
 /// initialize a `static`.
@@ -422,38 +320,5 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(matches!(BAD.get("x/bad"), Err(Error::ScriptSource { .. })));
-    }
-
-    #[test]
-    fn a_call_builds_the_engine_command_and_decodes_into_the_type_asked() {
-        let call = FIXTURES
-            .call::<(i64, String)>("counter/add", &["{t}:c"])
-            .unwrap()
-            .arg(5);
-        let words = super::super::words(call.invocation().command());
-        assert_eq!(words[0], "EVALSHA");
-        assert_eq!(words[2..], ["1", "{t}:c", "5"]);
-        let ok = call.decode(Value::Array(vec![
-            Value::Int(5),
-            Value::BulkString(b"x".to_vec()),
-        ]));
-        assert_eq!(ok.unwrap(), (5, "x".to_owned()));
-        let err = call.decode(Value::Int(5)).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                Error::ReplyType {
-                    script: "counter/add",
-                    ..
-                }
-            ),
-            "{err}"
-        );
-        assert!(!err.is_definite());
-        let read = FIXTURES.call::<i64>("counter/read", &["k"]).unwrap();
-        assert_eq!(
-            super::super::words(read.invocation().command())[0],
-            "EVALSHA_RO"
-        );
     }
 }
