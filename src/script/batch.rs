@@ -160,7 +160,10 @@ impl BatchConnection for ClusterConnection {
 }
 
 /// Many operations of one kind, sent in one pipeline per server, with one
-/// typed result per operation, in order.
+/// typed result per operation, in order. Operations of several kinds (yours
+/// among them, [`crate::script::Call`]) share a batch as
+/// `Batch<Box<dyn Operation<Output = T>>>`, each mapped into `T` with
+/// [`Operation::map`].
 ///
 /// On a single server, [`Batch::run`] costs one round trip for the whole
 /// batch. On a cluster it asks a node for the slot map (one round trip),
