@@ -7,8 +7,8 @@
 //! without `.lua`, `#!lua flags=no-writes` on its first line makes it
 //! read-only (run with `EVALSHA_RO`, which replicas serve), and
 //! `--@include lib/<name>` after its header splices in a helper, either one
-//! of nolock's (`lib/fail`, `lib/args`, `lib/stored`, `lib/div`, `lib/time`)
-//! or one of yours under `<dir>/lib/` (yours first). Files under `lib/` are
+//! of nolock's `lua/lib/` (`lib/fail`, `lib/args`, `lib/stored`,
+//! `lib/time`, ...) or one of yours under `<dir>/lib/` (yours first). Files under `lib/` are
 //! helpers, not scripts.
 //!
 //! Composition runs once, on first use of the directory, and the SHA1 is
