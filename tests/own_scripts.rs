@@ -27,7 +27,7 @@ both!(
         user_and_nolock_operations_share_one_batch,
     ],
     exclusive: [
-        a_single_call_through_a_flush_costs_one_eval,
+        a_single_call_through_a_flush_costs_one_fallback,
         a_batch_through_a_flush_costs_one_eval_per_entry,
         load_with_caches_user_scripts_on_every_node,
         a_miss_costs_two_round_trips_against_three_for_redis_rs_script,
@@ -39,32 +39,42 @@ fn add(key: &str, n: i64) -> Call<i64> {
 }
 
 /// Flush every node, then call `counter/add` twice: the first call costs
-/// exactly one `EVAL` (and is counted as a fallback), the second is back on
-/// `EVALSHA`. Each call runs once.
-async fn a_single_call_through_a_flush_costs_one_eval(d: &Deployment) {
+/// exactly one fallback command on the key's owner (today one `EVAL`; a
+/// `SCRIPT LOAD` once the fallback loads the script instead, issue 17) and
+/// is counted in `stats()`; the second is back on a single `EVALSHA`. Each
+/// call runs once.
+async fn a_single_call_through_a_flush_costs_one_fallback(d: &Deployment) {
     let mut conn = d.conn().await;
     let key = format!("{}c", prefix("single_flush"));
     let mut owner = d.owner(&key).await;
     d.flush_scripts_everywhere().await;
 
-    let (evals, evalshas) = (
-        command_calls(&mut owner, "eval").await,
-        command_calls(&mut owner, "evalsha").await,
-    );
+    let fallback_commands = |owner: &mut MultiplexedConnection| {
+        let mut owner = owner.clone();
+        async move {
+            command_calls(&mut owner, "eval").await + command_calls(&mut owner, "script|load").await
+        }
+    };
     let fallbacks = nolock::stats().noscript_fallbacks;
+    let before = fallback_commands(&mut owner).await;
     assert_eq!(add(&key, 5).run(&mut conn).await.unwrap(), 5);
-    assert_eq!(command_calls(&mut owner, "eval").await - evals, 1);
-    assert_eq!(command_calls(&mut owner, "evalsha").await - evalshas, 1);
+    let after_miss = fallback_commands(&mut owner).await;
+    assert_eq!(
+        after_miss - before,
+        1,
+        "one EVAL (or SCRIPT LOAD) for the miss"
+    );
     // Process-wide: other tests of this binary may add their own.
     assert!(nolock::stats().noscript_fallbacks > fallbacks);
 
+    let evalshas = command_calls(&mut owner, "evalsha").await;
     assert_eq!(add(&key, 2).run(&mut conn).await.unwrap(), 7);
     assert_eq!(
-        command_calls(&mut owner, "eval").await - evals,
-        1,
-        "no new EVAL"
+        fallback_commands(&mut owner).await,
+        after_miss,
+        "no new fallback"
     );
-    assert_eq!(command_calls(&mut owner, "evalsha").await - evalshas, 2);
+    assert_eq!(command_calls(&mut owner, "evalsha").await - evalshas, 1);
     assert_eq!(
         d.get(&key).await.as_deref(),
         Some("7"),
@@ -100,10 +110,12 @@ async fn load_with_caches_user_scripts_on_every_node(d: &Deployment) {
     }
     let p = prefix("loaded");
     let evals = d.calls_on_primaries("eval").await;
+    let loads = d.calls_on_primaries("script|load").await;
     for i in 0..12 {
         assert_eq!(add(&format!("{p}{i}"), 3).run(&mut conn).await.unwrap(), 3);
     }
     assert_eq!(d.calls_on_primaries("eval").await, evals, "no fallback");
+    assert_eq!(d.calls_on_primaries("script|load").await, loads);
 }
 
 /// `counter/checked_add` includes `lib/args` and `lib/fail` (nolock's) and
@@ -319,26 +331,59 @@ fn since(before: [u64; 3], after: [u64; 3]) -> [u64; 3] {
     [0, 1, 2].map(|i| after[i] - before[i])
 }
 
-/// The cost of a script cache miss, counted by the servers: nolock sends
-/// `EVALSHA` then `EVAL` (2 round trips); redis-rs's `Script::invoke_async`
-/// sends `EVALSHA`, `SCRIPT LOAD` (to every node of a cluster) and
-/// `EVALSHA` again (3 round trips). In a pipeline, redis-rs's
+/// A connection that counts its round trips: one per command or pipeline
+/// handed to the connection underneath.
+struct Counted<C> {
+    inner: C,
+    round_trips: usize,
+}
+
+impl<C: ConnectionLike + Send> ConnectionLike for Counted<C> {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        self.round_trips += 1;
+        self.inner.req_packed_command(cmd)
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipe: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        self.round_trips += 1;
+        self.inner.req_packed_commands(pipe, offset, count)
+    }
+
+    fn get_db(&self) -> i64 {
+        self.inner.get_db()
+    }
+}
+
+/// The cost of a script cache miss: round trips counted by the client
+/// connection, commands by the servers (`INFO commandstats`, every node).
+/// nolock: `EVALSHA`, then one fallback round trip (today `EVAL`; issue 17
+/// makes it a pipelined `SCRIPT LOAD` + `EVALSHA`). redis-rs's
+/// `Script::invoke_async`: `EVALSHA`, `SCRIPT LOAD` (to every node of a
+/// cluster), `EVALSHA` again: 3 round trips. In a pipeline, redis-rs's
 /// `invoke_script` fails with `NOSCRIPT` after a flush; a nolock `Batch`
-/// recovers in one more round trip per node. Printed for the README
-/// (`--nocapture`).
+/// recovers each entry. Printed for the README (`--nocapture`).
 async fn a_miss_costs_two_round_trips_against_three_for_redis_rs_script(d: &Deployment) {
-    let mut conn = d.conn().await;
     let p = prefix("versus");
     let theirs = redis::Script::new(FIXTURES.get("counter/add").unwrap().source());
     let deployment = if d.is_cluster() { "cluster" } else { "single" };
 
     d.flush_scripts_everywhere().await;
     let before = script_commands(d).await;
+    let mut conn = Counted {
+        inner: d.conn().await,
+        round_trips: 0,
+    };
     assert_eq!(add(&format!("{p}a"), 1).run(&mut conn).await.unwrap(), 1);
-    let ours = since(before, script_commands(d).await);
+    let (ours, our_trips) = (since(before, script_commands(d).await), conn.round_trips);
 
     d.flush_scripts_everywhere().await;
     let before = script_commands(d).await;
+    conn.round_trips = 0;
     let value: i64 = theirs
         .key(format!("{p}b"))
         .arg(1)
@@ -346,17 +391,29 @@ async fn a_miss_costs_two_round_trips_against_three_for_redis_rs_script(d: &Depl
         .await
         .unwrap();
     assert_eq!(value, 1);
-    let redis_rs = since(before, script_commands(d).await);
+    let (redis_rs, their_trips) = (since(before, script_commands(d).await), conn.round_trips);
 
     println!(
         "{deployment}: a miss on one call [EVALSHA, EVAL, SCRIPT LOAD]: \
-         nolock {ours:?}, redis-rs Script {redis_rs:?}"
+         nolock {ours:?} in {our_trips} round trips, \
+         redis-rs Script {redis_rs:?} in {their_trips} round trips"
     );
-    assert_eq!(ours, [1, 1, 0], "nolock: 2 commands, 2 round trips");
+    assert_eq!(our_trips, 2, "nolock: 2 round trips");
+    assert_eq!(
+        ours[1] + ours[2],
+        1,
+        "nolock: one fallback command, on one node"
+    );
+    assert_eq!(their_trips, 3, "redis-rs: 3 round trips");
     let loads = if d.is_cluster() { 6 } else { 1 };
-    assert_eq!(redis_rs, [2, 0, loads], "redis-rs: 3 round trips");
+    assert_eq!(
+        redis_rs,
+        [2, 0, loads],
+        "redis-rs: SCRIPT LOAD on every node"
+    );
 
     // Pipelines: 10 calls after a flush.
+    let mut conn = conn.inner;
     d.flush_scripts_everywhere().await;
     let mut pipe = redis::pipe();
     for i in 0..10 {
@@ -379,7 +436,9 @@ async fn a_miss_costs_two_round_trips_against_three_for_redis_rs_script(d: &Depl
          redis-rs pipeline: {}",
         failed
             .map(|_| "ok".to_owned())
-            .unwrap_or_else(|e| e.to_string())
+            .unwrap_or_else(|e| format!("{:?}", e.kind()))
     );
-    assert_eq!(batched, [10, 10, 0]);
+    assert!(batched[0] >= 10, "every entry sent");
+    // Today 10 EVALs (one per entry); with issue 17, one SCRIPT LOAD per node.
+    assert!((1..=10).contains(&(batched[1] + batched[2])), "{batched:?}");
 }

@@ -156,11 +156,33 @@ mod tests {
         );
     }
 
-    /// A connection that answers from a script of replies and records the
-    /// name of each command it was asked to send.
+    /// A connection that answers script calls from a list of replies
+    /// (`SCRIPT LOAD` with the SHA1 it was given), alone or pipelined, and
+    /// records the name of each command it was asked to send.
     struct Scripted {
         replies: Vec<redis::RedisResult<Value>>,
         sent: Vec<String>,
+    }
+
+    impl Scripted {
+        fn new(replies: Vec<redis::RedisResult<Value>>) -> Self {
+            Scripted {
+                replies,
+                sent: vec![],
+            }
+        }
+
+        fn answer(&mut self, cmd: &redis::Cmd) -> redis::RedisResult<Value> {
+            let words = super::super::words(cmd);
+            self.sent.push(words[0].clone());
+            if words[0] == "SCRIPT" {
+                Ok(Value::BulkString(
+                    FIXTURES.get("counter/add").unwrap().sha1().into(),
+                ))
+            } else {
+                self.replies.remove(0)
+            }
+        }
     }
 
     impl ConnectionLike for Scripted {
@@ -168,18 +190,28 @@ mod tests {
             &'a mut self,
             cmd: &'a redis::Cmd,
         ) -> redis::RedisFuture<'a, Value> {
-            self.sent.push(super::super::words(cmd).remove(0));
-            let reply = self.replies.remove(0);
+            let reply = self.answer(cmd);
             Box::pin(async move { reply })
         }
 
         fn req_packed_commands<'a>(
             &'a mut self,
-            _: &'a redis::Pipeline,
-            _: usize,
-            _: usize,
+            pipe: &'a redis::Pipeline,
+            offset: usize,
+            count: usize,
         ) -> redis::RedisFuture<'a, Vec<Value>> {
-            unreachable!("single calls only")
+            let replies: Vec<Value> = pipe
+                .cmd_iter()
+                .map(|cmd| match self.answer(cmd) {
+                    Ok(value) => value,
+                    Err(err) => Value::ServerError(
+                        redis::ServerError::try_from(err).expect("a server error"),
+                    ),
+                })
+                .skip(offset)
+                .take(count)
+                .collect();
+            Box::pin(async move { Ok(replies) })
         }
 
         fn get_db(&self) -> i64 {
@@ -194,52 +226,52 @@ mod tests {
         )))
     }
 
+    /// The fallback after one `NOSCRIPT`: `EVAL` today, a pipelined
+    /// `SCRIPT LOAD` + `EVALSHA` once issue 17 lands; either way one more
+    /// round trip in which the script runs once.
+    fn is_one_fallback(sent: &[String], evalsha: &str, eval: &str) -> bool {
+        sent == [evalsha, eval] || sent == [evalsha, "SCRIPT", evalsha]
+    }
+
     /// What the engine promises nolock's calls, a user call gets: one
-    /// `EVAL` after `NOSCRIPT`, a resend after `MOVED`/`READONLY`, nothing
+    /// fallback after `NOSCRIPT`, a resend after `MOVED`/`READONLY`, nothing
     /// sent twice after a lost reply.
     #[tokio::test]
     async fn a_call_has_the_engine_fallback_resends_and_error_classes() {
         use redis::ServerErrorKind::{Moved, NoScript, ReadOnly};
         let add = || FIXTURES.call::<i64>("counter/add", &["k"]).unwrap().arg(1);
 
-        let mut conn = Scripted {
-            replies: vec![server(NoScript), Ok(Value::Int(1))],
-            sent: vec![],
-        };
+        let mut conn = Scripted::new(vec![server(NoScript), Ok(Value::Int(1))]);
         assert_eq!(add().run(&mut conn).await.unwrap(), 1);
-        assert_eq!(conn.sent, ["EVALSHA", "EVAL"]);
+        assert!(
+            is_one_fallback(&conn.sent, "EVALSHA", "EVAL"),
+            "{:?}",
+            conn.sent
+        );
 
-        let mut conn = Scripted {
-            replies: vec![server(Moved), server(ReadOnly), Ok(Value::Int(2))],
-            sent: vec![],
-        };
+        let mut conn = Scripted::new(vec![server(Moved), server(ReadOnly), Ok(Value::Int(2))]);
         let redirects = crate::stats().redirects;
         assert_eq!(add().run(&mut conn).await.unwrap(), 2);
         assert_eq!(conn.sent, ["EVALSHA"; 3]);
         assert!(crate::stats().redirects >= redirects + 2);
 
         let lost = redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut));
-        let mut conn = Scripted {
-            replies: vec![Err(lost)],
-            sent: vec![],
-        };
+        let mut conn = Scripted::new(vec![Err(lost)]);
         let err = add().run(&mut conn).await.unwrap_err();
         assert!(matches!(err, Error::Indeterminate(_)) && !err.is_definite());
         assert_eq!(conn.sent, ["EVALSHA"], "never replayed");
 
-        let mut conn = Scripted {
-            replies: vec![server(redis::ServerErrorKind::ResponseError)],
-            sent: vec![],
-        };
+        let mut conn = Scripted::new(vec![server(redis::ServerErrorKind::ResponseError)]);
         let err = add().run(&mut conn).await.unwrap_err();
         assert!(matches!(err, Error::Redis(_)) && err.is_definite());
 
         let read = FIXTURES.call::<i64>("counter/read", &["k"]).unwrap();
-        let mut conn = Scripted {
-            replies: vec![server(NoScript), Ok(Value::Int(3))],
-            sent: vec![],
-        };
+        let mut conn = Scripted::new(vec![server(NoScript), Ok(Value::Int(3))]);
         assert_eq!(read.run(&mut conn).await.unwrap(), 3);
-        assert_eq!(conn.sent, ["EVALSHA_RO", "EVAL_RO"]);
+        assert!(
+            is_one_fallback(&conn.sent, "EVALSHA_RO", "EVAL_RO"),
+            "{:?}",
+            conn.sent
+        );
     }
 }
