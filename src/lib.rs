@@ -92,10 +92,10 @@
 //! * [`fence`]: leases with fencing tokens: fenced acquire, token-checked
 //!   release/extend, a self-renewing [`fence::Lease`], fenced writes.
 //! * [`script`]: the engine: the embedded registry, [`Scripts::load`], `EVALSHA`
-//!   with the `EVAL` fallback, [`Batch`], [`stats`]; cluster behaviour; your
-//!   own Lua directory through the same engine ([`scripts!`],
-//!   [`script::ScriptDir`], [`script::Call`]).
+//!   with the `EVAL` fallback, [`Batch`], [`stats`]; cluster behaviour.
 //! * [`keys`]: cluster slots and hash tags for scripts that touch several keys.
+//! * Your own Lua directory through the same engine: [`scripts!`],
+//!   [`script::ScriptDir`], [`script::Call`].
 //! * [`Error`]: bad input (before I/O), definite and indeterminate Redis failures.
 //!
 //! Requires Redis 7.0 or later (read-only scripts declare `#!lua flags=no-writes`).
