@@ -215,8 +215,8 @@ pub enum Error {
     },
 
     /// No script of that name in the [`crate::script::ScriptDir`] asked.
-    /// Nothing was sent. [`crate::checked_script!`] makes a misspelt name a compile
-    /// error instead.
+    /// Nothing was sent. [`crate::checked_script!`] makes a misspelt name a
+    /// compile error instead.
     #[error("no script named {name:?} in this script directory")]
     UnknownScript {
         /// The name asked for (a path under the directory, without `.lua`).
@@ -281,12 +281,12 @@ impl Error {
     /// [`Error::UnexpectedReply`], [`Error::ReplyType`] (the script ran) and
     /// [`Error::LeaseLost`] (the cancelled work may have been partly done).
     pub fn is_definite(&self) -> bool {
+        if let Error::ReplyType { .. } = self {
+            return false; // the script ran; only its reply did not fit
+        }
         !matches!(
             self,
-            Error::Indeterminate(_)
-                | Error::UnexpectedReply { .. }
-                | Error::ReplyType { .. }
-                | Error::LeaseLost { .. }
+            Error::Indeterminate(_) | Error::UnexpectedReply { .. } | Error::LeaseLost { .. }
         )
     }
 

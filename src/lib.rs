@@ -40,6 +40,13 @@
 //! one typed `Result` per operation, in order, recovering `NOSCRIPT` entry by
 //! entry.
 //!
+//! # Your own scripts
+//!
+//! A directory of your own Lua scripts, embedded with [`scripts!`], runs
+//! through the same engine: [`script::ScriptDir`] names them,
+//! [`script::Call`] calls one with its reply decoded into your type, alone
+//! or in a [`Batch`], and [`Scripts::load_with`] loads them at startup.
+//!
 //! # Redis Cluster
 //!
 //! Operations work unchanged on a redis-rs cluster connection: each script's
@@ -94,8 +101,6 @@
 //! * [`script`]: the engine: the embedded registry, [`Scripts::load`], `EVALSHA`
 //!   with the `EVAL` fallback, [`Batch`], [`stats`]; cluster behaviour.
 //! * [`keys`]: cluster slots and hash tags for scripts that touch several keys.
-//! * Your own Lua directory through the same engine: [`scripts!`],
-//!   [`script::ScriptDir`], [`script::Call`].
 //! * [`Error`]: bad input (before I/O), definite and indeterminate Redis failures.
 //!
 //! Requires Redis 7.0 or later (read-only scripts declare `#!lua flags=no-writes`).
@@ -114,6 +119,11 @@
 
 pub mod cas;
 mod error;
+/// What the exported macros expand to; not part of the API.
+#[doc(hidden)]
+pub mod __private {
+    pub use include_dir;
+}
 pub mod fence;
 pub mod keys;
 pub mod limits;
@@ -124,9 +134,3 @@ mod validate;
 pub use error::{Error, Result};
 pub use script::{stats, Batch, BatchConnection, Operation, Script, Scripts, Stats};
 pub use validate::{MAX_INTEGER, MAX_TTL, MAX_VALUE_LEN};
-
-/// What the exported macros expand to; not part of the API.
-#[doc(hidden)]
-pub mod __private {
-    pub use include_dir;
-}
