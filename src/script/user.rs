@@ -321,4 +321,21 @@ mod tests {
         }
         assert!(matches!(BAD.get("x/bad"), Err(Error::ScriptSource { .. })));
     }
+
+    #[tokio::test]
+    async fn loading_a_bad_directory_sends_nothing() {
+        static BAD: ScriptDir = ScriptDir::from_dir(Dir::new(
+            "",
+            &[include_dir::DirEntry::File(include_dir::File::new(
+                "bad.name.lua",
+                b"return 1\n",
+            ))],
+        ));
+        let mut conn = crate::script::invoke::tests::NoIo::default();
+        let err = crate::Scripts::load_with(&mut conn, &[&FIXTURES, &BAD])
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::ScriptSource { .. }), "{err}");
+        assert_eq!(conn.sent, 0);
+    }
 }
