@@ -15,13 +15,14 @@
 //! ```text
 //! ACL SETUSER app-limits on >secret resetkeys ~app:* ~{app:* resetchannels -@all
 //!     +evalsha +evalsha_ro +eval +eval_ro +script|load +del +get +set +incr
-//!     +incrby +decrby +hget +hmget +hset +hincrby +exists +pexpire +pexpireat
+//!     +incrby +decrby +hget +hmget +hgetall +hset +hincrby +exists +pexpire +pexpireat
 //!     +pexpiretime +pttl +time
 //! ```
 //!
 //! On a cluster, add [`CLUSTER_COMMANDS`] (`Batch::run` reads the slot
 //! map). [`OPTIONAL_COMMANDS`] are used when granted and worked around
-//! when not.
+//! when not. Your own scripts run through the engine need the commands they
+//! call, on top of these.
 //!
 //! ```
 //! let rule = format!("on >secret resetkeys ~app:* ~{{app:* -@all {}", nolock::acl::COMMANDS);
@@ -36,11 +37,11 @@
 /// * `script|load`: [`Scripts::load`](crate::Scripts::load).
 /// * `del`: `rate::Limiter::reset` and `MultiLimiter::reset`.
 /// * The rest are called by the scripts: strings and counters (`get`, `set`,
-///   `incr`, `incrby`, `decrby`), hashes (`hget`, `hmget`, `hset`,
-///   `hincrby`), expiry (`pexpire`, `pexpireat`, `pexpiretime`, `pttl`),
+///   `incr`, `incrby`, `decrby`), hashes (`hget`, `hmget`, `hgetall`,
+///   `hset`, `hincrby`), expiry (`pexpire`, `pexpireat`, `pexpiretime`, `pttl`),
 ///   `exists`, and `time` (the server clock every rate decision reads).
 pub const COMMANDS: &str = "+evalsha +evalsha_ro +eval +eval_ro +script|load +del \
-+get +set +incr +incrby +decrby +hget +hmget +hset +hincrby +exists +pexpire +pexpireat \
++get +set +incr +incrby +decrby +hget +hmget +hgetall +hset +hincrby +exists +pexpire +pexpireat \
 +pexpiretime +pttl +time";
 
 /// What a cluster needs on top of [`COMMANDS`]: `cluster|slots`, read by

@@ -79,9 +79,11 @@ async fn every_module_runs_with_only_the_documented_permissions() {
     for algorithm in Algorithm::ALL {
         let l = Limiter::new(algorithm, Quota::per_minute(5).unwrap()).unwrap();
         let key = format!("acl:r:{algorithm}");
-        assert!(l.check(c, &key, 2).await.unwrap().allowed, "{algorithm}");
+        let mut charge = l.check(c, &key, 2).await.unwrap();
+        assert!(charge.allowed, "{algorithm}");
         assert!(l.peek(c, &key, 1).await.unwrap().allowed);
-        l.refund(c, &key, 1).await.unwrap();
+        let refund = l.refund(c, &key, &mut charge, 1).await.unwrap();
+        assert_eq!(refund.credited, 1, "{algorithm}");
         l.reset(c, &key).await.unwrap();
         let mut b = Batch::new();
         b.push(Check::new(&l, &key, 1).unwrap());

@@ -87,6 +87,9 @@ impl Local {
                 retry_after,
                 reset_after: ms_up(tat - now),
                 at,
+                // Nothing was taken in Redis: a refund of a local decision
+                // must not give Redis units back.
+                charged: 0,
             });
         }
         (admitted, out)

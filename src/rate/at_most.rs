@@ -119,6 +119,8 @@ fn decode(script: &'static str, value: redis::Value, limit: u64, max: u64) -> Re
             retry_after,
             reset_after: Duration::from_millis(reset),
             at,
+            // A refund of a grant gives back at most what was granted.
+            charged: granted,
         },
     })
 }

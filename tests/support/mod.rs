@@ -54,7 +54,7 @@ pub fn redis() -> TestRedis {
 /// Commands the tests send themselves to set up and inspect state; the
 /// library never sends them (`nolock::acl`'s unit test checks every command
 /// its scripts call against `acl::COMMANDS`).
-pub const TEST_INSPECTION: &str = "+keys +rpush +lrange +hgetall +hkeys +dump +info";
+pub const TEST_INSPECTION: &str = "+keys +rpush +lrange +hkeys +dump +info";
 
 /// With `NOLOCK_ACL` set, [`redis`] gives a new server and the URL of a
 /// user that has only `nolock::acl::COMMANDS` (plus [`TEST_INSPECTION`]) on

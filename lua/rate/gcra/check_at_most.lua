@@ -37,8 +37,8 @@
 --@include lib/fail
 --@include lib/args
 --@include lib/div
---@include lib/stored
 --@include lib/time
+--@include lib/gcra
 
 local MAX = 9007199254740991      -- 2^53 - 1: Lua numbers are doubles
 local MAX_FILL = 2251799813685248 -- 2^51 microseconds, about 71 years
@@ -54,13 +54,8 @@ if not step or not burst or burst * step > MAX_FILL then
 end
 
 local now = now_us()
-local tat = now
-local stored = redis.call('GET', KEYS[1])
-if stored then
-  local v = stored_int(stored, 0, MAX)
-  if not v then return fail('key does not hold a GCRA state') end
-  if v > now then tat = v end
-end
+local tat = gcra_tat(KEYS[1], now)
+if not tat then return fail('key ' .. KEYS[1] .. ' does not hold a GCRA state') end
 
 local room = burst * step - (tat - now)
 local available = 0

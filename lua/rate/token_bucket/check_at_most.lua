@@ -4,7 +4,7 @@
 -- min(max, tokens) now and charge exactly those; the decisions are those of
 -- rate/gcra/check_at_most for the same T and burst = capacity.
 --
--- KEYS[1]   the bucket: a hash {tokens, at} exactly as
+-- KEYS[1]   the bucket: a hash of exactly {tokens, at} as
 --           rate/token_bucket/check writes it (tokens: integer in
 --           [0, capacity]; at: integer microseconds since the Unix epoch,
 --           server clock, up to which refill is credited). Missing means
@@ -34,8 +34,8 @@
 --@include lib/fail
 --@include lib/args
 --@include lib/div
---@include lib/stored
 --@include lib/time
+--@include lib/bucket
 
 local MAX = 9007199254740991
 local MAX_FILL = 2251799813685248
@@ -51,20 +51,8 @@ if not step or not cap or cap * step > MAX_FILL then
 end
 
 local now = now_us()
-local k, a = cap, now
-local state = redis.call('HMGET', KEYS[1], 'tokens', 'at')
-if not (state[1] or state[2]) and redis.call('EXISTS', KEYS[1]) == 1 then
-  return fail('key does not hold a token bucket')
-end
-if state[1] or state[2] then
-  k, a = stored_int(state[1], 0, MAX), stored_int(state[2], 0, MAX)
-  if not k or not a then return fail('key does not hold a token bucket') end
-  if now > a then
-    local add = floor_div(now - a, step)
-    if k + add >= cap then k, a = cap, now else k, a = k + add, a + add * step end
-  end
-  if k > cap then k = cap end -- the capacity was lowered
-end
+local k, a = bucket_read(KEYS[1], now, step, cap)
+if not k then return fail('key ' .. KEYS[1] .. ' does not hold a token bucket') end
 
 local granted = math.min(max, k)
 if granted > 0 then
