@@ -116,6 +116,7 @@ pub mod fence;
 pub mod keys;
 pub mod limits;
 pub mod rate;
+mod renew;
 pub mod script;
 mod validate;
 
