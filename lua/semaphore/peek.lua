@@ -10,8 +10,8 @@
 --
 -- Read-only (flags=no-writes): runs with EVALSHA_RO, replicas accept it;
 -- expired members are counted out, not removed. Every unexpired member and
--- score is checked (this is O(permits held)): anything not in nolock's form
--- is a definite error.
+-- score is checked (this is O(permits held)), and the lowest and highest
+-- members: anything not in nolock's form is a definite error.
 --
 -- Example: 3 unexpired members "a:1", "a:2", "b:1", earliest in 250 ms:
 --   {3, 2, 250}.
@@ -32,17 +32,26 @@ if kind == 'none' then return {0, 0, -1} end
 if kind ~= 'zset' then
   return fail(key .. ' holds a ' .. kind .. ', not a semaphore')
 end
+local function member_ok(m, score)
+  local hex, n = string.match(m, '^([0-9a-f]+):([1-9]%d*)$')
+  return hex ~= nil and #hex == 32 and #n <= 5 and tonumber(n) <= 10000
+    and canonical(score, 1, 9007199254740991) ~= nil
+end
+for _, rank in ipairs({0, -1}) do
+  local pair = redis.call('ZRANGE', key, rank, rank, 'WITHSCORES')
+  if not member_ok(pair[1], pair[2]) then
+    return fail(key .. ' holds a sorted set that is not a semaphore')
+  end
+end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local live = redis.call('ZRANGEBYSCORE', key, '(' .. now, '+inf', 'WITHSCORES')
 local holders = 0
 for i = 1, #live, 2 do
-  local hex, n = string.match(live[i], '^([0-9a-f]+):([1-9]%d*)$')
-  if hex == nil or #hex ~= 32 or #n > 5 or tonumber(n) > 10000
-     or not canonical(live[i + 1], 1, 9007199254740991) then
+  if not member_ok(live[i], live[i + 1]) then
     return fail(key .. ' holds a sorted set that is not a semaphore')
   end
-  if n == '1' then holders = holders + 1 end
+  if live[i]:sub(-2) == ':1' then holders = holders + 1 end
 end
 local next_expiry = -1
 if live[2] then next_expiry = tonumber(live[2]) - now end
