@@ -29,43 +29,35 @@
 --   {1, 1} and ZSCORE key "<id>:1" = T+1000; two more other ids: {1, 2},
 --   then {0, <ms until T+1000>, 2}.
 
-local function fail(msg)
-  return redis.error_reply('ERR nolock semaphore/acquire: ' .. msg)
-end
-local function canonical(raw, min, max)
-  if type(raw) ~= 'string' or not raw:match('^%-?[1-9]%d*$') and raw ~= '0' then return nil end
-  local n = tonumber(raw)
-  if n == nil or n < min or n > max or #raw > 17 then return nil end
-  return n
-end
+--@include lib/fail
+--@include lib/stored
+--@include lib/time
+--@include lib/permits
+
 local MAX_EXPIRY = 9007199254740991
 
 local key = KEYS[1]
 local id = ARGV[1]
-if type(id) ~= 'string' or #id ~= 32 or not id:match('^[0-9a-f]+$') then
+if not permit_id(id) then
   return fail('bad permit id')
 end
-local permits = canonical(ARGV[2], 1, 10000)
+local permits = stored_int(ARGV[2], 1, 10000)
 if not permits then return fail('bad permits: ' .. tostring(ARGV[2])) end
-local weight = canonical(ARGV[3], 1, permits)
+local weight = stored_int(ARGV[3], 1, permits)
 if not weight then return fail('bad weight: ' .. tostring(ARGV[3])) end
-local ttl = canonical(ARGV[4], 1, 4503599627370496)
+local ttl = stored_int(ARGV[4], 1, 4503599627370496)
 if not ttl then return fail('bad ttl: ' .. tostring(ARGV[4])) end
 
 local kind = redis.call('TYPE', key).ok
 if kind ~= 'zset' and kind ~= 'none' then
   return fail(key .. ' holds a ' .. kind .. ', not a semaphore')
 end
-local function member_ok(m)
-  local hex, i = string.match(m, '^([0-9a-f]+):([1-9]%d*)$')
-  return hex ~= nil and #hex == 32 and #i <= 5 and tonumber(i) <= 10000
-end
 -- Lowest and highest members: every score lies between their two scores.
 local function check_rank(rank)
   local pair = redis.call('ZRANGE', key, rank, rank, 'WITHSCORES')
   if pair[1] == nil then return true, nil end
-  local score = canonical(pair[2], 1, MAX_EXPIRY)
-  if not member_ok(pair[1]) or not score then return false, nil end
+  local score = stored_int(pair[2], 1, MAX_EXPIRY)
+  if not permit_member(pair[1]) or not score then return false, nil end
   return true, score
 end
 local ok, lowest = check_rank(0)
@@ -74,13 +66,12 @@ if not ok or not ok2 then
   return fail(key .. ' holds a sorted set that is not a semaphore')
 end
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = math.floor(now_us() / 1000)
 local expiry = now + ttl
 
 local expired = redis.call('ZRANGEBYSCORE', key, '-inf', now)
 for _, m in ipairs(expired) do
-  if not member_ok(m) then
+  if not permit_member(m) then
     return fail(key .. ' holds a sorted set that is not a semaphore')
   end
 end

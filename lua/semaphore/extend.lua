@@ -22,24 +22,19 @@
 --
 -- Example: id "ab.." with 100 ms left: extend 1000 gives {1}, ZSCORE = now+1000.
 
-local function fail(msg)
-  return redis.error_reply('ERR nolock semaphore/extend: ' .. msg)
-end
-local function canonical(raw, min, max)
-  if type(raw) ~= 'string' or not raw:match('^%-?[1-9]%d*$') and raw ~= '0' then return nil end
-  local n = tonumber(raw)
-  if n == nil or n < min or n > max or #raw > 17 then return nil end
-  return n
-end
+--@include lib/fail
+--@include lib/stored
+--@include lib/time
+--@include lib/permits
 
 local key = KEYS[1]
 local id = ARGV[1]
-if type(id) ~= 'string' or #id ~= 32 or not id:match('^[0-9a-f]+$') then
+if not permit_id(id) then
   return fail('bad permit id')
 end
-local weight = canonical(ARGV[2], 1, 10000)
+local weight = stored_int(ARGV[2], 1, 10000)
 if not weight then return fail('bad weight: ' .. tostring(ARGV[2])) end
-local ttl = canonical(ARGV[3], 1, 4503599627370496)
+local ttl = stored_int(ARGV[3], 1, 4503599627370496)
 if not ttl then return fail('bad ttl: ' .. tostring(ARGV[3])) end
 
 local kind = redis.call('TYPE', key).ok
@@ -47,21 +42,16 @@ if kind == 'none' then return {0} end
 if kind ~= 'zset' then
   return fail(key .. ' holds a ' .. kind .. ', not a semaphore')
 end
-local function member_ok(m)
-  local hex, i = string.match(m, '^([0-9a-f]+):([1-9]%d*)$')
-  return hex ~= nil and #hex == 32 and #i <= 5 and tonumber(i) <= 10000
-end
 local highest
 for _, rank in ipairs({0, -1}) do
   local pair = redis.call('ZRANGE', key, rank, rank, 'WITHSCORES')
-  highest = canonical(pair[2], 1, 9007199254740991)
-  if not member_ok(pair[1]) or not highest then
+  highest = stored_int(pair[2], 1, 9007199254740991)
+  if not permit_member(pair[1]) or not highest then
     return fail(key .. ' holds a sorted set that is not a semaphore')
   end
 end
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = math.floor(now_us() / 1000)
 for i = 1, weight do
   local s = redis.call('ZSCORE', key, id .. ':' .. i)
   if not s or tonumber(s) <= now then return {0} end

@@ -16,15 +16,10 @@
 -- Example: 3 unexpired members "a:1", "a:2", "b:1", earliest in 250 ms:
 --   {3, 2, 250}.
 
-local function fail(msg)
-  return redis.error_reply('ERR nolock semaphore/peek: ' .. msg)
-end
-local function canonical(raw, min, max)
-  if type(raw) ~= 'string' or not raw:match('^%-?[1-9]%d*$') and raw ~= '0' then return nil end
-  local n = tonumber(raw)
-  if n == nil or n < min or n > max or #raw > 17 then return nil end
-  return n
-end
+--@include lib/fail
+--@include lib/stored
+--@include lib/time
+--@include lib/permits
 
 local key = KEYS[1]
 local kind = redis.call('TYPE', key).ok
@@ -32,23 +27,20 @@ if kind == 'none' then return {0, 0, -1} end
 if kind ~= 'zset' then
   return fail(key .. ' holds a ' .. kind .. ', not a semaphore')
 end
-local function member_ok(m, score)
-  local hex, n = string.match(m, '^([0-9a-f]+):([1-9]%d*)$')
-  return hex ~= nil and #hex == 32 and #n <= 5 and tonumber(n) <= 10000
-    and canonical(score, 1, 9007199254740991) ~= nil
+local function member_and_score_ok(m, score)
+  return permit_member(m) and stored_int(score, 1, 9007199254740991) ~= nil
 end
 for _, rank in ipairs({0, -1}) do
   local pair = redis.call('ZRANGE', key, rank, rank, 'WITHSCORES')
-  if not member_ok(pair[1], pair[2]) then
+  if not member_and_score_ok(pair[1], pair[2]) then
     return fail(key .. ' holds a sorted set that is not a semaphore')
   end
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = math.floor(now_us() / 1000)
 local live = redis.call('ZRANGEBYSCORE', key, '(' .. now, '+inf', 'WITHSCORES')
 local holders = 0
 for i = 1, #live, 2 do
-  if not member_ok(live[i], live[i + 1]) then
+  if not member_and_score_ok(live[i], live[i + 1]) then
     return fail(key .. ' holds a sorted set that is not a semaphore')
   end
   if live[i]:sub(-2) == ':1' then holders = holders + 1 end
