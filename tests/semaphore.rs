@@ -326,7 +326,7 @@ async fn two_hundred_tasks_on_ten_permits_never_exceed_ten() {
     }
     let (reads, server_peak) = sampler.await.unwrap();
 
-    let spans = spans.lock().unwrap();
+    let spans = std::mem::take(&mut *spans.lock().unwrap());
     let mut events: Vec<(Instant, i64)> =
         spans.iter().flat_map(|&(a, b)| [(a, 1), (b, -1)]).collect();
     // At equal instants, count ends first (a release sent before the grant seen).
