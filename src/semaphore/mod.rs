@@ -35,6 +35,12 @@
 //! call, like `limit` in [`crate::limits::try_increment`]: lowering it
 //! admits nobody until enough holders are gone.
 //!
+//! **No queue.** Waiters are not served in order: whoever asks when a permit
+//! is free gets it. [`acquire_with_retry`] spreads the retries with jitter
+//! and never sleeps past `retry_after`, but a holder that asks again at once
+//! after releasing can win repeatedly; give work a moment between permits
+//! (as `examples/worker_pool.rs` does) if fairness matters.
+//!
 //! Stored state is checked before anything is written: a key that is not a
 //! sorted set, or whose lowest or highest member (which bound every score)
 //! is not in the form above, is a definite [`Error::Redis`] naming the key,
