@@ -341,12 +341,16 @@ mod tests {
                     }
                     assert_eq!(m.row.over_admissions, 0, "{what}");
                     assert_eq!(m.row.lost_updates, 0, "{what}");
-                    if scenario.pauses.is_some() {
+                    // Semaphore holders give their slots back: no fixed total.
+                    if scenario.pauses.is_some() && operation != Operation::Semaphore {
                         assert_eq!(m.calls, 160, "{what}");
-                        assert_eq!(
-                            m.admitted,
-                            run::PAUSE_CAPACITY,
-                            "{what}: 160 calls fill 100"
+                        // 160 calls fill 100; a run longer than the rate
+                        // limit's interval (a loaded machine) earns one more.
+                        let allowance = operation.allowance(run::PAUSE_CAPACITY, m.elapsed);
+                        assert!(
+                            (run::PAUSE_CAPACITY..=allowance).contains(&m.admitted),
+                            "{what}: {} admitted, allowance {allowance}",
+                            m.admitted
                         );
                     }
                 }
