@@ -984,3 +984,66 @@ async fn with_permit_runs_the_work_and_a_lease_outlives_its_ttl() {
     assert_eq!(loss, semaphore::Loss::NotHeld);
     assert_eq!(lease.release().await.unwrap(), Release::Lost);
 }
+
+#[tokio::test]
+async fn a_permit_lease_survives_a_busy_server_and_a_restored_permit_releases() {
+    // Past 20 ms of script, the server answers other clients BUSY.
+    let server = RedisServer::start_with(&["--busy-reply-threshold", "20"]);
+    let mut conn = server.conn().await;
+    let key = format!("{}s", prefix("busy"));
+    let ttl = Duration::from_millis(1500);
+    let lease = PermitLease::acquire(conn.clone(), &key, 1, ttl, &Backoff::none())
+        .await
+        .unwrap()
+        .acquired()
+        .unwrap();
+    // The first renewal is due at 500 ms; the server is busy from 100 to 800 ms.
+    tokio::time::sleep(100 * MS).await;
+    let client = server.client();
+    let busy = tokio::spawn(async move {
+        let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
+        let mut conn = client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .unwrap();
+        let script = "local t = redis.call('TIME') local s = t[1] * 1000000 + t[2] \
+            while true do local n = redis.call('TIME') \
+            if n[1] * 1000000 + n[2] - s > 700000 then return 1 end end";
+        let _: i64 = redis::cmd("EVAL")
+            .arg(script)
+            .arg(0)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    });
+    tokio::time::sleep(1400 * MS).await;
+    busy.await.unwrap();
+    assert_eq!(lease.loss(), None, "a BUSY blip does not end the permit");
+    assert!(lease.deadline() > Instant::now() + ttl / 3, "renewed since");
+
+    // A process that kept only the id and weight can still give it back.
+    let stored = (lease.permit().id.to_string(), lease.permit().weight);
+    let restored = Permit::restore(
+        semaphore::PermitId::parse(&stored.0).unwrap(),
+        stored.1,
+        ttl,
+    )
+    .unwrap();
+    assert!(matches!(
+        semaphore::extend(&mut conn, &key, &restored, ttl)
+            .await
+            .unwrap(),
+        Extend::Extended { .. }
+    ));
+    assert_eq!(
+        semaphore::release(&mut conn, &key, &restored)
+            .await
+            .unwrap(),
+        Release::Released
+    );
+    assert_eq!(
+        lease.release().await.unwrap(),
+        Release::Lost,
+        "already given back"
+    );
+}

@@ -187,6 +187,39 @@ pub struct Permit {
 }
 
 impl Permit {
+    /// A permit known only by its id and weight (stored by a process that
+    /// has since restarted), to [`release`] or [`extend`] it. Its local
+    /// deadline is unknown, so it is set to now: [`extend`] it to learn
+    /// whether it still holds.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ZeroLimit`] / [`Error::OutOfRange`] for a weight of 0 or
+    /// above [`MAX_PERMITS`]; the ttl as [`acquire`] checks it.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use nolock::semaphore::{Permit, PermitId};
+    ///
+    /// let id = PermitId::parse("0123456789abcdef0123456789abcdef")?;
+    /// let permit = Permit::restore(id, 2, Duration::from_secs(30))?;
+    /// assert_eq!(permit.weight, 2);
+    /// assert!(Permit::restore(permit.id.clone(), 0, Duration::from_secs(30)).is_err());
+    /// # Ok::<(), nolock::Error>(())
+    /// ```
+    pub fn restore(id: PermitId, weight: u64, ttl: Duration) -> Result<Permit> {
+        check_permits(MAX_PERMITS, weight)?;
+        let ttl = Duration::from_millis(ttl_millis(ttl)?);
+        let now = Instant::now();
+        Ok(Permit {
+            id,
+            weight,
+            ttl,
+            deadline: now,
+            sent: now,
+        })
+    }
+
     /// The time left until [`Permit::deadline`] (zero once it has passed).
     pub fn remaining(&self) -> Duration {
         self.deadline.saturating_duration_since(Instant::now())
