@@ -15,8 +15,9 @@
 //! ```text
 //! ACL SETUSER app-limits on >secret resetkeys ~app:* ~{app:* resetchannels -@all
 //!     +evalsha +evalsha_ro +eval +eval_ro +script|load +del +get +set +incr
-//!     +incrby +decrby +hget +hmget +hgetall +hset +hincrby +exists +pexpire +pexpireat
-//!     +pexpiretime +pttl +time
+//!     +incrby +decrby +hget +hmget +hgetall +hset +hincrby +zadd +zcard
+//!     +zrange +zrangebyscore +zrem +zremrangebyscore +zscore +exists +type
+//!     +pexpire +pexpireat +pexpiretime +pttl +time
 //! ```
 //!
 //! On a cluster, add [`CLUSTER_COMMANDS`] (`Batch::run` reads the slot
@@ -38,11 +39,15 @@
 /// * `del`: `rate::Limiter::reset` and `MultiLimiter::reset`.
 /// * The rest are called by the scripts: strings and counters (`get`, `set`,
 ///   `incr`, `incrby`, `decrby`), hashes (`hget`, `hmget`, `hgetall`,
-///   `hset`, `hincrby`), expiry (`pexpire`, `pexpireat`, `pexpiretime`, `pttl`),
+///   `hset`, `hincrby`), sorted sets for the semaphore's holders (`zadd`,
+///   `zcard`, `zrange`, `zrangebyscore`, `zrem`, `zremrangebyscore`,
+///   `zscore`), `type` (the semaphore checks its key's type before
+///   writing), expiry (`pexpire`, `pexpireat`, `pexpiretime`, `pttl`),
 ///   `exists`, and `time` (the server clock every rate decision reads).
 pub const COMMANDS: &str = "+evalsha +evalsha_ro +eval +eval_ro +script|load +del \
-+get +set +incr +incrby +decrby +hget +hmget +hgetall +hset +hincrby +exists +pexpire +pexpireat \
-+pexpiretime +pttl +time";
++get +set +incr +incrby +decrby +hget +hmget +hgetall +hset +hincrby +zadd +zcard +zrange \
++zrangebyscore +zrem +zremrangebyscore +zscore +exists +type +pexpire +pexpireat +pexpiretime \
++pttl +time";
 
 /// What a cluster needs on top of [`COMMANDS`]: `cluster|slots`, read by
 /// [`Batch::run`](crate::Batch::run) to split a batch by node.

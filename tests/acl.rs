@@ -64,7 +64,6 @@ async fn every_module_runs_with_only_the_documented_permissions() {
             .unwrap()
             .admitted
     );
-    limits::release(c, "acl:l", 1).await.unwrap();
     limits::peek(c, "acl:l").await.unwrap();
     let batch: Batch<_> = (0..3)
         .map(|i| limits::TryIncrement::new(&format!("acl:b{i}"), 1, minute).unwrap())
@@ -74,6 +73,31 @@ async fn every_module_runs_with_only_the_documented_permissions() {
         .await
         .iter()
         .all(|r| r.as_ref().unwrap().admitted));
+
+    // semaphore
+    let nolock::semaphore::Acquire::Acquired(permit) =
+        nolock::semaphore::acquire(c, "acl:sem", 2, minute)
+            .await
+            .unwrap()
+    else {
+        panic!("no permit");
+    };
+    assert_eq!(
+        nolock::semaphore::peek(c, "acl:sem").await.unwrap().in_use,
+        1
+    );
+    assert!(matches!(
+        nolock::semaphore::extend(c, "acl:sem", &permit, minute)
+            .await
+            .unwrap(),
+        nolock::semaphore::Extend::Extended { .. }
+    ));
+    assert_eq!(
+        nolock::semaphore::release(c, "acl:sem", &permit)
+            .await
+            .unwrap(),
+        nolock::semaphore::Release::Released
+    );
 
     // rate: every algorithm, every call; multi-limits; partial grants; batches
     for algorithm in Algorithm::ALL {

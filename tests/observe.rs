@@ -1,0 +1,185 @@
+//! What the `metrics` and `tracing` features record, captured by
+//! `metrics-util`'s debugging recorder and a test subscriber. Alone in its
+//! test binary: both are process-wide, and tracing caches per-callsite
+//! interest, so spans from tests running beside it would mix in.
+
+mod support;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use nolock::policy::{Guard, OnFailure, Source};
+use nolock::rate::{Algorithm, Limiter, Quota};
+use support::RedisServer;
+
+/// Spans and events seen by a test subscriber: (name, fields).
+#[derive(Default, Clone)]
+struct Captured(Arc<Mutex<Vec<Record>>>);
+
+/// A span or event name and its fields.
+type Record = (String, HashMap<String, String>);
+
+struct Fields<'a>(&'a mut HashMap<String, String>);
+
+impl tracing::field::Visit for Fields<'_> {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        self.0.insert(field.name().to_owned(), format!("{value:?}"));
+    }
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        self.0.insert(field.name().to_owned(), value.to_owned());
+    }
+}
+
+impl tracing::Subscriber for Captured {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, span: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        let mut fields = HashMap::new();
+        span.record(&mut Fields(&mut fields));
+        let mut all = self.0.lock().unwrap();
+        all.push((span.metadata().name().to_owned(), fields));
+        tracing::span::Id::from_u64(all.len() as u64)
+    }
+    fn record(&self, id: &tracing::span::Id, values: &tracing::span::Record<'_>) {
+        let mut all = self.0.lock().unwrap();
+        let index = usize::try_from(id.into_u64()).unwrap() - 1;
+        values.record(&mut Fields(&mut all[index].1));
+    }
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        let mut fields = HashMap::new();
+        event.record(&mut Fields(&mut fields));
+        let mut all = self.0.lock().unwrap();
+        all.push((format!("event:{}", event.metadata().level()), fields));
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+#[tokio::test]
+async fn metrics_and_spans_match_the_decisions() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    recorder.install().unwrap();
+    let captured = Captured::default();
+    tracing::subscriber::set_global_default(captured.clone()).unwrap();
+
+    let mut redis = RedisServer::start();
+    let mut conn = redis.conn().await;
+    let name = "metrics-test";
+    let limiter = Limiter::new(Algorithm::Gcra, Quota::per_minute(3).unwrap())
+        .unwrap()
+        .named(name)
+        .unwrap();
+    redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap();
+    let mut allowed = 0;
+    for _ in 0..5 {
+        allowed += u64::from(
+            limiter
+                .check(&mut conn, "secret-user-key", 1)
+                .await
+                .unwrap()
+                .allowed,
+        );
+    }
+    assert_eq!(allowed, 3);
+    let lease = nolock::fence::Lease::acquire(
+        conn.clone(),
+        "metrics-test-lease",
+        Duration::from_millis(300),
+        &nolock::fence::Backoff::none(),
+    )
+    .await
+    .unwrap()
+    .acquired()
+    .unwrap();
+    let open = Guard::new(Duration::from_millis(100), OnFailure::Open).unwrap();
+    redis.kill();
+    for _ in 0..2 {
+        let g = open
+            .check(&limiter, &mut conn, "secret-user-key", 1)
+            .await
+            .unwrap();
+        assert_eq!(g.source(), Source::Open);
+    }
+    // The lease's renewal fails with the server gone: a loss.
+    tokio::time::timeout(Duration::from_secs(1), lease.lost())
+        .await
+        .unwrap();
+
+    let mut counters = HashMap::new();
+    let mut samples = 0;
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let (_, key) = key.into_parts();
+        let labels: Vec<String> = key
+            .labels()
+            .map(|l| format!("{}={}", l.key(), l.value()))
+            .collect();
+        match value {
+            DebugValue::Counter(n) => {
+                counters.insert(format!("{}{{{}}}", key.name(), labels.join(",")), n);
+            }
+            DebugValue::Histogram(v)
+                if key.name() == "nolock_operation_duration_seconds"
+                    && labels.contains(&"script=rate/gcra/check".to_owned()) =>
+            {
+                samples += v.len();
+            }
+            _ => {}
+        }
+    }
+    let count = |k: &str| counters.get(k).copied().unwrap_or(0);
+    assert_eq!(
+        count("nolock_decisions_total{limiter=metrics-test,decision=allowed}"),
+        3
+    );
+    assert_eq!(
+        count("nolock_decisions_total{limiter=metrics-test,decision=denied}"),
+        2
+    );
+    assert_eq!(
+        count("nolock_fallback_decisions_total{policy=fail_open}"),
+        2
+    );
+    assert!(count("nolock_noscript_fallbacks_total{script=rate/gcra/check}") >= 1);
+    assert!(
+        count("nolock_errors_total{script=rate/gcra/check,kind=definite}")
+            + count("nolock_errors_total{script=rate/gcra/check,kind=indeterminate}")
+            >= 2
+    );
+    assert!(samples >= 7, "one latency sample per call: {samples}");
+    assert!(count("nolock_lease_losses_total{}") >= 1);
+
+    let all = captured.0.lock().unwrap();
+    let spans: Vec<_> = all
+        .iter()
+        .filter(|(n, f)| n == "nolock.script" && f["script"] == "rate/gcra/check")
+        .collect();
+    assert_eq!(spans.len(), 7, "one span per script call");
+    let first = &spans[0].1;
+    assert_eq!(first["script"], "rate/gcra/check");
+    assert_eq!(first["outcome"], "ok");
+    assert_eq!(
+        first["fallback"], "true",
+        "the flushed cache made the first call use EVAL"
+    );
+    assert_eq!(spans[1].1["fallback"], "false");
+    assert_eq!(spans[1].1["redirects"], "0");
+    assert_ne!(spans[6].1["outcome"], "ok");
+    assert!(
+        all.iter()
+            .all(|(_, f)| f.values().all(|v| !v.contains("secret-user-key"))),
+        "keys are not recorded unless asked for"
+    );
+    assert!(all.iter().any(
+        |(n, f)| n == "event:WARN" && f.get("policy").map(String::as_str) == Some("fail_open")
+    ));
+}
