@@ -104,7 +104,8 @@
 //!   with the `EVAL` fallback, [`Batch`], [`stats`]; cluster behaviour.
 //! * [`policy`]: a per-decision timeout and what to do when Redis fails
 //!   (fail closed, fail open, a per-process limiter), visible in the answer.
-//! * `layer` (feature `tower`): `RateLimitLayer` for axum, hyper and tower.
+//! * `layer` (feature `tower`): `RateLimitLayer` and `ConcurrencyLimitLayer`
+//!   for axum, hyper and tower.
 //! * [`keys`]: cluster slots and hash tags for scripts that touch several keys.
 //! * [`acl`]: the Redis ACL permissions nolock needs.
 //! * [`Error`]: bad input (before I/O), definite and indeterminate Redis failures.

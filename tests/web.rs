@@ -11,11 +11,14 @@ mod axum_service;
 
 use std::collections::HashMap;
 use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
-use nolock::policy::{Failure, Guard, Guarded, OnFailure};
+use nolock::layer::ConcurrencyLimitLayer;
+use nolock::policy::{Failure, Guard, Guarded, OnFailure, Source};
 use nolock::rate::{Algorithm, Limiter, Quota};
 use support::RedisServer;
 
@@ -207,4 +210,106 @@ async fn a_slow_redis_times_out_into_the_fallback() {
         "{g:?}"
     );
     assert!(g.allowed());
+}
+
+/// A service whose `/slow` waits at `gate` and answers who decided.
+fn slow_app(
+    conn: redis::aio::MultiplexedConnection,
+    gate: Arc<tokio::sync::Semaphore>,
+    entered: Arc<AtomicUsize>,
+    on_failure: OnFailure,
+) -> axum::Router {
+    let layer = ConcurrencyLimitLayer::new(conn, 2, Duration::from_secs(10), |req| {
+        let user = req.headers.get("x-user").and_then(|v| v.to_str().ok());
+        format!("inflight:{}", user.unwrap_or("-"))
+    })
+    .on_failure(Duration::from_millis(100), on_failure);
+    let handler = move |source: Option<axum::Extension<Source>>| {
+        let (gate, entered) = (Arc::clone(&gate), Arc::clone(&entered));
+        async move {
+            entered.fetch_add(1, Ordering::SeqCst);
+            let _pass = gate.acquire().await;
+            source
+                .map_or("none", |axum::Extension(s)| s.name())
+                .to_owned()
+        }
+    };
+    axum::Router::new()
+        .route("/slow", axum::routing::get(handler))
+        .layer(layer)
+}
+
+async fn until_entered(entered: &AtomicUsize, n: usize) {
+    for _ in 0..200 {
+        if entered.load(Ordering::SeqCst) >= n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("{n} requests never reached the handler");
+}
+
+#[tokio::test]
+async fn at_most_n_requests_in_flight_per_key() {
+    let mut redis = RedisServer::start();
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let entered = Arc::new(AtomicUsize::new(0));
+    let app = slow_app(
+        redis.conn().await,
+        Arc::clone(&gate),
+        Arc::clone(&entered),
+        OnFailure::Closed,
+    );
+    let addr = serve(app).await;
+
+    let running: Vec<_> = ["alice", "alice", "bob"]
+        .into_iter()
+        .map(|user| tokio::spawn(async move { get(addr, "/slow", user).await }))
+        .collect();
+    until_entered(&entered, 3).await;
+    // Two of alice's are running: a third is refused without reaching the handler.
+    let refused = get(addr, "/slow", "alice").await;
+    assert_eq!(refused.status, 429);
+    assert_eq!(refused.header("retry-after"), Some("1"));
+    assert_eq!(entered.load(Ordering::SeqCst), 3);
+
+    gate.add_permits(3);
+    for r in running {
+        let r = r.await.unwrap();
+        assert_eq!((r.status, r.body.as_str()), (200, "redis"));
+    }
+    // Each permit was given back before its response went out.
+    let mut conn = redis.conn().await;
+    let usage = nolock::semaphore::peek(&mut conn, "inflight:alice")
+        .await
+        .unwrap();
+    assert_eq!(usage.in_use, 0);
+    gate.add_permits(1);
+    assert_eq!(get(addr, "/slow", "alice").await.status, 200);
+
+    // Redis gone: Local admits 2 / 2 replicas = 1 in flight per key here;
+    // Closed refuses with 503.
+    let local_gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let local_entered = Arc::new(AtomicUsize::new(0));
+    let two = NonZeroU32::new(2).unwrap();
+    let local = serve(slow_app(
+        redis.conn().await,
+        Arc::clone(&local_gate),
+        Arc::clone(&local_entered),
+        OnFailure::Local { replicas: two },
+    ))
+    .await;
+    redis.kill();
+    assert_eq!(get(addr, "/slow", "carol").await.status, 503);
+    let first = tokio::spawn(async move { get(local, "/slow", "carol").await });
+    until_entered(&local_entered, 1).await;
+    assert_eq!(get(local, "/slow", "carol").await.status, 429);
+    local_gate.add_permits(2);
+    let first = first.await.unwrap();
+    assert_eq!((first.status, first.body.as_str()), (200, "local"));
+    assert_eq!(
+        get(local, "/slow", "carol").await.body,
+        "local",
+        "the slot came back"
+    );
 }

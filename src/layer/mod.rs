@@ -1,4 +1,6 @@
-//! A tower layer that rate-limits HTTP requests (feature `tower`).
+//! Tower layers that rate-limit HTTP requests (feature `tower`):
+//! [`RateLimitLayer`] (requests per period) and [`ConcurrencyLimitLayer`]
+//! (requests in flight, on [`crate::semaphore`]).
 //!
 //! [`RateLimitLayer`] runs a [`Limiter`] or a [`MultiLimiter`] before the
 //! inner service, with a key taken from the request (client IP, a header, an
@@ -56,6 +58,10 @@ use http::{Request, Response, StatusCode};
 use redis::aio::ConnectionLike;
 use tower_layer::Layer;
 use tower_service::Service;
+
+mod concurrency;
+
+pub use concurrency::{ConcurrencyLimitLayer, ConcurrencyLimitService};
 
 use crate::policy::{Guard, OnFailure, Source};
 use crate::rate::{Headers, Limiter, MultiLimiter};
