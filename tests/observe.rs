@@ -101,6 +101,11 @@ async fn metrics_and_spans_match_the_decisions() {
     .unwrap()
     .acquired()
     .unwrap();
+    // Opted in, the first key is recorded.
+    nolock::record_keys_in_spans(true);
+    let peek = limiter.peek(&mut conn, "opted-in-key", 1).await.unwrap();
+    assert!(peek.allowed, "a fresh key has room");
+    nolock::record_keys_in_spans(false);
     let open = Guard::new(Duration::from_millis(100), OnFailure::Open).unwrap();
     redis.kill();
     for _ in 0..2 {
@@ -174,6 +179,12 @@ async fn metrics_and_spans_match_the_decisions() {
     assert_eq!(spans[1].1["fallback"], "false");
     assert_eq!(spans[1].1["redirects"], "0");
     assert_ne!(spans[6].1["outcome"], "ok");
+    let peeks: Vec<_> = all
+        .iter()
+        .filter(|(n, f)| n == "nolock.script" && f["script"] == "rate/gcra/peek")
+        .collect();
+    assert_eq!(peeks.len(), 1);
+    assert_eq!(peeks[0].1["key"], "opted-in-key");
     assert!(
         all.iter()
             .all(|(_, f)| f.values().all(|v| !v.contains("secret-user-key"))),
