@@ -40,6 +40,13 @@
 //! one typed `Result` per operation, in order, recovering `NOSCRIPT` entry by
 //! entry.
 //!
+//! # Your own scripts
+//!
+//! A directory of your own Lua scripts, embedded with [`scripts!`], runs
+//! through the same engine: [`script::ScriptDir`] names them,
+//! [`script::Call`] calls one with its reply decoded into your type, alone
+//! or in a [`Batch`], and [`Scripts::load_with`] loads them at startup.
+//!
 //! # Redis Cluster
 //!
 //! Operations work unchanged on a redis-rs cluster connection: each script's
@@ -84,11 +91,13 @@
 //! One operation, one script, one wrapper: `lua/limits/try_increment.lua` is
 //! run by [`limits::try_increment`].
 //!
-//! * [`limits`]: bounded counters (fixed windows, concurrency limits).
+//! * [`limits`]: bounded counters (fixed windows).
 //! * [`rate`]: rate limiters (GCRA, token bucket, sliding and fixed windows),
 //!   atomic multi-limit checks, IETF `RateLimit` headers.
 //! * [`cas`]: conditional writes: compare-and-set/delete/expire, versioned
 //!   values, monotonic integers, guarded debit/credit, insert-if-absent.
+//! * [`semaphore`]: "at most N at once" with expiring permits, reclaimed
+//!   one by one from crashed holders; a self-renewing [`semaphore::PermitLease`].
 //! * [`fence`]: leases with fencing tokens: fenced acquire, token-checked
 //!   release/extend, a self-renewing [`fence::Lease`], fenced writes.
 //! * [`script`]: the engine: the embedded registry, [`Scripts::load`], `EVALSHA`
@@ -112,11 +121,18 @@
 
 pub mod cas;
 mod error;
+/// What the exported macros expand to; not part of the API.
+#[doc(hidden)]
+pub mod __private {
+    pub use include_dir;
+}
 pub mod fence;
 pub mod keys;
 pub mod limits;
 pub mod rate;
+mod renew;
 pub mod script;
+pub mod semaphore;
 mod validate;
 
 pub use error::{Error, Result};
