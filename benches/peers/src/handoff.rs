@@ -1,6 +1,8 @@
 //! A contended lock: `WAITERS` tasks take one lock in turn, hold it `HOLD`,
 //! release it, and queue again. Measured: grants per second, and the handoff
-//! gap from a holder sending its release to the next holder's grant.
+//! gap from a holder sending its release to the grant of another waiter (a
+//! releaser that takes the lock straight back is counted apart: its quick
+//! re-grant says nothing about how waiters are woken).
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -71,36 +73,44 @@ impl Locker {
 #[derive(Debug, Clone, Copy)]
 pub struct Handoff {
     pub grants_per_s: f64,
+    /// Share of the grants that went back to the task that had just released.
+    pub retaken: f64,
     pub p50: Duration,
     pub p99: Duration,
 }
 
 /// `WAITERS` tasks cycle through the lock on `key` for `duration`.
 pub async fn run(locker: &Locker, key: &str, duration: Duration) -> Result<Handoff, Error> {
-    // When the last holder sent its release; the next grant takes it.
-    let released: Arc<Mutex<Option<Instant>>> = Arc::default();
+    // Who last sent a release, and when; the next grant takes it.
+    let released: Arc<Mutex<Option<(usize, Instant)>>> = Arc::default();
     let start = Instant::now();
     let mut tasks = Vec::new();
-    for _ in 0..WAITERS {
+    for waiter in 0..WAITERS {
         let (mut locker, key, released) = (locker.clone(), key.to_owned(), released.clone());
         tasks.push(tokio::spawn(async move {
-            let mut gaps = Vec::new();
+            let (mut gaps, mut grants, mut retaken) = (Vec::new(), 0, 0);
             while start.elapsed() < duration {
                 let held = locker.acquire(&key).await?;
                 let granted = Instant::now();
-                if let Some(at) = released.lock().map_err(|_| "poisoned")?.take() {
-                    gaps.push(granted - at);
+                grants += 1;
+                match released.lock().map_err(|_| "poisoned")?.take() {
+                    Some((by, _)) if by == waiter => retaken += 1,
+                    Some((_, at)) => gaps.push(granted - at),
+                    None => {}
                 }
                 tokio::time::sleep(HOLD).await;
-                *released.lock().map_err(|_| "poisoned")? = Some(Instant::now());
+                *released.lock().map_err(|_| "poisoned")? = Some((waiter, Instant::now()));
                 locker.release(&key, held).await?;
             }
-            Ok::<_, Error>(gaps)
+            Ok::<_, Error>((gaps, grants, retaken))
         }));
     }
-    let mut gaps = Vec::new();
+    let (mut gaps, mut grants, mut retaken) = (Vec::new(), 0, 0);
     for task in tasks {
-        gaps.extend(task.await??);
+        let (g, n, r) = task.await??;
+        gaps.extend(g);
+        grants += n;
+        retaken += r;
     }
     let elapsed = start.elapsed();
     if gaps.is_empty() {
@@ -108,7 +118,8 @@ pub async fn run(locker: &Locker, key: &str, duration: Duration) -> Result<Hando
     }
     gaps.sort();
     Ok(Handoff {
-        grants_per_s: (gaps.len() + 1) as f64 / elapsed.as_secs_f64(),
+        grants_per_s: f64::from(grants) / elapsed.as_secs_f64(),
+        retaken: f64::from(retaken) / f64::from(grants),
         p50: gaps[gaps.len() / 2],
         p99: gaps[gaps.len() * 99 / 100],
     })

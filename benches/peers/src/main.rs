@@ -106,42 +106,30 @@ async fn main() -> Result<(), Error> {
                 Regime::Admit => ("admit", true),
                 Regime::Deny => ("deny", false),
             };
-            let key = format!("peers:{}:{label}", peer.name);
-            gcra.push(Row::new(
-                peer.name,
+            let (op, key) = (
                 (peer.check)(&conns, regime)?,
-                key,
-                fresh,
-            ));
+                format!("peers:{}:{label}", peer.name),
+            );
+            gcra.push(Row::new(peer.name, op, key, fresh));
         }
     }
-    let mut targets = vec![
-        Row::new(
+    let mut targets: Vec<Row> = [
+        (
             "limits::try_increment, admit",
             subjects::nolock_counter(&conns, true),
-            "peers:counter:nolock:admit",
-            false,
         ),
-        Row::new(
+        (
             "design card script, admit",
             subjects::card_counter(&conns, true),
-            "peers:counter:card:admit",
-            false,
         ),
-        Row::new(
+        (
             "limits::try_increment, deny",
             subjects::nolock_counter(&conns, false),
-            "peers:counter:nolock:deny",
-            false,
         ),
-        Row::new(
+        (
             "design card script, deny",
             subjects::card_counter(&conns, false),
-            "peers:counter:card:deny",
-            false,
         ),
-    ];
-    for (i, (label, op)) in [
         (
             "fence::acquire + fence::release",
             subjects::nolock_fence(&conns),
@@ -154,15 +142,13 @@ async fn main() -> Result<(), Error> {
     ]
     .into_iter()
     .enumerate()
-    {
-        let mut row = Row::new(label, op, format!("peers:lock:{i}"), false);
+    .map(|(i, (label, op))| Row::new(label, op, format!("peers:target:{i}"), false))
+    .collect();
+    for row in &mut targets[4..] {
         row.keys = Keys::PerTask;
-        if i == 2 {
-            // rslock locks with a plain SET NX PX, and unlocks with a script.
-            row.sent = &["set", "evalsha", "eval"];
-        }
-        targets.push(row);
     }
+    // rslock locks with a plain SET NX PX, and unlocks with a script.
+    targets[6].sent = &["set", "evalsha", "eval"];
 
     // Warm up (connections, script caches) and use up the "deny" quotas.
     for row in gcra.iter().chain(&targets) {
@@ -372,20 +358,25 @@ async fn contended(conns: &Conns, rounds: usize) -> Result<(), Error> {
         handoff::WAITERS,
         handoff::HOLD
     );
-    println!("Handoff: from a holder sending its release to the next grant. Each cell: the rounds' median.\n");
-    println!("| waiting acquire | grants/s | handoff p50 ms | handoff p99 ms |");
-    println!("|---|---:|---:|---:|");
+    println!(
+        "Handoff: from a holder sending its release to the next grant to another waiter. \
+         Each cell: the rounds' median.\n"
+    );
+    println!("| waiting acquire | grants/s | re-taken by the releaser | handoff p50 ms | handoff p99 ms |");
+    println!("|---|---:|---:|---:|---:|");
     for ((label, _), mut runs) in lockers.iter().zip(results) {
         let mid = runs.len() / 2;
         runs.sort_by(|a, b| a.grants_per_s.total_cmp(&b.grants_per_s));
         let grants = runs[mid].grants_per_s;
+        runs.sort_by(|a, b| a.retaken.total_cmp(&b.retaken));
+        let retaken = runs[mid].retaken * 100.0;
         runs.sort_by_key(|r| r.p50);
         let p50 = runs[mid].p50;
         runs.sort_by_key(|r| r.p99);
         let p99 = runs[mid].p99;
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         println!(
-            "| {label} | {grants:.0} | {:.1} | {:.1} |",
+            "| {label} | {grants:.0} | {retaken:.0}% | {:.1} | {:.1} |",
             ms(p50),
             ms(p99)
         );

@@ -20,6 +20,14 @@ pub struct Decision {
     pub retry_after: Option<Duration>,
 }
 
+pub fn decision(allowed: bool, remaining: Option<u64>, retry_after: Option<Duration>) -> Decision {
+    Decision {
+        allowed,
+        remaining,
+        retry_after,
+    }
+}
+
 /// One operation on one key: a rate check, or a lock + unlock pair.
 pub type Call = Arc<dyn Fn(String) -> BoxFuture<Decision> + Send + Sync>;
 

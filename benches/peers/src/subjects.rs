@@ -15,7 +15,7 @@ use redis::aio::MultiplexedConnection;
 use throttle_kit::RateLimitBackend;
 use tower::{Layer, ServiceExt};
 
-use crate::measure::{call, Call, Decision, Error};
+use crate::measure::{call, decision, Call, Decision, Error};
 
 /// The two regimes of the GCRA table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,11 +99,7 @@ fn nolock_gcra(conns: &Conns, regime: Regime) -> Result<Call, Error> {
         let (limiter, mut conn) = (limiter.clone(), conn.clone());
         async move {
             let d = limiter.check(&mut conn, &key, 1).await?;
-            Ok(Decision {
-                allowed: d.allowed,
-                remaining: Some(d.remaining),
-                retry_after: d.retry_after,
-            })
+            Ok(decision(d.allowed, Some(d.remaining), d.retry_after))
         }
     }))
 }
@@ -175,11 +171,7 @@ fn throttle_gcra(conns: &Conns, regime: Regime) -> Result<Call, Error> {
         async move {
             // Fails open: a Redis error comes back as an admission.
             let d = backend.check(&key, &quota).await;
-            Ok(Decision {
-                allowed: d.allowed,
-                remaining: Some(d.remaining),
-                retry_after: d.retry_after,
-            })
+            Ok(decision(d.allowed, Some(d.remaining), d.retry_after))
         }
     }))
 }
@@ -195,11 +187,11 @@ fn redis_rate_gcra(conns: &Conns, regime: Regime) -> Result<Call, Error> {
         async move {
             // Its API is blocking: run it off the async workers.
             let d = tokio::task::spawn_blocking(move || limiter.allow(&key, &limit)).await??;
-            Ok(Decision {
-                allowed: !d.limited,
-                remaining: Some(d.remaining as u64),
-                retry_after: d.retry_after,
-            })
+            Ok(decision(
+                !d.limited,
+                Some(d.remaining as u64),
+                d.retry_after,
+            ))
         }
     }))
 }
@@ -241,11 +233,7 @@ pub fn nolock_counter(conns: &Conns, admit: bool) -> Call {
         let mut conn = conn.clone();
         async move {
             let a = nolock::limits::try_increment(&mut conn, &key, limit, WINDOW).await?;
-            Ok(Decision {
-                allowed: a.admitted,
-                remaining: Some(a.remaining),
-                retry_after: None,
-            })
+            Ok(decision(a.admitted, Some(a.remaining), None))
         }
     })
 }
@@ -265,11 +253,7 @@ pub fn card_counter(conns: &Conns, admit: bool) -> Call {
                 .arg(1)
                 .invoke_async(&mut conn)
                 .await?;
-            Ok(Decision {
-                allowed: admitted,
-                remaining: Some(limit - count),
-                retry_after: None,
-            })
+            Ok(decision(admitted, Some(limit - count), None))
         }
     })
 }
