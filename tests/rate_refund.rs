@@ -10,14 +10,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use nolock::rate::{Algorithm, Limiter, Quota};
 use support::{prefix, RedisServer};
 
-/// 10 per 100 ms, burst 10 (T = 10 ms): the drained-charge scenario of the
-/// issue at a tenth of the scale.
-fn limiter(algorithm: Algorithm) -> Limiter {
-    Limiter::new(
-        algorithm,
-        Quota::per(10, Duration::from_millis(100)).unwrap(),
-    )
-    .unwrap()
+/// 10 per `period_ms`, burst 10.
+fn limiter(algorithm: Algorithm, period_ms: u64) -> Limiter {
+    let quota = Quota::per(10, Duration::from_millis(period_ms)).unwrap();
+    Limiter::new(algorithm, quota).unwrap()
 }
 
 #[tokio::test]
