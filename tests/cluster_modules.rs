@@ -402,18 +402,36 @@ async fn fence_acquire_extend_release_and_fences_rise(d: &Deployment) {
 
 async fn fenced_writes_refuse_older_fences(d: &Deployment) {
     let mut conn = d.conn().await;
-    let key = format!("{}balance", prefix("fenced_write"));
+    let resource = format!("{}balance", prefix("fenced_write"));
 
-    assert_eq!(fence::read(&mut conn, &key).await.unwrap(), None);
-    let w = fence::write(&mut conn, &key, 2, "a").await.unwrap();
+    assert_eq!(fence::read(&mut conn, &resource).await.unwrap(), None);
+    let first = grant(fence::acquire(&mut conn, &resource, MINUTE).await.unwrap());
+    let r = fence::release(&mut conn, &resource, &first.token).await;
+    assert_eq!(r.unwrap(), Release::Released);
+    let g = grant(fence::acquire(&mut conn, &resource, MINUTE).await.unwrap());
+    assert_eq!((first.fence, g.fence), (1, 2));
+    let w = fence::write(&mut conn, &resource, 2, "a").await.unwrap();
     assert_eq!(w, Write::Applied);
-    let w = fence::write(&mut conn, &key, 2, "b").await.unwrap();
+    let w = fence::write(&mut conn, &resource, 2, "b").await.unwrap();
     assert_eq!(w, Write::Applied, "the same grant writes again");
-    let w = fence::write(&mut conn, &key, 1, "late").await.unwrap();
+    let w = fence::write(&mut conn, &resource, 1, "late").await.unwrap();
     assert_eq!(w, Write::Stale { current_fence: 2 });
-    let read = fence::read(&mut conn, &key).await.unwrap().unwrap();
+    let w = fence::write(&mut conn, &resource, 3, "never granted").await;
+    assert_eq!(w.unwrap(), Write::NotGranted { counter: 2 });
+    let read = fence::read(&mut conn, &resource).await.unwrap().unwrap();
     assert_eq!((read.value.as_slice(), read.fence), (&b"b"[..], 2));
-    assert!(d.exists(&key).await);
+    assert!(d.exists(&nolock::keys::derive(&resource, "value")).await);
+
+    // The weaker form, at a key in another slot.
+    let key = format!("{}elsewhere", prefix("fenced_write"));
+    let w = fence::write_unbound(&mut conn, &key, 2, "a").await.unwrap();
+    assert_eq!(w, Write::Applied);
+    let w = fence::write_unbound(&mut conn, &key, 1, "late")
+        .await
+        .unwrap();
+    assert_eq!(w, Write::Stale { current_fence: 2 });
+    let read = fence::read_unbound(&mut conn, &key).await.unwrap().unwrap();
+    assert_eq!((read.value.as_slice(), read.fence), (&b"a"[..], 2));
 }
 
 async fn a_lease_renews_on_the_deployment_connection(d: &Deployment) {
@@ -501,9 +519,9 @@ async fn every_module_recovers_a_script_flush_on_every_node(d: &Deployment) {
     assert_eq!(g.fence, 1);
     let e = fence::extend(&mut conn, &resource, &g.token, MINUTE).await;
     assert!(matches!(e.unwrap(), Extend::Extended { .. }));
-    let w = fence::write(&mut conn, &key("res"), g.fence, "x").await;
+    let w = fence::write(&mut conn, &resource, g.fence, "x").await;
     assert_eq!(w.unwrap(), Write::Applied);
-    let read = fence::read(&mut conn, &key("res")).await.unwrap().unwrap();
+    let read = fence::read(&mut conn, &resource).await.unwrap().unwrap();
     assert_eq!(read.fence, 1);
     let r = fence::release(&mut conn, &resource, &g.token).await;
     assert_eq!(r.unwrap(), Release::Released);
