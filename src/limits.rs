@@ -15,7 +15,8 @@
 //! [`try_increment`] per request. The first admitted increment starts the
 //! window (sets the key's expiry); when it expires the count starts again
 //! from zero. Like every fixed window it allows up to `2 × limit` across a
-//! window boundary; [`crate::rate`] will offer smoother algorithms.
+//! window boundary. [`crate::rate`] has the smoother algorithms (GCRA, token
+//! bucket, sliding window), which do not let that double burst through.
 //!
 //! **As a concurrency limit** ("at most 10 exports running"): call
 //! [`try_increment`] when work starts and [`release`] when it ends. The window
@@ -79,6 +80,7 @@ pub struct Admission {
 
 /// A counter read by [`peek`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
 pub struct Usage {
     /// The current count (0 when the key does not exist).
     pub count: u64,

@@ -18,6 +18,7 @@ use crate::{Error, Result};
 /// Why a [`Lease`] was lost.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
+#[must_use = "a lost lease means the work must stop"]
 pub enum Loss {
     /// A renewal found the lock gone or under another token: it expired (the
     /// holder was paused past its TTL) or was deleted, and someone else may
@@ -65,6 +66,7 @@ impl fmt::Display for Loss {
 /// `ConnectionManager` (cheap; they share one socket), or a pooled
 /// connection, which returns to its pool when the lease ends.
 #[derive(Debug)]
+#[must_use = "dropping a lease releases the lock at once"]
 pub struct Lease {
     resource: String,
     grant: Grant,
