@@ -26,13 +26,14 @@ async fn x_and_braced_x_are_independent_fence_resources() {
         let Acquire::Acquired(a) = fence::acquire(&mut conn, &plain, MINUTE).await.unwrap() else {
             panic!("{plain} is free")
         };
-        let Acquire::Acquired(b) = fence::acquire(&mut conn, &braced, MINUTE).await.unwrap()
-        else {
+        let Acquire::Acquired(b) = fence::acquire(&mut conn, &braced, MINUTE).await.unwrap() else {
             panic!("{braced} is free, though {plain} is held")
         };
         assert_eq!((a.fence, b.fence), (1, 1), "separate counters");
         assert_eq!(
-            fence::write(&mut conn, &plain, a.fence, "plain").await.unwrap(),
+            fence::write(&mut conn, &plain, a.fence, "plain")
+                .await
+                .unwrap(),
             Write::Applied
         );
         assert_eq!(
@@ -59,13 +60,31 @@ async fn alice_and_braced_alice_are_independent_multi_limiters() {
     let alice = format!("{p}alice");
     let braced = format!("{{{p}alice}}");
     for _ in 0..2 {
-        assert!(limits.check(&mut conn, &alice, &[], 1).await.unwrap().allowed);
+        assert!(
+            limits
+                .check(&mut conn, &alice, &[], 1)
+                .await
+                .unwrap()
+                .allowed
+        );
     }
-    assert!(!limits.check(&mut conn, &alice, &[], 1).await.unwrap().allowed);
+    assert!(
+        !limits
+            .check(&mut conn, &alice, &[], 1)
+            .await
+            .unwrap()
+            .allowed
+    );
     // On main `{alice}` shared alice's counter and was denied here.
     for _ in 0..2 {
         let d = limits.check(&mut conn, &braced, &[], 1).await.unwrap();
         assert!(d.allowed, "{braced} has its own limit");
     }
-    assert!(!limits.check(&mut conn, &braced, &[], 1).await.unwrap().allowed);
+    assert!(
+        !limits
+            .check(&mut conn, &braced, &[], 1)
+            .await
+            .unwrap()
+            .allowed
+    );
 }
