@@ -117,6 +117,7 @@ pub mod keys;
 pub mod limits;
 pub mod rate;
 pub mod script;
+mod timer;
 mod validate;
 
 pub use error::{Error, Result};

@@ -1165,6 +1165,96 @@ async fn a_waiter_gets_the_lock_soon_after_it_is_released() {
     assert!(got.duration_since(released) < Duration::from_secs(2));
 }
 
+#[tokio::test]
+async fn waiters_are_woken_by_the_release_not_by_a_timer() {
+    let redis = support::redis();
+    let mut conn = redis.conn().await;
+    let resource = format!("{}r", prefix("woken"));
+    let waiters = fence::Waiters::new(&redis.client()).await.unwrap();
+
+    let held = grant(fence::acquire(&mut conn, &resource, MINUTE).await.unwrap());
+    // Without a wake-up each waiter would sleep 20 s (the capped expiry).
+    let slow = Backoff {
+        initial_delay: Duration::from_secs(20),
+        max_delay: Duration::from_secs(20),
+        ..Backoff::new(Duration::from_secs(30))
+    };
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let (waiters, resource) = (waiters.clone(), resource.clone());
+        let mut c = redis.conn().await;
+        tasks.push(tokio::spawn(async move {
+            let g = grant(
+                waiters
+                    .acquire(&mut c, &resource, MINUTE, &slow)
+                    .await
+                    .unwrap(),
+            );
+            // Hand over at once: the release wakes the next waiter.
+            assert_eq!(
+                fence::release(&mut c, &resource, &g.token).await.unwrap(),
+                Release::Released
+            );
+            g.fence
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(tasks.iter().all(|t| !t.is_finished()), "wait while held");
+    let released = Instant::now();
+    assert_eq!(
+        fence::release(&mut conn, &resource, &held.token)
+            .await
+            .unwrap(),
+        Release::Released
+    );
+    let mut fences = Vec::new();
+    for t in tasks {
+        fences.push(t.await.unwrap());
+    }
+    fences.sort_unstable();
+    assert_eq!(fences, [2, 3, 4, 5], "each waiter got one grant in turn");
+    // Four handoffs, each ended by a release message, not by the 20 s sleep.
+    assert!(
+        released.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        released.elapsed()
+    );
+}
+
+#[test]
+fn a_runtime_without_timers_gets_an_error_before_anything_is_sent() {
+    let server = RedisServer::start();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        // redis-rs's own timeouts need timers too: turn them off.
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(None)
+            .set_response_timeout(None);
+        let mut conn = server
+            .client()
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .unwrap();
+        let before = command_calls(&mut conn, "evalsha").await;
+        let wait = Backoff::new(Duration::from_secs(1));
+        let err = fence::acquire_with_retry(&mut conn, "r", MINUTE, &wait)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::NoTimer) && err.is_definite(), "{err}");
+        let err = Lease::acquire(conn.clone(), "r", MINUTE, &Backoff::none())
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::NoTimer), "{err}");
+        assert_eq!(command_calls(&mut conn, "evalsha").await, before);
+        // One attempt needs no timer.
+        let once = fence::acquire_with_retry(&mut conn, "r", MINUTE, &Backoff::none()).await;
+        assert!(once.unwrap().is_acquired());
+    });
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hundred_waiters_back_off_instead_of_stampeding() {
     const WAITERS: u64 = 100;

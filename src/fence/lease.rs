@@ -108,11 +108,8 @@ impl Lease {
     /// # Errors
     ///
     /// As [`super::acquire_with_retry`]. A lock still held when the backoff
-    /// runs out is [`Acquire::Held`], not an error.
-    ///
-    /// # Panics
-    ///
-    /// When called outside a Tokio runtime, like `tokio::spawn`.
+    /// runs out is [`Acquire::Held`], not an error. [`Error::NoTimer`] before
+    /// any I/O outside a Tokio runtime or on one built without timers.
     ///
     /// # Example
     ///
@@ -143,6 +140,8 @@ impl Lease {
     where
         C: ConnectionLike + Send + 'static,
     {
+        // The renewals sleep: refuse before taking a lock nobody would renew.
+        crate::timer::check()?;
         Ok(
             match acquire_with_retry(&mut conn, resource, ttl, backoff).await? {
                 Acquire::Acquired(grant) => Acquire::Acquired(Lease::start(conn, resource, grant)?),
@@ -157,16 +156,14 @@ impl Lease {
     ///
     /// # Errors
     ///
-    /// [`Error::EmptyKey`].
-    ///
-    /// # Panics
-    ///
-    /// When called outside a Tokio runtime, like `tokio::spawn`.
+    /// [`Error::EmptyKey`]; [`Error::NoTimer`] outside a Tokio runtime or on
+    /// one built without timers (the renewals could not be scheduled).
     pub fn start<C>(conn: C, resource: &str, grant: Grant) -> Result<Lease>
     where
         C: ConnectionLike + Send + 'static,
     {
         Keys::of(resource)?;
+        crate::timer::check()?;
         let shared = Arc::new(Shared {
             lost: CancellationToken::new(),
             state: Mutex::new(State {
@@ -375,11 +372,8 @@ where
 ///
 /// # Errors
 ///
-/// [`Error::LeaseLost`]; otherwise as [`super::acquire_with_retry`].
-///
-/// # Panics
-///
-/// When called outside a Tokio runtime, like `tokio::spawn`.
+/// [`Error::LeaseLost`]; otherwise as [`Lease::acquire`] (including
+/// [`Error::NoTimer`] before any I/O on a runtime without timers).
 ///
 /// # Example
 ///

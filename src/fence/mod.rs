@@ -48,12 +48,13 @@
 //! | [`write_unbound`], [`read_unbound`] | same | the weaker form for a value at any key: checked against the stored fence only |
 //! | [`advance`] | `lua/fence/advance.lua` | raise the fence counter to a floor, after it went back |
 //! | [`durability()`] | `CONFIG GET`, `INFO` | can this server's counters go back? (check at startup) |
+//! | [`Waiters::acquire`] | acquire, `SUBSCRIBE` | wait for a held lock, woken when it is released |
 //!
 //! A resource name `r` uses keys in one cluster slot
 //! ([`crate::keys::derive`], which also says how names with `{` or `}` are
 //! laid out): `{r}:lock`, holding the owner token with the TTL, `{r}:fence`,
 //! the counter, and `{r}:value`, the value of [`write()`]. Releases are
-//! announced on the shard channel `{r}:released`. The counter has **no TTL**: it must never
+//! announced on the pub/sub channel `{r}:released`. The counter has **no TTL**: it must never
 //! start again from zero, so it stays (about 60 bytes) for every resource name
 //! ever locked. Derive resource names from a bounded set (one per account, per
 //! job kind), not from unbounded input.
@@ -199,11 +200,13 @@ use crate::{keys, validate, Error, Result};
 mod durability;
 mod lease;
 mod retry;
+mod waiters;
 mod write;
 
 pub use durability::{durability, Durability, Restart, Source};
 pub use lease::{with_lease, Lease, Loss};
 pub use retry::{acquire_with_retry, Backoff};
+pub use waiters::Waiters;
 pub use write::{read, read_unbound, write, write_unbound, Fenced, Write};
 
 static ACQUIRE: Script = embedded!("fence/acquire");
@@ -340,6 +343,8 @@ pub(crate) struct Keys {
     pub(crate) fence: String,
     /// The protected value of [`write()`] and [`read`].
     pub(crate) value: String,
+    /// The pub/sub channel on which [`release`] announces a release.
+    pub(crate) released: String,
 }
 
 impl Keys {
@@ -349,6 +354,7 @@ impl Keys {
             lock: keys::derive(resource, "lock"),
             fence: keys::derive(resource, "fence"),
             value: keys::derive(resource, "value"),
+            released: keys::derive(resource, "released"),
         })
     }
 }
@@ -495,7 +501,9 @@ fn decode_acquire(
 /// Delete the lock on `resource`, only if it still holds `token`.
 ///
 /// Never deletes a lock that expired and was taken by someone else. Declared
-/// `allow-oom`, so it works on a full server. Safe to retry after
+/// `allow-oom`, so it works on a full server. A release is announced with
+/// `PUBLISH` on the channel `keys::derive(resource, "released")`, which
+/// wakes the [`Waiters`] of every process waiting for the lock. Safe to retry after
 /// [`Error::Indeterminate`]: a repeat finds the lock gone and returns
 /// [`Release::Lost`].
 ///
@@ -523,6 +531,7 @@ where
     let keys = Keys::of(resource)?;
     let value = Invocation::new(&RELEASE, &[&keys.lock])
         .arg(token.as_str())
+        .arg(&keys.released)
         .run(conn)
         .await?;
     let mut reply = Reply::new(RELEASE.name(), value)?;

@@ -178,7 +178,7 @@ impl MultiLimiter {
     ///     .shared_limit("tenant", Quota::per_second(100)?)?;
     /// assert_eq!(
     ///     limits.keys("{t7}:u42", &["{t7}:all"])?,
-    ///     ["{t7}:u42:second", "{t7}:all"]
+    ///     ["{t7}#8:{t7}:u42:second", "{t7}:all"]
     /// );
     /// assert!(limits.keys("u42", &["{t7}:all"]).is_err()); // different slots
     /// # Ok(()) }
