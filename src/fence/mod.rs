@@ -39,7 +39,7 @@
 //! | call | script | what it does |
 //! |---|---|---|
 //! | [`acquire`], [`acquire_as`] | `lua/fence/acquire.lua` | take the lock if free; return the next fence, or how long it stays held |
-//! | [`acquire_with_retry`] | same | the same with jittered exponential [`Backoff`], up to a deadline |
+//! | [`acquire_with_retry`] | same | the same with jittered exponential [`Backoff`], never past the lock's expiry, up to a deadline |
 //! | [`extend`] | `lua/fence/extend.lua` | reset the TTL, only if the token still holds the lock |
 //! | [`release`] | `lua/fence/release.lua` | delete the lock, only if the token still holds it |
 //! | [`Lease`], [`with_lease`] | extend + release | renew every `ttl / 3` in a background task, signal loss |
