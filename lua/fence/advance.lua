@@ -23,29 +23,16 @@
 -- Example: counter "3": advance 10 gives {1, "10"} and the next acquire hands
 -- out 11; advance 5 then gives {0, "10"}.
 
-local function dec_less(a, b)
-  if #a ~= #b then return #a < #b end
-  for i = 1, #a do
-    local x, y = a:byte(i), b:byte(i)
-    if x ~= y then return x < y end
-  end
-  return false
-end
-
-local I64_MAX = '9223372036854775807'
-
-local function is_counter(s)
-  return type(s) == 'string' and #s >= 1 and #s <= #I64_MAX and s:match('^[1-9][0-9]*$') ~= nil
-    and not dec_less(I64_MAX, s)
-end
+--@include lib/fail
+--@include lib/decimal
 
 local floor = ARGV[1]
-if not is_counter(floor) then
-  return redis.error_reply('ERR nolock fence/advance: bad at_least: ' .. tostring(floor))
+if not dec_canonical(floor, I64_MAX) then
+  return fail('bad at_least: ' .. tostring(floor))
 end
 local counter = redis.call('GET', KEYS[1])
-if counter and not is_counter(counter) then
-  return redis.error_reply('ERR nolock fence/advance: ' .. KEYS[1] .. ' holds a non-counter value')
+if counter and not dec_canonical(counter, I64_MAX) then
+  return fail(KEYS[1] .. ' holds a non-counter value')
 end
 if counter and not dec_less(counter, floor) then
   return {0, counter}

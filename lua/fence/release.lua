@@ -21,9 +21,11 @@
 -- Example: lock = "ab..": release "ab.." gives {1} and one message on the
 -- channel; again gives {0}.
 
+--@include lib/fail
+
 local token = ARGV[1]
 if token == nil or token == '' then
-  return redis.error_reply('ERR nolock fence/release: empty token')
+  return fail('empty token')
 end
 if redis.call('GET', KEYS[1]) == token then
   redis.call('DEL', KEYS[1])

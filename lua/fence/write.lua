@@ -36,38 +36,21 @@
 -- Example: counter "9", value {value "a", fence "7"}: write 9 "b" gives
 -- {1, "9"}; write 8 "c" gives {0, "9"}; write 10 "d" gives {2, "9"}.
 
--- Compare two canonical decimals digit by digit (string '<' would use the
--- server's collation locale).
-local function dec_less(a, b)
-  if #a ~= #b then return #a < #b end
-  for i = 1, #a do
-    local x, y = a:byte(i), b:byte(i)
-    if x ~= y then return x < y end
-  end
-  return false
-end
-
--- A canonical decimal in [1, max]: no sign, no leading zero, no spaces.
-local function is_canonical(s, max)
-  return type(s) == 'string' and #s >= 1 and #s <= #max and s:match('^[1-9][0-9]*$') ~= nil
-    and not dec_less(max, s)
-end
-
-local U64_MAX = '18446744073709551615'
-local I64_MAX = '9223372036854775807'
+--@include lib/fail
+--@include lib/decimal
 
 local fence = ARGV[1]
-if not is_canonical(fence, U64_MAX) then
-  return redis.error_reply('ERR nolock fence/write: bad fence: ' .. tostring(fence))
+if not dec_canonical(fence, U64_MAX) then
+  return fail('bad fence: ' .. tostring(fence))
 end
 if ARGV[2] == nil then
-  return redis.error_reply('ERR nolock fence/write: missing value')
+  return fail('missing value')
 end
 
 if KEYS[2] then
   local counter = redis.call('GET', KEYS[2])
-  if counter and not is_canonical(counter, I64_MAX) then
-    return redis.error_reply('ERR nolock fence/write: ' .. KEYS[2] .. ' holds a non-counter value')
+  if counter and not dec_canonical(counter, I64_MAX) then
+    return fail(KEYS[2] .. ' holds a non-counter value')
   end
   counter = counter or '0'
   if dec_less(fence, counter) then
@@ -80,14 +63,14 @@ end
 
 local stored = redis.call('HGET', KEYS[1], 'fence')
 if stored then
-  if not is_canonical(stored, U64_MAX) then
-    return redis.error_reply('ERR nolock fence/write: ' .. KEYS[1] .. ' holds a non-fence value')
+  if not dec_canonical(stored, U64_MAX) then
+    return fail(KEYS[1] .. ' holds a non-fence value')
   end
   if dec_less(fence, stored) then
     return {0, stored}
   end
 elseif redis.call('EXISTS', KEYS[1]) == 1 then
-  return redis.error_reply('ERR nolock fence/write: ' .. KEYS[1] .. ' has no fence field')
+  return fail(KEYS[1] .. ' has no fence field')
 end
 
 redis.call('HSET', KEYS[1], 'value', ARGV[2], 'fence', fence)
