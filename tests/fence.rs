@@ -1537,3 +1537,91 @@ async fn a_lost_acquire_reply_is_retried_with_the_same_token_and_fence() {
         Release::Released
     );
 }
+
+/// DUMP and absolute expiry of a key: equal snapshots mean nothing was written.
+async fn snapshot(conn: &mut MultiplexedConnection, key: &str) -> (Option<Vec<u8>>, i64) {
+    let dump: Option<Vec<u8>> = raw(conn, &["DUMP", key]).await;
+    let expiry: i64 = raw(conn, &["PEXPIRETIME", key]).await;
+    (dump, expiry)
+}
+
+#[tokio::test]
+async fn foreign_counters_and_values_are_definite_errors_with_nothing_written() {
+    let redis = support::redis();
+    let mut conn = redis.conn().await;
+    let p = prefix("foreign");
+    let foreign = [
+        "abc",
+        "",
+        "5.0",
+        " 7",
+        "007",
+        "1e3",
+        "0x10",
+        "inf",
+        "-1",
+        "0",
+        "9223372036854775808",
+        "99999999999999999999",
+    ];
+    let mut n = 0;
+    let mut cases: Vec<(String, Vec<&str>)> = foreign
+        .iter()
+        .map(|v| (format!("string {v:?}"), vec!["SET", "{}", v]))
+        .collect();
+    cases.push(("a list".into(), vec!["RPUSH", "{}", "1"]));
+    cases.push(("a hash".into(), vec!["HSET", "{}", "other", "1"]));
+    for (what, set) in &cases {
+        n += 1;
+        let resource = format!("{p}r{n}");
+        let counter = fence_key(&resource);
+        let args: Vec<&str> = set
+            .iter()
+            .map(|a| if *a == "{}" { counter.as_str() } else { a })
+            .collect();
+        let _: redis::Value = raw(&mut conn, &args).await;
+        let _: () = raw(&mut conn, &["PEXPIRE", &counter, "600000"]).await;
+        let before = snapshot(&mut conn, &counter).await;
+        let errors = [
+            fence::acquire(&mut conn, &resource, MINUTE)
+                .await
+                .map(|_| ()),
+            fence::write(&mut conn, &resource, 1, "v").await.map(|_| ()),
+            fence::advance(&mut conn, &resource, 5).await.map(|_| ()),
+        ];
+        for (call, result) in ["acquire", "write", "advance"].iter().zip(errors) {
+            let err = result.expect_err(&format!("{call} on {what}"));
+            assert!(
+                matches!(err, Error::Redis(_)) && err.is_definite(),
+                "{call} on {what}: {err}"
+            );
+        }
+        assert_eq!(snapshot(&mut conn, &counter).await, before, "{what}");
+        assert_eq!(
+            keys(&mut conn, &format!("*{p}r{n}}}:*")).await,
+            vec![counter.clone()],
+            "{what}: no lock, no value written"
+        );
+    }
+
+    // A value hash whose fence field nolock did not write (2^63 is a fence
+    // `write_unbound` may store: it is a u64).
+    let not_fences = foreign.iter().filter(|v| **v != "9223372036854775808");
+    for (i, stored) in not_fences.enumerate() {
+        let resource = format!("{p}v{i}");
+        let g = grant(fence::acquire(&mut conn, &resource, MINUTE).await.unwrap());
+        let value = nolock::keys::derive(&resource, "value");
+        let _: () = raw(&mut conn, &["HSET", &value, "value", "x", "fence", stored]).await;
+        let before = snapshot(&mut conn, &value).await;
+        let err = fence::write(&mut conn, &resource, g.fence, "v")
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, Error::Redis(_)),
+            "write over {stored:?}: {err}"
+        );
+        let err = fence::read(&mut conn, &resource).await.unwrap_err();
+        assert!(matches!(err, Error::Redis(_)), "read of {stored:?}: {err}");
+        assert_eq!(snapshot(&mut conn, &value).await, before, "{stored:?}");
+    }
+}
