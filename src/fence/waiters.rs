@@ -10,7 +10,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 use super::retry::wait_for;
-use super::{Acquire, Backoff, Keys};
+use super::{millis, Acquire, Backoff, Keys};
 use crate::{timer, Error, Result};
 
 /// Release notifications for every waiter of a process: one pub/sub
@@ -21,7 +21,8 @@ use crate::{timer, Error, Result};
 /// `PUBLISH`es on the channel `keys::derive(resource, "released")` after
 /// deleting the lock. A [`Waiters`] subscribes to the channel of each
 /// resource it is asked to wait for, and each message wakes **one** waiter
-/// of this process for that resource (the longest waiting), which tries at
+/// of this process for that resource (the first to have gone back to
+/// sleep: Tokio's `Notify::notify_one` is first in, first out), which tries at
 /// once: a release costs one attempt per waiting process, not one per
 /// waiter. A waiter still sleeps at most until the lock's expiry (capped at
 /// [`Backoff::max_delay`]), so a lost message, a lock that simply expires,
@@ -156,6 +157,7 @@ impl Waiters {
         C: ConnectionLike + Send,
     {
         let keys = Keys::of(resource)?;
+        millis(ttl)?;
         backoff.check()?;
         let notify = self.watch(&keys.released).await?;
         wait_for(conn, resource, ttl, backoff, Some(&notify)).await
