@@ -394,6 +394,7 @@ impl MultiLimiter {
     ///     retry_after: None,
     ///     reset_after: Duration::from_secs(reset_s),
     ///     at: UNIX_EPOCH,
+    ///     charged: 0,
     /// };
     /// let d = MultiRateLimit {
     ///     allowed: true,
