@@ -156,7 +156,8 @@ impl Invocation {
     /// cluster `MOVED` or `READONLY` (up to 4 times within about 150 ms,
     /// [`REDIRECT_DELAYS`]; the cluster connection refreshes its slot map
     /// before each). Every other failure, above all a lost reply, is
-    /// returned as it is.
+    /// returned as it is. A resend that must wait on a runtime without
+    /// timers returns [`Error::NoTimer`] (nothing ran) instead of panicking.
     pub(crate) async fn run<C>(&self, conn: &mut C) -> Result<Value>
     where
         C: ConnectionLike + Send,
@@ -179,7 +180,8 @@ impl Invocation {
                     observed.redirect();
                     let delay = REDIRECT_DELAYS[redirects];
                     if !delay.is_zero() {
-                        tokio::time::sleep(delay).await;
+                        // Nothing ran (MOVED/READONLY), so NoTimer is definite.
+                        crate::timer::sleep(delay)?.await;
                     }
                     redirects += 1;
                 }
