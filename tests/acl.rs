@@ -64,7 +64,7 @@ async fn every_module_runs_with_only_the_documented_permissions() {
             .unwrap()
             .admitted
     );
-    limits::peek(c, "acl:l").await.unwrap();
+    assert_eq!(limits::peek(c, "acl:l").await.unwrap().count, 2);
     let batch: Batch<_> = (0..3)
         .map(|i| limits::TryIncrement::new(&format!("acl:b{i}"), 1, minute).unwrap())
         .collect();
@@ -173,21 +173,27 @@ async fn every_module_runs_with_only_the_documented_permissions() {
     else {
         panic!("not acquired");
     };
-    fence::extend(c, "acl:job", &grant.token, minute)
-        .await
-        .unwrap();
     assert!(matches!(
-        fence::write(c, "acl:data", grant.fence, "x").await.unwrap(),
+        fence::extend(c, "acl:job", &grant.token, minute)
+            .await
+            .unwrap(),
+        fence::Extend::Extended { .. }
+    ));
+    assert!(matches!(
+        fence::write(c, "acl:job", grant.fence, "x").await.unwrap(),
         fence::Write::Applied
     ));
-    assert!(fence::read(c, "acl:data").await.unwrap().is_some());
-    fence::release(c, "acl:job", &grant.token).await.unwrap();
+    assert!(fence::read(c, "acl:job").await.unwrap().is_some());
+    assert_eq!(
+        fence::release(c, "acl:job", &grant.token).await.unwrap(),
+        fence::Release::Released
+    );
     let lease = fence::Lease::acquire(c.clone(), "acl:lease", minute, &fence::Backoff::none())
         .await
         .unwrap()
         .acquired()
         .unwrap();
-    lease.release().await.unwrap();
+    assert_eq!(lease.release().await.unwrap(), fence::Release::Released);
 
     // The NOSCRIPT fallback (EVAL) works too.
     let _: () = redis::cmd("SCRIPT")

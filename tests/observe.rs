@@ -116,9 +116,13 @@ async fn metrics_and_spans_match_the_decisions() {
         assert_eq!(g.source(), Source::Open);
     }
     // The lease's renewal fails with the server gone: a loss.
-    tokio::time::timeout(Duration::from_secs(1), lease.lost())
+    let loss = tokio::time::timeout(Duration::from_secs(1), lease.lost())
         .await
         .unwrap();
+    assert!(
+        matches!(loss, nolock::fence::Loss::RenewalFailed { .. }),
+        "{loss:?}"
+    );
 
     let mut counters = HashMap::new();
     let mut samples = 0;

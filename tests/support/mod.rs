@@ -57,13 +57,17 @@ pub fn redis() -> TestRedis {
 pub const TEST_INSPECTION: &str = "+keys +rpush +lrange +hkeys +dump +info";
 
 /// With `NOLOCK_ACL` set, [`redis`] gives a new server and the URL of a
-/// user that has only `nolock::acl::COMMANDS` (plus [`TEST_INSPECTION`]) on
-/// the test key prefixes, so a suite shows nolock needs nothing more.
+/// user that has only `nolock::acl::COMMANDS` and `OPTIONAL_COMMANDS` (plus
+/// [`TEST_INSPECTION`]) on the test key and channel prefixes, so a suite
+/// shows nolock needs nothing more.
 fn acl_user() -> TestRedis {
     let server = RedisServer::start();
     let rule = format!(
-        "on >acl-pw resetkeys ~nolock-test:* ~{{nolock-test:* resetchannels -@all {} {TEST_INSPECTION}",
-        nolock::acl::COMMANDS
+        "on >acl-pw resetkeys ~nolock-test:* ~{{nolock-test:* resetchannels &nolock-test:* \
+         &{{nolock-test:* -@all {} {} {TEST_INSPECTION}",
+        nolock::acl::COMMANDS,
+        // The suites use the optional parts too (fence waiters, durability).
+        nolock::acl::OPTIONAL_COMMANDS
     );
     let mut conn = server.client().get_connection().expect("connect as admin");
     redis::cmd("ACL")
