@@ -539,7 +539,7 @@ fn slot_ranges(reply: Value) -> Result<Vec<SlotRange>, RedisError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::script::invoke::tests::NoIo;
+    use crate::script::invoke::tests::{NoIo, Scripted, NOSCRIPT};
     use crate::script::Script;
 
     static TWO_KEYS: Script = Script::embedded("test/two_keys", "return 1");
@@ -585,6 +585,48 @@ mod tests {
         assert!(matches!(results[0], Err(Error::CrossSlot { .. })));
         // NoIo fails with a client-side error, which may follow a send.
         assert!(matches!(results[1], Err(Error::Indeterminate(_))));
+    }
+
+    impl BatchConnection for Scripted {}
+
+    static OTHER: Script = Script::embedded("test/other", "return 2");
+
+    #[tokio::test]
+    async fn noscript_entries_are_loaded_per_script_then_evaled_if_still_missing() {
+        let batch: Batch<Probe> = [
+            Probe(Invocation::new(&TWO_KEYS, &["a"])),
+            Probe(Invocation::new(&TWO_KEYS, &["b"])),
+            Probe(Invocation::new(&OTHER, &["c"])),
+            Probe(Invocation::new(&TWO_KEYS, &["d"])),
+        ]
+        .into_iter()
+        .collect();
+        let noperm = "-NOPERM no permissions to run the 'script|load' command";
+        let mut conn = Scripted::new(vec![
+            Ok(vec![NOSCRIPT, ":2", NOSCRIPT, NOSCRIPT]),
+            // One SCRIPT LOAD per script; OTHER's is refused.
+            Ok(vec!["+sha", noperm, ":1", NOSCRIPT, ":4"]),
+            Ok(vec![":3"]),
+        ]);
+        let results: Vec<Value> = batch
+            .run(&mut conn)
+            .await
+            .into_iter()
+            .map(|r| r.unwrap())
+            .collect();
+        assert_eq!(results, (1..=4).map(Value::Int).collect::<Vec<_>>());
+        let two = TWO_KEYS.sha1();
+        let other = OTHER.sha1();
+        let line = |words: &[&str]| words.iter().map(|w| w.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            conn.sent[1],
+            line(&[
+                "SCRIPT", "LOAD", "return 1", "|", "SCRIPT", "LOAD", "return 2", "|", "EVALSHA",
+                two, "1", "a", "|", "EVALSHA", other, "1", "c", "|", "EVALSHA", two, "1", "d", "|"
+            ])
+        );
+        assert_eq!(conn.sent[2], line(&["EVAL", "return 2", "1", "c", "|"]));
+        assert_eq!(conn.sent.len(), 3);
     }
 
     #[test]

@@ -358,6 +358,110 @@ pub(crate) mod tests {
         }
     }
 
+    /// A connection that answers from a list, one entry per request (a
+    /// command or a whole pipeline), and records the words it was sent.
+    pub(crate) struct Scripted {
+        pub(crate) sent: Vec<Vec<String>>,
+        replies: std::collections::VecDeque<redis::RedisResult<Vec<Value>>>,
+    }
+
+    impl Scripted {
+        pub(crate) fn new(replies: Vec<redis::RedisResult<Vec<&str>>>) -> Self {
+            let resp = |r: &str| redis::parse_redis_value(format!("{r}\r\n").as_bytes()).unwrap();
+            let replies = replies
+                .into_iter()
+                .map(|reply| reply.map(|values| values.into_iter().map(resp).collect()))
+                .collect();
+            Scripted {
+                sent: Vec::new(),
+                replies,
+            }
+        }
+
+        fn next(&mut self) -> redis::RedisResult<Vec<Value>> {
+            self.replies
+                .pop_front()
+                .unwrap_or_else(|| Err((ErrorKind::Client, "nothing more to answer").into()))
+        }
+    }
+
+    impl ConnectionLike for Scripted {
+        fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> redis::RedisFuture<'a, Value> {
+            self.sent.push(words(cmd));
+            let reply = self.next().map(|mut values| values.remove(0));
+            Box::pin(async move { reply })
+        }
+
+        fn req_packed_commands<'a>(
+            &'a mut self,
+            pipe: &'a redis::Pipeline,
+            _: usize,
+            _: usize,
+        ) -> redis::RedisFuture<'a, Vec<Value>> {
+            let mut all = Vec::new();
+            for cmd in pipe.cmd_iter() {
+                all.extend(words(cmd));
+                all.push("|".into());
+            }
+            self.sent.push(all);
+            let reply = self.next();
+            Box::pin(async move { reply })
+        }
+
+        fn get_db(&self) -> i64 {
+            0
+        }
+    }
+
+    pub(crate) const NOSCRIPT: &str = "-NOSCRIPT No matching script.";
+
+    #[tokio::test]
+    async fn noscript_loads_the_script_and_runs_it_in_one_pipeline() {
+        let call = Invocation::new(&ECHO, &["k"]).arg(7u64);
+        let sha = ECHO.sha1().to_owned();
+        let mut conn = Scripted::new(vec![Ok(vec![NOSCRIPT]), Ok(vec![&format!("+{sha}"), ":1"])]);
+        assert_eq!(call.run(&mut conn).await.unwrap(), Value::Int(1));
+        let evalsha = ["EVALSHA", &sha, "1", "k", "7"];
+        let pipeline: Vec<&str> = ["SCRIPT", "LOAD", "return ARGV", "|"]
+            .into_iter()
+            .chain(evalsha)
+            .chain(["|"])
+            .collect();
+        assert_eq!(conn.sent, [evalsha.to_vec(), pipeline]);
+    }
+
+    #[tokio::test]
+    async fn a_refused_script_load_ends_in_eval_and_nothing_runs_twice() {
+        let call = Invocation::new(&ECHO, &["k"]);
+        let noperm = "-NOPERM User app has no permissions to run the 'script|load' command";
+        let mut conn = Scripted::new(vec![
+            Ok(vec![NOSCRIPT]),
+            Ok(vec![noperm, NOSCRIPT]),
+            Ok(vec![":2"]),
+        ]);
+        assert_eq!(call.run(&mut conn).await.unwrap(), Value::Int(2));
+        assert_eq!(conn.sent.len(), 3);
+        assert_eq!(conn.sent[2], ["EVAL", "return ARGV", "1", "k"]);
+
+        // Whatever the EVALSHA of the pipeline answers other than NOSCRIPT
+        // is the call's result: the script ran (or refused) there.
+        let mut conn = Scripted::new(vec![
+            Ok(vec![NOSCRIPT]),
+            Ok(vec!["+sha", "-ERR nolock test/echo: bad"]),
+        ]);
+        let err = call.run(&mut conn).await.unwrap_err();
+        assert!(matches!(err, Error::Redis(_)), "{err}");
+        assert_eq!(conn.sent.len(), 2);
+
+        // A lost reply to the pipeline: the EVALSHA may have run, so nothing
+        // is sent again.
+        let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+        let mut conn = Scripted::new(vec![Ok(vec![NOSCRIPT]), Err(reset.into())]);
+        let err = call.run(&mut conn).await.unwrap_err();
+        assert!(matches!(err, Error::Indeterminate(_)), "{err}");
+        assert_eq!(conn.sent.len(), 2);
+    }
+
     #[tokio::test]
     async fn keys_of_different_slots_are_refused_before_anything_is_sent() {
         let mut conn = NoIo::default();
