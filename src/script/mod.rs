@@ -87,6 +87,8 @@
 // for it (`invocation()` and `decode()`); the single-call function is then
 // `run_one(&Op::new(..)?, conn)`. See `limits::TryIncrement`.
 mod batch;
+#[cfg_attr(not(test), allow(dead_code))]
+mod compose;
 mod invoke;
 mod registry;
 mod reply;
@@ -104,12 +106,13 @@ pub(crate) use reply::Reply;
 /// A `static` [`Script`] for `lua/<name>.lua`.
 ///
 /// `include_str!` makes a missing or misspelt script a compile error, and
-/// names the same bytes that the `include_dir` registry embeds.
+/// names the same composed bytes (`build.rs`) that the `include_dir`
+/// registry embeds.
 macro_rules! embedded {
     ($name:literal) => {
         $crate::script::Script::embedded(
             $name,
-            include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/", $name, ".lua")),
+            include_str!(concat!(env!("OUT_DIR"), "/lua/", $name, ".lua")),
         )
     };
 }

@@ -6,7 +6,10 @@ use redis::{FromRedisValue, Value};
 
 use crate::{Error, Result};
 
-static LUA: Dir<'static> = include_dir!("$CARGO_MANIFEST_DIR/lua");
+/// The scripts of `lua/`, each composed with the helpers it includes from
+/// `lua/lib/` by `build.rs` (see `compose.rs`); the helpers themselves are
+/// not scripts and are not in this tree.
+static LUA: Dir<'static> = include_dir!("$OUT_DIR/lua");
 
 static REGISTRY: LazyLock<Vec<Script>> = LazyLock::new(|| {
     let mut scripts = Vec::new();
@@ -242,6 +245,110 @@ mod tests {
         assert!(Script::embedded("t", "#!lua flags=allow-oom, no-writes\n").is_read_only());
         assert!(!Script::embedded("t", "#!lua flags=allow-oom\nreturn 1").is_read_only());
         assert!(!Script::embedded("t", "-- no-writes\nreturn 1").is_read_only());
+    }
+
+    /// The `lua/` tree as written, helpers and `--@include` lines included.
+    static RAW: Dir<'static> = include_dir!("$CARGO_MANIFEST_DIR/lua");
+
+    fn raw(path: &str) -> &'static str {
+        RAW.get_file(path)
+            .and_then(|f| f.contents_utf8())
+            .unwrap_or_else(|| panic!("lua/{path}"))
+    }
+
+    /// The names of the functions a helper file defines.
+    fn functions(code: &str) -> Vec<&str> {
+        code.lines()
+            .filter_map(|l| l.trim_start().strip_prefix("local function "))
+            .filter_map(|rest| rest.split('(').next())
+            .collect()
+    }
+
+    /// Lua code without its `--` comments (strings in nolock scripts hold no `--`).
+    fn code(source: &str) -> String {
+        source
+            .lines()
+            .map(|l| l.split("--").next().unwrap_or(""))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    fn calls(code: &str, function: &str) -> bool {
+        code.match_indices(&format!("{function}(")).any(|(at, _)| {
+            !code[..at]
+                .chars()
+                .next_back()
+                .is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '.' || c == ':')
+        })
+    }
+
+    #[test]
+    fn every_script_opens_with_its_contract_and_includes_exactly_the_helpers_it_calls() {
+        let libs: Vec<(String, &str)> = RAW
+            .get_dir("lib")
+            .expect("lua/lib")
+            .files()
+            .filter_map(|f| {
+                let path = f.path().to_str()?.strip_suffix(".lua")?.to_owned();
+                Some((path, f.contents_utf8()?))
+            })
+            .collect();
+        assert!(
+            libs.len() >= 5,
+            "{:?}",
+            libs.iter().map(|l| &l.0).collect::<Vec<_>>()
+        );
+        for (path, code) in &libs {
+            assert!(
+                code.starts_with(&format!("-- {path}: ")),
+                "lua/{path}.lua needs a header"
+            );
+            assert!(
+                !functions(code).is_empty() || code.contains("local "),
+                "{path}"
+            );
+        }
+        for script in Scripts::all() {
+            let name = script.name();
+            assert!(!name.starts_with("lib/"), "helpers are not scripts: {name}");
+            let composed = script.source();
+            let contract = composed
+                .lines()
+                .find(|l| !l.starts_with("#!lua"))
+                .unwrap_or_default();
+            assert!(
+                contract.starts_with(&format!("-- {name}: ")),
+                "lua/{name}.lua must open with its contract: {contract:?}"
+            );
+            let own = raw(&format!("{name}.lua"));
+            let included: Vec<&str> = super::super::compose::includes(own).collect();
+            let own_code = code(own);
+            let own_functions = functions(own);
+            for (path, lib) in &libs {
+                let used = functions(lib)
+                    .into_iter()
+                    .filter(|f| !own_functions.contains(f))
+                    .any(|f| calls(&own_code, f));
+                let pulled = included.contains(&path.as_str());
+                assert_eq!(
+                    used,
+                    pulled,
+                    "lua/{name}.lua {} {path} (used: {used})",
+                    if pulled {
+                        "includes"
+                    } else {
+                        "does not include"
+                    }
+                );
+                // A helper written again in a script is the copy the prelude replaces.
+                for f in functions(lib) {
+                    assert!(
+                        !own_functions.contains(&f),
+                        "lua/{name}.lua redefines {f} of {path}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

@@ -19,48 +19,32 @@
 --
 -- Example: limit 10, count 7: refund 3 gives {6}; refund 30 then gives {10}.
 
+--@include lib/fail
+--@include lib/args
+--@include lib/div
+--@include lib/stored
+--@include lib/time
+
 local MAX = 9007199254740991
-
-local function fail(msg)
-  return redis.error_reply('ERR nolock rate/fixed_window/refund: ' .. msg)
-end
-
-local function int(i, min, max)
-  local v = tonumber(ARGV[i])
-  if v == nil or v ~= math.floor(v) or v < min or v > max then return nil end
-  return v
-end
-
--- A stored count: the canonical decimal INCRBY writes and accepts (no sign,
--- no leading zeros, no spaces), below 2^53. Lua's tonumber alone would also
--- take "5.0", " 5" or "0x5", which INCRBY/DECRBY refuse, and a refusal after
--- an earlier key was written would be a partial write.
-local function count_of(s)
-  if s ~= '0' and not string.match(s, '^[1-9]%d*$') then return nil end
-  local v = tonumber(s)
-  if v > MAX then return nil end
-  return v
-end
 
 local n = #KEYS
 if n < 1 or #ARGV ~= 1 + 2 * n then
   return fail('expected 1 + 2 arguments per key, got ' .. #ARGV .. ' for ' .. n .. ' keys')
 end
-local amount = int(1, 1, MAX)
+local amount = arg_int(1, 1, MAX)
 if not amount then return fail('bad amount: ' .. tostring(ARGV[1])) end
 
-local time = redis.call('TIME')
-local now = math.floor((tonumber(time[1]) * 1000000 + tonumber(time[2])) / 1000)
+local now = floor_div(now_us(), 1000)
 
 local limit, count = {}, {}
 for i = 1, n do
-  local w, l = int(2 * i, 1, MAX), int(2 * i + 1, 1, MAX)
+  local w, l = arg_int(2 * i, 1, MAX), arg_int(2 * i + 1, 1, MAX)
   if not w or not l then return fail('bad window or limit for key ' .. i) end
   limit[i] = l
   local c = 0
   local stored = redis.call('GET', KEYS[i])
   if stored then
-    c = count_of(stored)
+    c = stored_int(stored, 0, MAX)
     if c == nil then
       return fail('key ' .. i .. ' does not hold a counter')
     end
