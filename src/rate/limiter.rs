@@ -2,7 +2,7 @@
 
 use redis::aio::ConnectionLike;
 
-use super::{headers, Algorithm, Headers, Quota, RateLimit};
+use super::{headers, Algorithm, Headers, Quota, RateLimit, Refund};
 use crate::script::{run_one, Invocation, Operation};
 use crate::{validate, Error, Result};
 
@@ -145,42 +145,82 @@ impl Limiter {
         run_one(&Check::build(self, key, cost, peek)?, conn).await
     }
 
-    /// Give `amount` units back to `key` (for example when the work they paid
-    /// for was not done), never beyond a full limiter. Returns the units that
-    /// fit afterwards ([`RateLimit::remaining`]).
+    /// Give back `amount` units of an admitted check (`charge`, the
+    /// decision it returned), for example when the work they paid for was
+    /// not done. Returns what was given back and what fits now, and lowers
+    /// `charge.charged` by what was given back, so a later refund of the
+    /// same decision can only give back the rest.
     ///
-    /// GCRA and token bucket get the time back; the sliding window takes it
-    /// off the current window first, then the previous one; the fixed window
-    /// lowers its count and keeps its window. A missing key stays missing.
+    /// A refund undoes only what the charge still holds, so it can never
+    /// leave more room than there would be had the refunded units never been
+    /// charged, however refunds and checks interleave:
+    ///
+    /// * GCRA and token bucket: a charge of `c` units drains one unit per
+    ///   emission interval from its own arrival; only the part not yet
+    ///   drained comes back (`min(amount, c - elapsed / T)`). A refund after
+    ///   the limiter would have refilled anyway gives back nothing.
+    /// * Fixed window: only while the charge's window is still the current
+    ///   one; a refund after that window ended gives back nothing (it never
+    ///   lands in the next window).
+    /// * Sliding window: from the window that counted the charge (current or
+    ///   previous), while it still counts.
+    ///
+    /// The server does not remember refunds: a copy of the decision taken
+    /// before a refund (`RateLimit` is `Copy`) can be refunded again. Keep
+    /// one decision per charge and refund through it.
     ///
     /// # Errors
     ///
     /// [`Error::EmptyKey`], [`Error::ZeroLimit`] (`amount` 0),
-    /// [`Error::OutOfRange`] before any I/O; [`Error::Redis`] and
-    /// [`Error::Indeterminate`] from Redis. Retrying after
-    /// [`Error::Indeterminate`] may refund twice (never past full).
+    /// [`Error::InvalidArgument`] (the charge was denied, a peek, or
+    /// refunded in full; or `amount` is above what it holds), before any
+    /// I/O; [`Error::Redis`]
+    /// (also when the key holds data nolock did not write; nothing is
+    /// changed then) and [`Error::Indeterminate`] from Redis. Retrying after
+    /// [`Error::Indeterminate`] may refund twice.
     ///
     /// # Example
     ///
     /// ```no_run
     /// # async fn run(conn: &mut redis::aio::MultiplexedConnection, limiter: &nolock::rate::Limiter)
     /// #     -> nolock::Result<()> {
-    /// let d = limiter.check(conn, "rl:user:42", 5).await?;
+    /// let mut d = limiter.check(conn, "rl:user:42", 5).await?;
     /// if d.allowed {
     ///     let upstream_failed = true; // the work was not done
     ///     if upstream_failed {
-    ///         limiter.refund(conn, "rl:user:42", 5).await?;
+    ///         let r = limiter.refund(conn, "rl:user:42", &mut d, 5).await?;
+    ///         println!("{} units back, {} fit now", r.credited, r.remaining);
     ///     }
     /// }
     /// # Ok(()) }
     /// ```
-    pub async fn refund<C>(&self, conn: &mut C, key: &str, amount: u64) -> Result<u64>
+    pub async fn refund<C>(
+        &self,
+        conn: &mut C,
+        key: &str,
+        charge: &mut RateLimit,
+        amount: u64,
+    ) -> Result<Refund>
     where
         C: ConnectionLike + Send,
     {
         validate::key(key)?;
-        let remaining = super::refund(conn, self.algorithm, &[key], &[self.quota], amount).await?;
-        Ok(remaining.into_iter().next().unwrap_or(0))
+        let refunds = super::refund(
+            conn,
+            self.algorithm,
+            &[key],
+            &[self.quota],
+            std::slice::from_mut(charge),
+            amount,
+        )
+        .await?;
+        refunds
+            .into_iter()
+            .next()
+            .ok_or_else(|| Error::UnexpectedReply {
+                script: self.algorithm.scripts().refund.name(),
+                detail: "no limit in the reply".to_owned(),
+            })
     }
 
     /// Forget the state at `key`: the limiter is full again. Idempotent.
@@ -222,6 +262,7 @@ impl Limiter {
     ///     retry_after: Some(Duration::from_millis(29_001)),
     ///     reset_after: Duration::from_millis(29_001),
     ///     at: UNIX_EPOCH,
+    ///     charged: 0,
     /// };
     /// let h = limiter.headers(&denied);
     /// assert_eq!(h.policy, r#""default";q=100;w=60"#);
@@ -261,6 +302,8 @@ impl Limiter {
 pub struct Check {
     call: Invocation,
     quota: Quota,
+    /// What an admitted call takes (0 for a peek).
+    cost: u64,
 }
 
 impl Check {
@@ -291,6 +334,7 @@ impl Check {
         Ok(Check {
             call,
             quota: limiter.quota,
+            cost: if peek { 0 } else { cost },
         })
     }
 }
@@ -304,7 +348,7 @@ impl Operation for Check {
 
     fn decode(&self, reply: redis::Value) -> Result<RateLimit> {
         let script = self.call.script().name();
-        let decision = super::decode_decision(script, reply, &[self.quota])?;
+        let decision = super::decode_decision(script, reply, &[self.quota], self.cost)?;
         decision
             .limits
             .into_iter()

@@ -12,8 +12,10 @@
 //! and the line is replaced by the helper's code (its own comment header
 //! dropped) before the script is hashed, loaded or sent. The first include
 //! is preceded by `local SCRIPT_NAME = '<name>'`, which `lib/fail` uses to
-//! name the script in its errors. Helpers include nothing themselves, so
-//! what a script runs is exactly its own text plus the helpers it names.
+//! name the script in its errors. A helper may itself open with includes of
+//! the helpers it builds on; they are spliced in before it, and every
+//! helper appears once, so what a script runs is exactly its own text plus
+//! the helpers it names and theirs.
 //!
 //! This file is compiled twice: by `build.rs`, which composes every script
 //! under `lua/` into `$OUT_DIR/lua/` (the tree the registry embeds), and by
@@ -42,7 +44,20 @@ pub(crate) fn compose<'a>(
         ));
     }
     let mut out = String::with_capacity(source.len() + 1024);
-    let mut included: Vec<&str> = Vec::new();
+    let mut included = Vec::new();
+    splice(name, source, &lib, &mut included, &mut out)?;
+    Ok(out)
+}
+
+/// Copies `source` into `out`, expanding its includes depth first: a helper's
+/// own includes come before its body, and each helper appears once.
+fn splice<'a>(
+    name: &str,
+    source: &str,
+    lib: &impl Fn(&str) -> Option<&'a str>,
+    included: &mut Vec<String>,
+    out: &mut String,
+) -> Result<(), String> {
     for line in source.split_inclusive('\n') {
         let Some(path) = line.trim_end().strip_prefix(INCLUDE).map(str::trim) else {
             out.push_str(line);
@@ -53,24 +68,51 @@ pub(crate) fn compose<'a>(
                 "{name}: `{INCLUDE}{path}`: helpers live under lib/"
             ));
         }
-        if included.contains(&path) {
-            return Err(format!("{name}: {path} is included twice"));
+        if included.iter().any(|p| p == path) {
+            if source_includes(source, path) > 1 {
+                return Err(format!("{name}: {path} is included twice"));
+            }
+            continue; // already pulled in by another helper
+        }
+        if included.len() > 64 {
+            return Err(format!("{name}: too many helpers (an include cycle?)"));
         }
         let code = lib(path).ok_or_else(|| format!("{name}: no helper lua/{path}.lua"))?;
-        if code.lines().any(|l| l.trim_start().starts_with(INCLUDE)) {
-            return Err(format!("{path}: helpers may not include other helpers"));
-        }
         if included.is_empty() {
             out.push_str(&format!("local SCRIPT_NAME = '{name}'\n"));
         }
-        included.push(path);
+        included.push(path.to_owned());
+        let code = body(code);
+        let (deps, rest) = split_includes(code);
+        let deps: String = deps
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| format!("{l}\n"))
+            .collect();
+        splice(path, &deps, lib, included, out)?;
         out.push_str(&format!("-- {path}\n"));
-        out.push_str(body(code));
+        out.push_str(rest);
         if !out.ends_with('\n') {
             out.push('\n');
         }
     }
-    Ok(out)
+    Ok(())
+}
+
+fn source_includes(source: &str, path: &str) -> usize {
+    includes(source).filter(|p| *p == path).count()
+}
+
+/// A helper body split after its leading `--@include` lines.
+fn split_includes(code: &str) -> (&str, &str) {
+    let mut at = 0;
+    for line in code.split_inclusive('\n') {
+        if !line.trim_start().starts_with(INCLUDE) && !line.trim().is_empty() {
+            break;
+        }
+        at += line.len();
+    }
+    code.split_at(at)
 }
 
 /// A helper without its leading comment header and blank lines.
@@ -78,7 +120,7 @@ fn body(code: &str) -> &str {
     let mut rest = code;
     while let Some((line, tail)) = rest.split_once('\n') {
         let line = line.trim();
-        if line.is_empty() || line.starts_with("--") {
+        if line.is_empty() || (line.starts_with("--") && !line.starts_with(INCLUDE)) {
             rest = tail;
         } else {
             break;
@@ -101,7 +143,9 @@ mod tests {
     fn libs(path: &str) -> Option<&'static str> {
         match path {
             "lib/one" => Some("-- lib/one: a helper.\n--\n\nlocal function one() return 1 end\n"),
-            "lib/bad" => Some("--@include lib/one\n"),
+            "lib/two" => Some("-- lib/two: uses one.\n\n--@include lib/one\n\nlocal function two() return one() + 1 end\n"),
+            "lib/loop" => Some("--@include lib/loop2\n"),
+            "lib/loop2" => Some("--@include lib/loop\nlocal x = 1\n"),
             _ => None,
         }
     }
@@ -118,6 +162,17 @@ mod tests {
     }
 
     #[test]
+    fn a_helper_brings_the_helpers_it_builds_on_first_and_each_once() {
+        let src = "-- t/z: test.\n--@include lib/two\n--@include lib/one\nreturn two()\n";
+        let out = compose("t/z", src, libs).unwrap();
+        assert_eq!(
+            out,
+            "-- t/z: test.\nlocal SCRIPT_NAME = 't/z'\n-- lib/one\nlocal function one() return 1 end\n\
+             -- lib/two\nlocal function two() return one() + 1 end\nreturn two()\n"
+        );
+    }
+
+    #[test]
     fn a_script_without_includes_is_unchanged() {
         let src = "#!lua flags=no-writes\n-- t/y: test.\nreturn 1";
         assert_eq!(compose("t/y", src, libs).unwrap(), src);
@@ -128,7 +183,10 @@ mod tests {
         assert!(compose("t/x", "--@include lib/none\n", libs).is_err());
         assert!(compose("t/x", "--@include lib/one\n--@include lib/one\n", libs).is_err());
         assert!(compose("t/x", "--@include other/one\n", libs).is_err());
-        assert!(compose("t/x", "--@include lib/bad\n", libs).is_err());
+        assert!(
+            compose("t/x", "--@include lib/loop\nreturn 1\n", libs).is_ok(),
+            "each helper once"
+        );
         assert!(compose("t/x'..", "return 1", libs).is_err());
     }
 }

@@ -44,8 +44,8 @@
 
 --@include lib/fail
 --@include lib/args
---@include lib/stored
 --@include lib/time
+--@include lib/fixed
 
 local MAX = 9007199254740991
 
@@ -68,20 +68,9 @@ local now = math.floor(micros / 1000) -- exact: micros < 2^53
 
 local count, ends, repair, fits, admitted = {}, {}, {}, {}, 1
 for i = 1, n do
-  local c, e = 0, nil
-  local stored = redis.call('GET', KEYS[i])
-  if stored then
-    c = stored_int(stored, 0, MAX)
-    if c == nil then
-      return fail('key ' .. i .. ' does not hold a counter')
-    end
-    e = redis.call('PEXPIRETIME', KEYS[i])
-    if e == -1 then
-      e, repair[i] = now + window[i], true
-    elseif now >= e then
-      c, e = 0, nil -- the window has ended
-    end
-  end
+  local c, e = fixed_read(KEYS[i], now)
+  if not c then return fail('key ' .. KEYS[i] .. ' does not hold a counter') end
+  if e == -1 then e, repair[i] = now + window[i], true end
   count[i], ends[i] = c, e
   -- Compared as cost > L - count so that no intermediate passes 2^53.
   fits[i] = cost <= limit[i] - c

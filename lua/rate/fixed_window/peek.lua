@@ -18,8 +18,8 @@
 
 --@include lib/fail
 --@include lib/args
---@include lib/stored
 --@include lib/time
+--@include lib/fixed
 
 local MAX = 9007199254740991
 
@@ -38,20 +38,9 @@ for i = 1, n do
   local w, l = arg_int(2 * i, 1, MAX), arg_int(2 * i + 1, 1, MAX)
   if not w or not l then return fail('bad window or limit for key ' .. i) end
   if cost > l then return fail('cost is above the limit of key ' .. i) end
-  local c, e = 0, nil
-  local stored = redis.call('GET', KEYS[i])
-  if stored then
-    c = stored_int(stored, 0, MAX)
-    if c == nil then
-      return fail('key ' .. i .. ' does not hold a counter')
-    end
-    e = redis.call('PEXPIRETIME', KEYS[i])
-    if e == -1 then
-      e = now + w
-    elseif now >= e then
-      c, e = 0, nil
-    end
-  end
+  local c, e = fixed_read(KEYS[i], now)
+  if not c then return fail('key ' .. KEYS[i] .. ' does not hold a counter') end
+  if e == -1 then e = now + w end
   local fits = cost <= l - c
   local retry, reset = -1, 0
   if e ~= nil and c > 0 then reset = e - now end

@@ -44,6 +44,7 @@
 --@include lib/args
 --@include lib/div
 --@include lib/time
+--@include lib/gcra
 
 local MAX = 9007199254740991      -- 2^53 - 1: Lua numbers are doubles
 local MAX_FILL = 2251799813685248 -- 2^51 microseconds, about 71 years
@@ -68,15 +69,8 @@ local now = now_us()
 
 local tat, fits, admitted = {}, {}, 1
 for i = 1, n do
-  local t = now
-  local stored = redis.call('GET', KEYS[i])
-  if stored then
-    local v = tonumber(stored)
-    if v == nil or v ~= math.floor(v) or v < 0 then
-      return fail('key ' .. i .. ' does not hold a GCRA state')
-    end
-    if v > now then t = v end
-  end
+  local t = gcra_tat(KEYS[i], now)
+  if not t then return fail('key ' .. KEYS[i] .. ' does not hold a GCRA state') end
   tat[i] = t
   fits[i] = (t - now) + cost * interval[i] <= burst[i] * interval[i]
   if not fits[i] then admitted = 0 end

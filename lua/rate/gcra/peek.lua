@@ -20,6 +20,7 @@
 --@include lib/args
 --@include lib/div
 --@include lib/time
+--@include lib/gcra
 
 local MAX = 9007199254740991
 local MAX_FILL = 2251799813685248
@@ -40,15 +41,8 @@ for i = 1, n do
     return fail('bad interval or burst for key ' .. i)
   end
   if cost > b then return fail('cost is above the burst of key ' .. i) end
-  local t = now
-  local stored = redis.call('GET', KEYS[i])
-  if stored then
-    local v = tonumber(stored)
-    if v == nil or v ~= math.floor(v) or v < 0 then
-      return fail('key ' .. i .. ' does not hold a GCRA state')
-    end
-    if v > now then t = v end
-  end
+  local t = gcra_tat(KEYS[i], now)
+  if not t then return fail('key ' .. KEYS[i] .. ' does not hold a GCRA state') end
   local room = b * step - (t - now)
   local fits = cost * step <= room
   local remaining, retry = 0, -1

@@ -48,8 +48,8 @@
 --@include lib/fail
 --@include lib/args
 --@include lib/div
---@include lib/stored
 --@include lib/time
+--@include lib/window
 
 local MAX = 9007199254740991
 
@@ -89,23 +89,8 @@ end
 local start, count, previous, elapsed, fits, admitted = {}, {}, {}, {}, {}, 1
 for i = 1, n do
   local w, l = window[i], limit[i]
-  local cur = floor_div(now, w) * w
-  local c, p = 0, 0
-  local state = redis.call('HMGET', KEYS[i], 'start', 'count', 'previous')
-  if not (state[1] or state[2] or state[3]) and redis.call('EXISTS', KEYS[i]) == 1 then
-    return fail('key ' .. i .. ' does not hold a sliding window')
-  end
-  if state[1] or state[2] or state[3] then
-    local s, sc, sp = stored_int(state[1], 0, MAX), stored_int(state[2], 0, MAX), stored_int(state[3], 0, MAX)
-    if not s or not sc or not sp then
-      return fail('key ' .. i .. ' does not hold a sliding window')
-    end
-    if s >= cur then
-      cur, c, p = s, sc, sp -- this window (or a later one: the clock stepped back)
-    elseif s == cur - w then
-      p = sc                -- the window before this one
-    end                     -- older: nothing counts
-  end
+  local cur, c, p = window_read(KEYS[i], now, w)
+  if not cur then return fail('key ' .. KEYS[i] .. ' does not hold a sliding window') end
   -- A lowered limit: clamp so that the products below stay exact.
   c, p = math.min(c, l), math.min(p, l)
   local e = math.max(0, now - cur)

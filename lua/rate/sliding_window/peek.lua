@@ -18,8 +18,8 @@
 --@include lib/fail
 --@include lib/args
 --@include lib/div
---@include lib/stored
 --@include lib/time
+--@include lib/window
 
 local MAX = 9007199254740991
 
@@ -51,23 +51,8 @@ for i = 1, n do
     return fail('bad window or limit for key ' .. i)
   end
   if cost > l then return fail('cost is above the limit of key ' .. i) end
-  local cur = floor_div(now, w) * w
-  local c, p = 0, 0
-  local state = redis.call('HMGET', KEYS[i], 'start', 'count', 'previous')
-  if not (state[1] or state[2] or state[3]) and redis.call('EXISTS', KEYS[i]) == 1 then
-    return fail('key ' .. i .. ' does not hold a sliding window')
-  end
-  if state[1] or state[2] or state[3] then
-    local s, sc, sp = stored_int(state[1], 0, MAX), stored_int(state[2], 0, MAX), stored_int(state[3], 0, MAX)
-    if not s or not sc or not sp then
-      return fail('key ' .. i .. ' does not hold a sliding window')
-    end
-    if s >= cur then
-      cur, c, p = s, sc, sp
-    elseif s == cur - w then
-      p = sc
-    end
-  end
+  local cur, c, p = window_read(KEYS[i], now, w)
+  if not cur then return fail('key ' .. KEYS[i] .. ' does not hold a sliding window') end
   c, p = math.min(c, l), math.min(p, l)
   local e = math.max(0, now - cur)
   local fits = c + cost <= l and p * (w - e) <= (l - c - cost) * w

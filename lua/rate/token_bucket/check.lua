@@ -43,8 +43,8 @@
 --@include lib/fail
 --@include lib/args
 --@include lib/div
---@include lib/stored
 --@include lib/time
+--@include lib/bucket
 
 local MAX = 9007199254740991
 local MAX_FILL = 2251799813685248
@@ -70,22 +70,8 @@ local now = now_us()
 local tokens, at, fits, admitted = {}, {}, {}, 1
 for i = 1, n do
   local cap, step = capacity[i], interval[i]
-  local k, a = cap, now
-  local state = redis.call('HMGET', KEYS[i], 'tokens', 'at')
-  if not (state[1] or state[2]) and redis.call('EXISTS', KEYS[i]) == 1 then
-    return fail('key ' .. i .. ' does not hold a token bucket')
-  end
-  if state[1] or state[2] then
-    k, a = stored_int(state[1], 0, MAX), stored_int(state[2], 0, MAX)
-    if not k or not a then
-      return fail('key ' .. i .. ' does not hold a token bucket')
-    end
-    if now > a then
-      local add = floor_div(now - a, step)
-      if k + add >= cap then k, a = cap, now else k, a = k + add, a + add * step end
-    end
-    if k > cap then k = cap end -- the capacity was lowered
-  end
+  local k, a = bucket_read(KEYS[i], now, step, cap)
+  if not k then return fail('key ' .. KEYS[i] .. ' does not hold a token bucket') end
   tokens[i], at[i] = k, a
   fits[i] = cost <= k
   if not fits[i] then admitted = 0 end
