@@ -2,6 +2,10 @@
 
 use redis::aio::ConnectionLike;
 
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::deny_cache::DenyCache;
 use super::{headers, Algorithm, Headers, Quota, RateLimit, Refund};
 use crate::script::{run_one, Invocation, Operation};
 use crate::{validate, Error, Result};
@@ -33,7 +37,22 @@ pub struct Limiter {
     algorithm: Algorithm,
     quota: Quota,
     name: String,
+    /// Opt-in local memory of denials, shared by clones.
+    denials: Option<Denials>,
 }
+
+/// The deny cache of a limiter and its clones; limiters compare equal when
+/// their caches have the same capacity (the cache is state, not setting).
+#[derive(Debug, Clone)]
+struct Denials(Arc<DenyCache>);
+
+impl PartialEq for Denials {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.capacity() == other.0.capacity()
+    }
+}
+
+impl Eq for Denials {}
 
 impl Limiter {
     /// A limiter named `"default"`.
@@ -49,7 +68,35 @@ impl Limiter {
             algorithm,
             quota,
             name: "default".to_owned(),
+            denials: None,
         })
+    }
+
+    /// The same limiter, remembering up to `capacity` recent denials in this
+    /// process: after the server denies `cost` units at a key with
+    /// `retry_after = r`, checks of that key for `cost` or more units within
+    /// `r` are denied here, without a round trip. An abusive client then
+    /// costs Redis one call per `retry_after` instead of one per request.
+    ///
+    /// The cache never admits, and never outlives the server's answer: `r`
+    /// counts from when the denied request was *sent*, before the server
+    /// decided. What it gives up: a refund (or a `reset`) elsewhere cannot
+    /// shorten a cached denial. Each entry expires on its own; when the
+    /// cache is full, the denial closest to its end makes room. Clones share
+    /// the cache. [`Limiter::peek`], refunds and batched [`Check`]s do not
+    /// use it.
+    ///
+    /// ```
+    /// use nolock::rate::{Algorithm, Limiter, Quota};
+    ///
+    /// let api = Limiter::new(Algorithm::Gcra, Quota::per_second(10)?)?.with_local_deny_cache(10_000);
+    /// # Ok::<(), nolock::Error>(())
+    /// ```
+    pub fn with_local_deny_cache(self, capacity: usize) -> Limiter {
+        Limiter {
+            denials: Some(Denials(Arc::new(DenyCache::new(capacity)))),
+            ..self
+        }
     }
 
     /// The same limiter under another name: the policy name in the
@@ -111,7 +158,18 @@ impl Limiter {
     where
         C: ConnectionLike + Send,
     {
-        self.decide(conn, key, cost, false).await
+        let Some(Denials(cache)) = &self.denials else {
+            return self.decide(conn, key, cost, false).await;
+        };
+        // Input errors come first, as without the cache.
+        let check = Check::build(self, key, cost, false)?;
+        let sent = Instant::now();
+        if let Some(local) = cache.denied(key, cost, sent) {
+            return Ok(local);
+        }
+        let decision = run_one(&check, conn).await?;
+        cache.record(key, cost, &decision, sent);
+        Ok(decision)
     }
 
     /// What [`Limiter::check`] would answer for `cost` now, without taking

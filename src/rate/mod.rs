@@ -80,6 +80,7 @@ use redis::aio::ConnectionLike;
 use crate::script::{Invocation, Reply, Script};
 use crate::{validate, Error, Result};
 
+mod deny_cache;
 mod fixed_window;
 mod gcra;
 pub mod headers;
