@@ -91,11 +91,13 @@
 //! One operation, one script, one wrapper: `lua/limits/try_increment.lua` is
 //! run by [`limits::try_increment`].
 //!
-//! * [`limits`]: bounded counters (fixed windows, concurrency limits).
+//! * [`limits`]: bounded counters (fixed windows).
 //! * [`rate`]: rate limiters (GCRA, token bucket, sliding and fixed windows),
 //!   atomic multi-limit checks, IETF `RateLimit` headers.
 //! * [`cas`]: conditional writes: compare-and-set/delete/expire, versioned
 //!   values, monotonic integers, guarded debit/credit, insert-if-absent.
+//! * [`semaphore`]: "at most N at once" with expiring permits, reclaimed
+//!   one by one from crashed holders; a self-renewing [`semaphore::PermitLease`].
 //! * [`fence`]: leases with fencing tokens: fenced acquire, token-checked
 //!   release/extend, a self-renewing [`fence::Lease`], fenced writes.
 //! * [`script`]: the engine: the embedded registry, [`Scripts::load`], `EVALSHA`
@@ -130,7 +132,9 @@ pub mod fence;
 pub mod keys;
 pub mod limits;
 pub mod rate;
+mod renew;
 pub mod script;
+pub mod semaphore;
 mod validate;
 
 pub use error::{Error, Result};

@@ -1,3 +1,4 @@
+#![allow(deprecated)] // limits::release stays tested while it is deprecated
 //! The behaviour suite of `limits`, the engine and `Batch`, run twice: once
 //! against a single `redis-server` and once against a local Redis Cluster of
 //! 3 primaries with 1 replica each.

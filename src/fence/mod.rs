@@ -131,8 +131,10 @@
 //! apart by more than 1% are out of scope). A [`Lease`] renews every
 //! `ttl / 3`, so a renewal delayed by up to two periods (a slow reply, a busy
 //! runtime) still lands in time; size the TTL well above the p99 of a round
-//! trip and of your runtime's scheduling delays. A renewal that *fails* ends
-//! the lease at once (see [`Lease`]).
+//! trip and of your runtime's scheduling delays. A renewal that fails for a
+//! passing reason (`BUSY`, `LOADING`, a lost reply) is tried again until the
+//! deadline; the lease is lost only when the deadline passes unconfirmed or
+//! the lock is found gone (see [`Lease`]).
 //!
 //! # Limits of a Redis fence
 //!
