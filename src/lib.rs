@@ -135,6 +135,7 @@ pub mod rate;
 mod renew;
 pub mod script;
 pub mod semaphore;
+mod timer;
 mod validate;
 
 pub use error::{Error, Result};

@@ -83,6 +83,7 @@ pub struct Admission {
 
 /// A counter read by [`peek`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
 pub struct Usage {
     /// The current count (0 when the key does not exist).
     pub count: u64,

@@ -21,6 +21,7 @@ use crate::{Error, Result};
 /// lost.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
+#[must_use = "a lost lease means the work must stop"]
 pub enum Loss {
     /// A renewal found the holding gone or under another owner: it expired
     /// (the holder was paused past its TTL) or was deleted, and someone else

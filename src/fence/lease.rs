@@ -42,6 +42,7 @@ pub use crate::renew::Loss;
 /// `ConnectionManager` (cheap; they share one socket), or a pooled
 /// connection, which returns to its pool when the lease ends.
 #[derive(Debug)]
+#[must_use = "dropping a lease releases the lock at once"]
 pub struct Lease {
     resource: String,
     grant: Grant,
@@ -83,11 +84,8 @@ impl Lease {
     /// # Errors
     ///
     /// As [`super::acquire_with_retry`]. A lock still held when the backoff
-    /// runs out is [`Acquire::Held`], not an error.
-    ///
-    /// # Panics
-    ///
-    /// When called outside a Tokio runtime, like `tokio::spawn`.
+    /// runs out is [`Acquire::Held`], not an error. [`Error::NoTimer`] before
+    /// any I/O outside a Tokio runtime or on one built without timers.
     ///
     /// # Example
     ///
@@ -118,6 +116,8 @@ impl Lease {
     where
         C: ConnectionLike + Send + 'static,
     {
+        // The renewals sleep: refuse before taking a lock nobody would renew.
+        crate::timer::check()?;
         Ok(
             match acquire_with_retry(&mut conn, resource, ttl, backoff).await? {
                 Acquire::Acquired(grant) => Acquire::Acquired(Lease::start(conn, resource, grant)?),
@@ -132,16 +132,14 @@ impl Lease {
     ///
     /// # Errors
     ///
-    /// [`Error::EmptyKey`].
-    ///
-    /// # Panics
-    ///
-    /// When called outside a Tokio runtime, like `tokio::spawn`.
+    /// [`Error::EmptyKey`]; [`Error::NoTimer`] outside a Tokio runtime or on
+    /// one built without timers (the renewals could not be scheduled).
     pub fn start<C>(conn: C, resource: &str, grant: Grant) -> Result<Lease>
     where
         C: ConnectionLike + Send + 'static,
     {
         Keys::of(resource)?;
+        crate::timer::check()?;
         let held = LockHeld {
             resource: resource.to_owned(),
             token: grant.token.clone(),
@@ -258,11 +256,8 @@ impl Lease {
 ///
 /// # Errors
 ///
-/// [`Error::LeaseLost`]; otherwise as [`super::acquire_with_retry`].
-///
-/// # Panics
-///
-/// When called outside a Tokio runtime, like `tokio::spawn`.
+/// [`Error::LeaseLost`]; otherwise as [`Lease::acquire`] (including
+/// [`Error::NoTimer`] before any I/O on a runtime without timers).
 ///
 /// # Example
 ///

@@ -166,7 +166,9 @@ impl Invocation {
     /// are followed by another send: `NOSCRIPT`, and on a cluster `MOVED` or
     /// `READONLY` (up to 4 times within about 150 ms, [`REDIRECT_DELAYS`];
     /// the cluster connection refreshes its slot map before each). Every
-    /// other failure, above all a lost reply, is returned as it is.
+    /// other failure, above all a lost reply, is returned as it is. A resend
+    /// that must wait on a runtime without timers returns [`Error::NoTimer`]
+    /// (nothing ran) instead of panicking.
     ///
     /// After `NOSCRIPT` the call goes again as the pipeline `SCRIPT LOAD`,
     /// `EVALSHA` ([`Fallback::Load`]). Were it sent as `EVAL`, the script
@@ -201,7 +203,8 @@ impl Invocation {
                     REDIRECTS.fetch_add(1, Relaxed);
                     let delay = REDIRECT_DELAYS[redirects];
                     if !delay.is_zero() {
-                        tokio::time::sleep(delay).await;
+                        // Nothing ran (MOVED/READONLY), so NoTimer is definite.
+                        crate::timer::sleep(delay)?.await;
                     }
                     redirects += 1;
                 }

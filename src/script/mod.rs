@@ -87,9 +87,11 @@
 //!   call. It narrows the window; it does not make replication synchronous.
 //! * Prefer the coordinated `CLUSTER FAILOVER` for maintenance; keep `FORCE`
 //!   and `TAKEOVER` for a primary that is really gone.
-//! * `appendonly yes` with `appendfsync everysec` (or `always`) protects
-//!   against a restart of a node, not against a failover to a replica that
-//!   was behind.
+//! * `appendonly yes` with `appendfsync always` protects against a restart
+//!   of a node: every write is on disk before its reply. `everysec` can lose
+//!   about the last second of writes in a crash (for fences: grants handed
+//!   out again; [`crate::fence::durability`] reports it). Neither protects
+//!   against a failover to a replica that was behind.
 
 // Adding an operation that batches: give the module a value type holding its
 // `Invocation` (built by a validating constructor) and implement `Operation`
