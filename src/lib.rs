@@ -11,7 +11,7 @@
 //! connection (`MultiplexedConnection`, `ConnectionManager`, a cluster
 //! connection, a pooled connection) as `&mut impl ConnectionLike`. It checks
 //! its input before sending anything, runs its script with `EVALSHA`, and
-//! falls back to `EVAL` once when the server has lost the script.
+//! when the server has lost the script, loads it and runs it once more.
 //!
 //! # Example
 //!
@@ -101,7 +101,7 @@
 //! * [`fence`]: leases with fencing tokens: fenced acquire, token-checked
 //!   release/extend, a self-renewing [`fence::Lease`], fenced writes.
 //! * [`script`]: the engine: the embedded registry, [`Scripts::load`], `EVALSHA`
-//!   with the `EVAL` fallback, [`Batch`], [`stats`]; cluster behaviour.
+//!   with the `NOSCRIPT` fallback, [`Batch`], [`stats`]; cluster behaviour.
 //! * [`policy`]: a per-decision timeout and what to do when Redis fails
 //!   (fail closed, fail open, a per-process limiter), visible in the answer.
 //! * `layer` (feature `tower`): `RateLimitLayer` and `ConcurrencyLimitLayer`
@@ -120,7 +120,9 @@
 //! * `metrics`: counters and a latency histogram through the `metrics`
 //!   facade.
 //!
-//! Requires Redis 7.0 or later (read-only scripts declare `#!lua flags=no-writes`).
+//! Tested on Redis 7.0, 7.4 and 8.0 and Valkey 8.0 (read-only scripts declare
+//! `#!lua flags=no-writes`, which needs Redis 7.0 or later); the README's
+//! "Servers" section says how they differ.
 
 #![warn(
     missing_docs,

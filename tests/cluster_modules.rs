@@ -482,9 +482,6 @@ async fn a_lease_renews_on_the_deployment_connection(d: &Deployment) {
 
 // ---------------------------------------------------------------- all
 
-/// Script caches emptied on every node, then one call of each module's main
-/// operations: each runs exactly once, through `EVAL` (or `EVAL_RO`) the
-/// first time a script is needed on its node, which caches it again.
 async fn a_waiter_is_woken_by_a_release_through_any_node(d: &Deployment) {
     let mut conn = d.conn().await;
     let resource = format!("{}job", prefix("woken"));
@@ -530,9 +527,12 @@ async fn a_waiter_is_woken_by_a_release_through_any_node(d: &Deployment) {
     assert!(got.duration_since(released) < Duration::from_secs(10));
 }
 
+/// Script caches emptied on every node, then one call of each module's main
+/// operations: each runs exactly once, after a `SCRIPT LOAD` pipelined to
+/// its node the first time a script is needed there (never as `EVAL`).
 async fn every_module_recovers_a_script_flush_on_every_node(d: &Deployment) {
     let mut conn = d.conn().await;
-    // One tag: every key on one node, whose `EVAL`s this test can count.
+    // One tag: every key on one node, whose `SCRIPT LOAD`s this test can count.
     let tag = format!("{{{}}}", prefix("flush_modules"));
     let key = |part: &str| format!("{tag}:{part}");
     let mut owner = d.owner(&tag).await;
@@ -540,8 +540,12 @@ async fn every_module_recovers_a_script_flush_on_every_node(d: &Deployment) {
         support::command_calls(&mut c, "eval").await
             + support::command_calls(&mut c, "eval_ro").await
     };
+    let loads = |mut c: MultiplexedConnection| async move {
+        support::command_calls(&mut c, "script|load").await
+    };
     d.flush_scripts_everywhere().await;
     let before = evals(owner.clone()).await;
+    let loads_before = loads(owner.clone()).await;
 
     // rate: gcra/check (twice: the second finds it cached), sliding_window/check
     let limiter = Limiter::new(Algorithm::Gcra, Quota::per_minute(5).unwrap()).unwrap();
@@ -586,7 +590,7 @@ async fn every_module_recovers_a_script_flush_on_every_node(d: &Deployment) {
     let r = fence::release(&mut conn, &resource, &g.token).await;
     assert_eq!(r.unwrap(), Release::Released);
 
-    // Alone on the deployment: one EVAL per script, on the tag's node.
+    // Alone on the deployment: one SCRIPT LOAD per script, on the tag's node.
     let scripts = [
         "gcra/check",
         "sliding_window/check",
@@ -599,7 +603,11 @@ async fn every_module_recovers_a_script_flush_on_every_node(d: &Deployment) {
         "read",
         "release",
     ];
-    assert_eq!(evals(owner.clone()).await - before, scripts.len() as u64);
+    assert_eq!(
+        loads(owner.clone()).await - loads_before,
+        scripts.len() as u64
+    );
+    assert_eq!(evals(owner.clone()).await, before, "no EVAL");
     for name in [
         "rate/gcra/check",
         "cas/adjust",
@@ -611,7 +619,7 @@ async fn every_module_recovers_a_script_flush_on_every_node(d: &Deployment) {
             .find(|s| s.name() == name)
             .unwrap_or_else(|| panic!("{name}"));
         let cached: Vec<bool> = raw(&mut owner, &["SCRIPT", "EXISTS", script.sha1()]).await;
-        assert_eq!(cached, [true], "{name} cached again by its EVAL");
+        assert_eq!(cached, [true], "{name} loaded again");
     }
 }
 

@@ -991,8 +991,8 @@ async fn script_flush_before_acquire_and_release_still_works() {
 
     let _: () = raw(&mut conn, &["SCRIPT", "FLUSH"]).await;
     let g = grant(fence::acquire(&mut conn, &resource, MINUTE).await.unwrap());
-    assert_eq!(g.fence, 1, "ran exactly once through EVAL");
-    assert_eq!(command_calls(&mut conn, "eval").await, 1);
+    assert_eq!(g.fence, 1, "ran exactly once, after a SCRIPT LOAD");
+    assert_eq!(command_calls(&mut conn, "script|load").await, 1);
 
     let _: () = raw(&mut conn, &["SCRIPT", "FLUSH"]).await;
     assert!(matches!(
@@ -1009,7 +1009,8 @@ async fn script_flush_before_acquire_and_release_still_works() {
             .unwrap(),
         Release::Released
     );
-    assert_eq!(command_calls(&mut conn, "eval").await, 3);
+    assert_eq!(command_calls(&mut conn, "script|load").await, 3);
+    assert_eq!(command_calls(&mut conn, "eval").await, 0);
     assert_eq!(keys(&mut conn, "*").await, vec![fence_key(&resource)]);
 }
 
@@ -1055,7 +1056,7 @@ async fn release_and_extend_still_work_on_a_full_server() {
     );
 
     // The holder can still keep and give back its lock (allow-oom), also
-    // through the EVAL fallback.
+    // through the NOSCRIPT fallback.
     let _: () = raw(&mut conn, &["SCRIPT", "FLUSH"]).await;
     assert!(matches!(
         fence::extend(&mut conn, &resource, &g.token, MINUTE)

@@ -435,6 +435,9 @@ async fn a_retry_with_the_same_id_gets_the_same_permit_not_a_second() {
 async fn bad_input_is_rejected_before_anything_is_sent() {
     let server = RedisServer::start();
     let mut conn = server.conn().await;
+    // Loaded first: the valid acquire below is then one EVALSHA (a miss
+    // would add the EVALSHA of the SCRIPT LOAD + EVALSHA fallback).
+    nolock::Scripts::load(&mut conn).await.unwrap();
     let before = command_calls(&mut conn, "evalsha").await;
     let s = Duration::from_secs(1);
     let too_long = semaphore::MAX_PERMIT_TTL + MS;
@@ -553,8 +556,11 @@ async fn every_call_recovers_a_script_flush() {
         semaphore::release(&mut conn, &key, &p).await.unwrap(),
         Release::Released
     );
-    assert_eq!(command_calls(&mut conn, "eval").await, 3);
-    assert_eq!(command_calls(&mut conn, "eval_ro").await, 1);
+    // Each flushed script came back through SCRIPT LOAD + EVALSHA, never
+    // EVAL / EVAL_RO (which the EVAL LRU of Redis >= 7.4 could evict).
+    assert_eq!(command_calls(&mut conn, "script|load").await, 4);
+    assert_eq!(command_calls(&mut conn, "eval").await, 0);
+    assert_eq!(command_calls(&mut conn, "eval_ro").await, 0);
 }
 
 #[tokio::test]
