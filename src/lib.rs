@@ -115,10 +115,12 @@ mod error;
 pub mod fence;
 pub mod keys;
 pub mod limits;
+mod proxied;
 pub mod rate;
 pub mod script;
 mod validate;
 
 pub use error::{Error, Result};
+pub use proxied::Proxied;
 pub use script::{stats, Batch, BatchConnection, Operation, Script, Scripts, Stats};
 pub use validate::{MAX_INTEGER, MAX_TTL, MAX_VALUE_LEN};
