@@ -9,6 +9,9 @@
 
 pub mod cluster;
 pub mod deployment;
+pub mod faults;
+pub mod history;
+pub mod proxy;
 pub mod server;
 
 use std::sync::atomic::{AtomicU32, Ordering};
