@@ -232,8 +232,8 @@ impl Error {
             // redis-rs also uses `Client` for failures after a request was
             // handed to the connection (the cluster connection's "request
             // wasn't handled due to internal failure"), so it cannot promise
-            // the script did not run. A request refused by an already closed
-            // connection is marked by the engine (`invoke::NeverSent`).
+            // the script did not run. A call refused by `Tracked` after its
+            // connection dropped is marked as never sent.
             ErrorKind::Io => err.is_connection_refusal() || crate::script::is_never_sent(&err),
             _ => false,
         };

@@ -118,9 +118,11 @@ pub mod limits;
 mod proxied;
 pub mod rate;
 pub mod script;
+mod tracked;
 mod validate;
 
 pub use error::{Error, Result};
 pub use proxied::Proxied;
 pub use script::{stats, Batch, BatchConnection, Operation, Script, Scripts, Stats};
+pub use tracked::Tracked;
 pub use validate::{MAX_INTEGER, MAX_TTL, MAX_VALUE_LEN};

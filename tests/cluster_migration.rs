@@ -58,7 +58,10 @@ async fn a_slot_moves_under_load_without_errors_and_counts_stay_exact() {
                 counters
                     .record(
                         process,
-                        Increment { n: 1 },
+                        Increment {
+                            n: 1,
+                            key: process as u32,
+                        },
                         limits::try_increment(&mut conn, &key, LIMIT, LONG),
                     )
                     .await;

@@ -54,8 +54,8 @@ pub struct Stats {
     /// progress), `CLUSTERDOWN`, `LOADING` (a restarted server reading its
     /// data) or `MASTERDOWN`.
     pub retries: u64,
-    /// Calls found to have failed before their request reached the
-    /// connection (it had already closed): reported as a definite
+    /// Calls refused by a [`crate::Tracked`] connection that had already
+    /// dropped, before anything was sent: reported as a definite
     /// [`Error::Redis`], not [`Error::Indeterminate`].
     pub never_sent: u64,
 }
@@ -209,52 +209,21 @@ impl Invocation {
     }
 }
 
-/// Send `cmd` and wait for its reply.
-///
-/// A connection whose I/O task has ended (the server closed it, or the
-/// network dropped it) fails every later request at once with a bare
-/// `BrokenPipe`, the same error redis-rs gives a request whose reply was
-/// lost when the connection died under it. The two differ in when they come:
-/// a request refused by a closed channel fails on the first poll, before
-/// anything could be written, while one handed to the I/O task waits at least
-/// one poll for the task to run. Such a first-poll failure is marked
-/// [`NeverSent`] and becomes a definite error.
 async fn send<C>(conn: &mut C, cmd: &Cmd) -> redis::RedisResult<Value>
 where
     C: ConnectionLike + Send,
 {
-    let mut reply = conn.req_packed_command(cmd);
-    let mut first_poll = true;
-    let result = std::future::poll_fn(|cx| {
-        let poll = std::future::Future::poll(reply.as_mut(), cx);
-        let failed_at_once = first_poll;
-        first_poll = false;
-        poll.map(|result| match result {
-            Err(err) if failed_at_once && is_closed_connection(&err) => {
-                NEVER_SENT.fetch_add(1, Relaxed);
-                Err(never_sent(err))
-            }
-            other => other,
-        })
-    })
-    .await;
-    result?.extract_error()
+    conn.req_packed_command(cmd).await?.extract_error()
 }
 
-/// The error redis-rs's multiplexed connection gives a request when its I/O
-/// task is gone: `io::Error::from(BrokenPipe)`, with no OS error code and no
-/// message (a failed write or read on the socket carries an OS code).
-fn is_closed_connection(err: &redis::RedisError) -> bool {
-    err.kind() == ErrorKind::Io
-        && io_error(err).is_some_and(|io| {
-            io.kind() == std::io::ErrorKind::BrokenPipe
-                && io.raw_os_error().is_none()
-                && io.get_ref().is_none()
-        })
-}
-
-/// Marks an I/O error raised before the request could reach the connection;
-/// [`Error::from_redis`] reports it as definite.
+/// Marks an I/O error raised before the request could reach the connection
+/// ([`crate::Tracked`] raises it); [`Error::from_redis`] reports it as
+/// definite.
+///
+/// redis-rs 1.8 cannot raise it itself: its multiplexed connection fails a
+/// request sent after its I/O task ended with `io::Error::from(BrokenPipe)`,
+/// the very error it gives a request whose reply was lost when the
+/// connection died under it (`closed_connection_error`, on both paths).
 #[derive(Debug)]
 pub(crate) struct NeverSent;
 
@@ -266,7 +235,8 @@ impl std::fmt::Display for NeverSent {
 
 impl std::error::Error for NeverSent {}
 
-fn never_sent(_closed: redis::RedisError) -> redis::RedisError {
+pub(crate) fn never_sent() -> redis::RedisError {
+    NEVER_SENT.fetch_add(1, Relaxed);
     std::io::Error::new(std::io::ErrorKind::NotConnected, NeverSent).into()
 }
 
@@ -442,24 +412,17 @@ pub(crate) mod tests {
         assert!(!is_resendable(&lost) && !is_noscript(&lost));
     }
 
-    /// A connection that answers every request with one fixed result,
-    /// either at once or after one `Pending`.
+    /// A connection that answers every request with one fixed error.
     struct Fixed {
         error: fn() -> redis::RedisError,
-        at_once: bool,
         sent: usize,
     }
 
     impl ConnectionLike for Fixed {
         fn req_packed_command<'a>(&'a mut self, _: &'a Cmd) -> redis::RedisFuture<'a, Value> {
             self.sent += 1;
-            let (error, at_once) = (self.error, self.at_once);
-            Box::pin(async move {
-                if !at_once {
-                    tokio::task::yield_now().await;
-                }
-                Err(error())
-            })
+            let error = self.error;
+            Box::pin(async move { Err(error()) })
         }
 
         fn req_packed_commands<'a>(
@@ -476,41 +439,11 @@ pub(crate) mod tests {
         }
     }
 
-    fn closed() -> redis::RedisError {
-        std::io::Error::from(std::io::ErrorKind::BrokenPipe).into()
-    }
-
-    #[tokio::test]
-    async fn a_closed_connection_that_refuses_at_once_is_definite() {
-        let call = Invocation::new(&ECHO, &["k"]);
-        let mut conn = Fixed {
-            error: closed,
-            at_once: true,
-            sent: 0,
-        };
-        let err = call.run(&mut conn).await.unwrap_err();
-        assert!(err.is_definite(), "{err:?}");
-        assert!(err.to_string().contains("not sent"), "{err}");
-
-        // The same error after the request was handed over: it may have run.
-        conn.at_once = false;
-        let err = call.run(&mut conn).await.unwrap_err();
-        assert!(!err.is_definite(), "{err:?}");
-
-        // A failed write or read carries an OS error code: never definite.
-        conn.error = || std::io::Error::from_raw_os_error(32).into();
-        conn.at_once = true;
-        let err = call.run(&mut conn).await.unwrap_err();
-        assert!(!err.is_definite(), "{err:?}");
-        assert_eq!(conn.sent, 3);
-    }
-
     #[tokio::test]
     async fn nothing_ran_replies_are_resent_within_the_budget() {
         let call = Invocation::new(&ECHO, &["k"]);
         let mut conn = Fixed {
             error: || (ErrorKind::Server(ServerErrorKind::TryAgain), "x").into(),
-            at_once: true,
             sent: 0,
         };
         let started = std::time::Instant::now();

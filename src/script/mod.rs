@@ -91,7 +91,7 @@ pub use registry::{Loaded, Script, Scripts};
 pub(crate) use batch::run_one;
 #[cfg(test)]
 pub(crate) use invoke::words;
-pub(crate) use invoke::{is_never_sent, Invocation};
+pub(crate) use invoke::{is_never_sent, never_sent, Invocation};
 pub(crate) use reply::Reply;
 
 /// A `static` [`Script`] for `lua/<name>.lua`.

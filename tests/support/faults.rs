@@ -61,7 +61,10 @@ pub async fn client_pause(
 /// connection of its own. Returns when the script has finished.
 pub async fn busy(url: &str, length: Duration) -> redis::RedisResult<()> {
     let client = redis::Client::open(url)?;
-    let mut conn = client.get_multiplexed_async_connection().await?;
+    let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
+    let mut conn = client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await?;
     run(&mut conn, &["CONFIG", "SET", "busy-reply-threshold", "10"]).await?;
     let spin = "local t = redis.call('TIME') \
                 local stop = tonumber(t[1]) * 1000000 + tonumber(t[2]) + tonumber(ARGV[1]) \
@@ -180,4 +183,69 @@ pub async fn migrate_slot(cluster: &RedisCluster, slot: u16, to: u16, pause: Dur
         }
     }
     from
+}
+
+async fn try_node(port: u16) -> Option<MultiplexedConnection> {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).ok()?;
+    let config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(Duration::from_secs(1)))
+        .set_response_timeout(Some(Duration::from_secs(2)));
+    client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+        .ok()
+}
+
+/// A coordinated `CLUSTER FAILOVER` of `key`'s shard that gives up (without
+/// panicking) when the roles have not switched everywhere within 10 s, as
+/// happens when the primary is busy when the replica asks. Returns
+/// `(old primary, new primary)` once every primary reports the new one.
+pub async fn try_failover(cluster: &RedisCluster, key: &str) -> Result<(u16, u16), String> {
+    let shard = cluster.shard_of(key).await;
+    let old = shard.primary;
+    let new = *shard.replicas.first().ok_or("the shard has no replica")?;
+    let mut replica = try_node(new).await.ok_or("replica unreachable")?;
+    let _: () = redis::cmd("CLUSTER")
+        .arg("FAILOVER")
+        .query_async(&mut replica)
+        .await
+        .map_err(|e| format!("CLUSTER FAILOVER on :{new}: {e}"))?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut agreed = true;
+        for port in cluster.ports() {
+            let Some(mut conn) = try_node(port).await else {
+                agreed = false;
+                break;
+            };
+            let slots: redis::RedisResult<Vec<Vec<redis::Value>>> = redis::cmd("CLUSTER")
+                .arg("SLOTS")
+                .query_async(&mut conn)
+                .await;
+            let sees_new = slots.is_ok_and(|ranges| {
+                ranges.iter().any(|range| {
+                    redis::from_redis_value::<Vec<redis::Value>>(range[2].clone())
+                        .ok()
+                        .and_then(|p| redis::from_redis_value::<i64>(p[1].clone()).ok())
+                        == Some(i64::from(new))
+                })
+            });
+            let info: redis::RedisResult<String> = redis::cmd("CLUSTER")
+                .arg("INFO")
+                .query_async(&mut conn)
+                .await;
+            let ok = info.is_ok_and(|i| i.contains("cluster_state:ok"));
+            if !(sees_new && ok) {
+                agreed = false;
+                break;
+            }
+        }
+        if agreed {
+            return Ok((old, new));
+        }
+    }
+    Err(format!(
+        "failover :{old} -> :{new} did not complete within 10 s"
+    ))
 }

@@ -190,6 +190,8 @@ pub fn subset_sums(deltas: &[i64]) -> std::collections::BTreeSet<i64> {
 #[derive(Debug, Clone)]
 pub struct Increment {
     pub n: u64,
+    /// Which counter, when a run uses several (check each on its own).
+    pub key: u32,
 }
 
 /// **Counter invariant.** With one window for the whole run, the final

@@ -13,6 +13,7 @@ pub mod faults;
 pub mod history;
 pub mod proxy;
 pub mod server;
+pub mod torture;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
