@@ -1,30 +1,29 @@
-//! Connections through a Redis proxy (twemproxy, Envoy, ...), on which a
-//! server error does not prove that nothing ran.
-//!
-//! Talking to Redis directly, an error reply means the server refused the
-//! request: nolock reports it as a definite [`Error::Redis`] and the call is
-//! safe to retry. A proxy breaks that promise. It forwards the script to a
-//! server and, when that server's reply is slow or its connection drops,
-//! answers the client with an error of its own (Envoy's `upstream failure`,
-//! twemproxy's `ERR Connection timed out`): the script may have run. Some
-//! proxies also retry upstream on their own.
-//!
-//! Wrap such a connection in [`Proxied`]: every error reply except
-//! `NOSCRIPT` then becomes [`Error::Indeterminate`]. `NOSCRIPT` stays
-//! definite (no proxy invents it; the server did not run the script), so
-//! the `EVAL` fallback still works. Denials, held locks and failed
-//! conditions are replies, not errors, and are unaffected.
-//!
-//! [`Error::Redis`]: crate::Error::Redis
-//! [`Error::Indeterminate`]: crate::Error::Indeterminate
+//! [`Proxied`]: a connection through a Redis proxy.
 
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, ServerErrorKind, Value};
 
 use crate::BatchConnection;
 
-/// A connection that goes through a proxy: server errors are reported as
-/// [`crate::Error::Indeterminate`] (see the [module docs](self)).
+/// A connection through a Redis proxy (twemproxy, Envoy, ...), on which a
+/// server error does not prove that nothing ran.
+///
+/// Talking to Redis directly, an error reply means the server refused the
+/// request: nolock reports it as a definite [`Error::Redis`] and the call is
+/// safe to retry. A proxy breaks that promise. It forwards the script to a
+/// server and, when that server's reply is slow or its connection drops,
+/// answers the client with an error of its own (Envoy's `upstream failure`,
+/// twemproxy's `ERR Connection timed out`): the script may have run. Some
+/// proxies also retry upstream on their own.
+///
+/// Wrap such a connection in [`Proxied`]: every error reply except
+/// `NOSCRIPT` then becomes [`Error::Indeterminate`]. `NOSCRIPT` stays
+/// definite (no proxy invents it; the server did not run the script), so
+/// the `EVAL` fallback still works. Denials, held locks and failed
+/// conditions are replies, not errors, and are unaffected.
+///
+/// [`Error::Redis`]: crate::Error::Redis
+/// [`Error::Indeterminate`]: crate::Error::Indeterminate
 ///
 /// Works wherever the connection inside works, batches included. In a
 /// [`crate::Batch`] one such error makes every entry of that batch

@@ -1,28 +1,4 @@
-//! A connection that remembers that it dropped, so that calls made after
-//! the drop are reported as never sent (definite) instead of indeterminate.
-//!
-//! redis-rs's `MultiplexedConnection` never reconnects: once its socket
-//! closes (a `CLIENT KILL`, a restart, a network cut), every later request
-//! fails at once with `BrokenPipe`. redis-rs 1.8 gives that same error to a
-//! request whose reply was lost when the socket closed under it, so nolock
-//! cannot tell the two apart from the error and must call both
-//! [`Error::Indeterminate`]. In a busy process sharing one connection, one
-//! drop turns thousands of calls indeterminate, though only those in flight
-//! at the drop could have run.
-//!
-//! [`Tracked`] keeps the missing fact: the first failure that shows the
-//! connection is gone sets a flag shared by every clone, and every call that
-//! starts after it is refused before anything is sent, as a definite
-//! [`Error::Redis`] that says "not sent". Calls that were already under way
-//! stay indeterminate. Make a new connection when you see it
-//! ([`Tracked::is_dropped`]).
-//!
-//! Wrap a `MultiplexedConnection` only. A `ConnectionManager` or a cluster
-//! connection reconnects by itself, so refusing calls after a drop would
-//! refuse calls that would have gone out on the new socket.
-//!
-//! [`Error::Indeterminate`]: crate::Error::Indeterminate
-//! [`Error::Redis`]: crate::Error::Redis
+//! [`Tracked`]: a connection that remembers that it dropped.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -33,8 +9,31 @@ use redis::{Cmd, Pipeline, RedisError, RedisFuture, Value};
 use crate::script::never_sent;
 use crate::BatchConnection;
 
-/// A connection that refuses, as never sent, every call made after it was
-/// seen to drop (see the [module docs](self)). Clones share the flag.
+/// A connection that remembers that it dropped, so that calls made after
+/// the drop are reported as never sent (definite) instead of indeterminate.
+///
+/// redis-rs's `MultiplexedConnection` never reconnects: once its socket
+/// closes (a `CLIENT KILL`, a restart, a network cut), every later request
+/// fails at once with `BrokenPipe`. redis-rs 1.8 gives that same error to a
+/// request whose reply was lost when the socket closed under it, so nolock
+/// cannot tell the two apart from the error and must call both
+/// [`Error::Indeterminate`]. In a busy process sharing one connection, one
+/// drop turns thousands of calls indeterminate, though only those in flight
+/// at the drop could have run.
+///
+/// [`Tracked`] keeps the missing fact: the first failure that shows the
+/// connection is gone sets a flag shared by every clone, and every call that
+/// starts after it is refused before anything is sent, as a definite
+/// [`Error::Redis`] that says "not sent". Calls that were already under way
+/// stay indeterminate. Make a new connection when you see it
+/// ([`Tracked::is_dropped`]).
+///
+/// Wrap a `MultiplexedConnection` only. A `ConnectionManager` or a cluster
+/// connection reconnects by itself, so refusing calls after a drop would
+/// refuse calls that would have gone out on the new socket.
+///
+/// [`Error::Indeterminate`]: crate::Error::Indeterminate
+/// [`Error::Redis`]: crate::Error::Redis
 ///
 /// ```no_run
 /// use std::time::Duration;

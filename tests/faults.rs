@@ -32,7 +32,10 @@ async fn through(proxy: &FaultProxy, timeout: Duration) -> redis::aio::Multiplex
     let client = redis::Client::open(proxy.url()).expect("url");
     let mut last = None;
     for _ in 0..50 {
-        match client.get_multiplexed_async_connection_with_config(&config).await {
+        match client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+        {
             Ok(conn) => return conn,
             Err(e) => last = Some(e),
         }

@@ -30,9 +30,13 @@
 //! ([`crate::Error::CrossSlot`] otherwise, before I/O). A call answered
 //! `NOSCRIPT` by whichever node served it falls back to `EVAL` there. A call
 //! answered `MOVED` or `READONLY`, which a node sends without running
-//! anything when the slot has a new owner, is sent again (up to 4 times
-//! within about 150 ms) once redis-rs has refreshed its slot map;
-//! [`Stats::redirects`] counts these. Nothing else is ever sent twice, which is why the cluster client
+//! anything when the slot has a new owner, is sent again once redis-rs has
+//! refreshed its slot map ([`Stats::redirects`]). A call answered `ASK` or
+//! `TRYAGAIN` (its slot is being migrated), `CLUSTERDOWN`, `LOADING` or
+//! `MASTERDOWN` is sent again after a short wait ([`Stats::retries`]): nolock
+//! waits out a migration rather than sending `ASKING` to the importing node,
+//! which the generic `ConnectionLike` API gives no way to address. All
+//! resends share one budget: 8 within about 1.3 s. Nothing else is ever sent twice, which is why the cluster client
 //! must be built with `retries(0)` (see the crate docs).
 //!
 //! **What a failover keeps.** `CLUSTER FAILOVER` on a replica, without
