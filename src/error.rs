@@ -213,6 +213,40 @@ pub enum Error {
         /// The SHA1 the server returned.
         server: String,
     },
+
+    /// No script of that name in the [`crate::script::ScriptDir`] asked.
+    /// Nothing was sent. [`crate::checked_script!`] makes a misspelt name a
+    /// compile error instead.
+    #[error("no script named {name:?} in this script directory")]
+    UnknownScript {
+        /// The name asked for (a path under the directory, without `.lua`).
+        name: String,
+    },
+
+    /// A script of a [`crate::script::ScriptDir`] cannot be used: it
+    /// includes a helper that does not exist, includes one twice, or its
+    /// name has characters other than `[A-Za-z0-9_/-]`. Nothing was sent.
+    #[error("script {script}: {reason}")]
+    ScriptSource {
+        /// The file, under the directory.
+        script: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// A script's reply does not decode into the type asked for
+    /// ([`crate::script::Call`]). The script **ran**: whatever it wrote
+    /// stays written, so this is not a definite error. Fix the type (or
+    /// the script) rather than retrying.
+    #[error("the reply of script {script} does not decode into {target}: {detail}")]
+    ReplyType {
+        /// The script that replied.
+        script: &'static str,
+        /// The Rust type asked for.
+        target: &'static str,
+        /// Why the reply did not fit.
+        detail: String,
+    },
 }
 
 impl Error {
@@ -246,9 +280,12 @@ impl Error {
 
     /// True when the operation surely did not take effect, so a retry cannot
     /// apply it twice. False for [`Error::Indeterminate`],
-    /// [`Error::UnexpectedReply`] and [`Error::LeaseLost`] (the cancelled work
-    /// may have been partly done).
+    /// [`Error::UnexpectedReply`], [`Error::ReplyType`] (the script ran) and
+    /// [`Error::LeaseLost`] (the cancelled work may have been partly done).
     pub fn is_definite(&self) -> bool {
+        if let Error::ReplyType { .. } = self {
+            return false; // the script ran; only its reply did not fit
+        }
         !matches!(
             self,
             Error::Indeterminate(_) | Error::UnexpectedReply { .. } | Error::LeaseLost { .. }
@@ -270,6 +307,8 @@ impl Error {
                 | Error::ValueTooLarge { .. }
                 | Error::EmptyRange { .. }
                 | Error::Encode(_)
+                | Error::UnknownScript { .. }
+                | Error::ScriptSource { .. }
         )
     }
 }

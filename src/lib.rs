@@ -40,6 +40,13 @@
 //! one typed `Result` per operation, in order, recovering `NOSCRIPT` entry by
 //! entry.
 //!
+//! # Your own scripts
+//!
+//! A directory of your own Lua scripts, embedded with [`scripts!`], runs
+//! through the same engine: [`script::ScriptDir`] names them,
+//! [`script::Call`] calls one with its reply decoded into your type, alone
+//! or in a [`Batch`], and [`Scripts::load_with`] loads them at startup.
+//!
 //! # Redis Cluster
 //!
 //! Operations work unchanged on a redis-rs cluster connection: each script's
@@ -116,6 +123,11 @@
 
 pub mod cas;
 mod error;
+/// What the exported macros expand to; not part of the API.
+#[doc(hidden)]
+pub mod __private {
+    pub use include_dir;
+}
 pub mod fence;
 pub mod keys;
 pub mod limits;

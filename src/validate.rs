@@ -39,6 +39,19 @@ pub(crate) fn positive(what: &'static str, value: u64) -> Result<u64> {
     }
 }
 
+/// Any integer up to `max` (0 allowed), e.g. a time or a duration echoed back.
+pub(crate) fn at_most(what: &'static str, value: u64, max: u64) -> Result<u64> {
+    if value > max {
+        Err(Error::OutOfRange {
+            what,
+            given: value,
+            max,
+        })
+    } else {
+        Ok(value)
+    }
+}
+
 /// A duration as whole milliseconds: at least 1 ms, at most [`MAX_TTL`].
 /// Sub-millisecond parts are dropped (Redis expiries have 1 ms resolution).
 pub(crate) fn millis(what: &'static str, duration: Duration) -> Result<u64> {

@@ -62,10 +62,12 @@ async fn every_rate_algorithm_counts_down_denies_and_refunds_on_the_keys_owner(d
         // Several keys per algorithm, so that every primary serves some.
         for n in 0..3 {
             let key = format!("{p}{i}:{n}");
+            let mut last = None;
             for remaining in [2, 1, 0] {
                 let r = limiter.check(&mut conn, &key, 1).await.unwrap();
                 assert!(r.allowed, "{algorithm} {key}");
                 assert_eq!((r.limit, r.remaining), (3, remaining), "{algorithm}");
+                last = Some(r);
             }
             let denied = limiter.check(&mut conn, &key, 1).await.unwrap();
             assert!(
@@ -76,7 +78,10 @@ async fn every_rate_algorithm_counts_down_denies_and_refunds_on_the_keys_owner(d
             let peek = limiter.peek(&mut conn, &key, 1).await.unwrap();
             assert!(!peek.allowed, "{algorithm}: peek agrees");
 
-            assert_eq!(limiter.refund(&mut conn, &key, 1).await.unwrap(), 1);
+            let back = limiter
+                .refund(&mut conn, &key, last.as_mut().unwrap(), 1)
+                .await;
+            assert_eq!(back.unwrap().remaining, 1, "{algorithm}");
             let again = limiter.check(&mut conn, &key, 1).await.unwrap();
             assert_eq!((again.allowed, again.remaining), (true, 0), "{algorithm}");
             assert!(d.exists(&key).await, "{key} on its owner");
@@ -113,8 +118,8 @@ async fn a_multi_limit_with_derived_and_shared_keys_is_all_or_nothing(d: &Deploy
     assert_eq!((r.allowed, r.denied_by), (false, Some(0)), "minute is full");
     assert_eq!(r.limits[2].remaining, 1, "the tenant was not charged");
 
-    let r = multi.check(&mut conn, &u2, &[&all], 1).await.unwrap();
-    assert!(r.allowed, "the tenant's last unit");
+    let mut u2_last = multi.check(&mut conn, &u2, &[&all], 1).await.unwrap();
+    assert!(u2_last.allowed, "the tenant's last unit");
     let r = multi.check(&mut conn, &u2, &[&all], 1).await.unwrap();
     assert_eq!((r.allowed, r.denied_by), (false, Some(2)), "tenant is full");
     assert_eq!(
@@ -138,7 +143,11 @@ async fn a_multi_limit_with_derived_and_shared_keys_is_all_or_nothing(d: &Deploy
     }
 
     // Refund gives the tenant room again, and reset forgets a user.
-    let remaining = multi.refund(&mut conn, &u2, &[&all], 1).await.unwrap();
+    let refunds = multi
+        .refund(&mut conn, &u2, &[&all], &mut u2_last, 1)
+        .await
+        .unwrap();
+    let remaining: Vec<_> = refunds.iter().map(|r| r.remaining).collect();
     assert_eq!(remaining, [3, 5, 1]);
     assert!(
         multi
@@ -184,6 +193,11 @@ async fn a_multi_limit_across_slots_is_refused_before_anything_is_sent(d: &Deplo
         .unwrap()
         .shared_limit("tenant", Quota::per_second(100).unwrap())
         .unwrap();
+    let mut no_charge = nolock::rate::MultiRateLimit {
+        allowed: true,
+        denied_by: None,
+        limits: Vec::new(),
+    };
     // Alone on the deployment: command counts are this test's.
     let counted = ["evalsha", "evalsha_ro", "eval", "eval_ro", "del"];
     let mut before = Vec::new();
@@ -201,7 +215,7 @@ async fn a_multi_limit_across_slots_is_refused_before_anything_is_sent(d: &Deplo
             .await
             .unwrap_err(),
         multi
-            .refund(&mut conn, &user, &[&shared], 1)
+            .refund(&mut conn, &user, &[&shared], &mut no_charge, 1)
             .await
             .unwrap_err(),
         multi.reset(&mut conn, &user, &[&shared]).await.unwrap_err(),

@@ -285,39 +285,61 @@ async fn refund_and_reset_restore_capacity() {
         let key = format!("{p}{algorithm}");
         let l = limiter(algorithm, 10, MINUTE);
 
-        assert_eq!(
-            l.refund(&mut conn, &key, 5).await.unwrap(),
-            10,
-            "{algorithm}"
-        );
+        // A refund of a charge whose key is gone creates nothing.
+        let other = format!("{p}other:{algorithm}");
+        let mut charge = l.check(&mut conn, &other, 1).await.unwrap();
+        l.reset(&mut conn, &other).await.unwrap();
+        let r = l.refund(&mut conn, &other, &mut charge, 1).await.unwrap();
+        assert_eq!((r.credited, r.remaining), (0, 10), "{algorithm}");
         assert!(
             keys(&mut conn, &format!("{p}*")).await.is_empty(),
             "{algorithm}: refund created nothing"
         );
 
-        assert_eq!(
-            l.check(&mut conn, &key, 6).await.unwrap().remaining,
-            4,
-            "{algorithm}"
-        );
-        assert_eq!(
-            l.refund(&mut conn, &key, 4).await.unwrap(),
-            8,
-            "{algorithm}"
-        );
-        let d = l.check(&mut conn, &key, 8).await.unwrap();
+        let mut six = l.check(&mut conn, &key, 6).await.unwrap();
+        assert_eq!((six.remaining, six.charged), (4, 6), "{algorithm}");
+        let r = l.refund(&mut conn, &key, &mut six, 4).await.unwrap();
+        assert_eq!((r.credited, r.remaining), (4, 8), "{algorithm}");
+        let mut d = l.check(&mut conn, &key, 8).await.unwrap();
         assert!(d.allowed && d.remaining == 0, "{algorithm}: {d:?}");
+        let mut denied = l.check(&mut conn, &key, 1).await.unwrap();
+        assert!(!denied.allowed && denied.charged == 0, "{algorithm}");
+
+        // A refund never gives back more than its charge took, nor a denial.
+        assert!(matches!(
+            l.refund(&mut conn, &key, &mut d, 9).await,
+            Err(Error::InvalidArgument { what: "amount", .. })
+        ));
+        assert!(matches!(
+            l.refund(&mut conn, &key, &mut denied, 1).await,
+            Err(Error::InvalidArgument { what: "charge", .. })
+        ));
+        let r = l.refund(&mut conn, &key, &mut d, 8).await.unwrap();
+        assert_eq!((r.credited, r.remaining), (8, 8), "{algorithm}");
+        assert_eq!(d.charged, 0, "refunded in full");
+        assert!(matches!(
+            l.refund(&mut conn, &key, &mut d, 1).await,
+            Err(Error::InvalidArgument { what: "charge", .. })
+        ));
+        let r = l.refund(&mut conn, &key, &mut six, 2).await.unwrap();
+        // GCRA and the bucket count each charge as draining from its own
+        // arrival, so the milliseconds between the checks and the refunds
+        // are not given back: part of a unit stays taken.
+        let (credited, least) = match algorithm {
+            Algorithm::Gcra | Algorithm::TokenBucket => (2, 9),
+            _ => (2, 10),
+        };
         assert!(
-            !l.check(&mut conn, &key, 1).await.unwrap().allowed,
-            "{algorithm}"
+            r.credited == credited && r.remaining >= least,
+            "{algorithm}: {r:?}"
         );
 
-        // A refund never fills past the limit.
-        assert_eq!(
-            l.refund(&mut conn, &key, 1_000).await.unwrap(),
-            10,
-            "{algorithm}"
-        );
+        // A charge refunded at once leaves the limiter as it found it.
+        l.reset(&mut conn, &key).await.unwrap();
+        let key = format!("{p}{algorithm}:again");
+        let mut four = l.check(&mut conn, &key, 4).await.unwrap();
+        let r = l.refund(&mut conn, &key, &mut four, 4).await.unwrap();
+        assert_eq!((r.credited, r.remaining), (4, 10), "{algorithm}");
         let full = l.peek(&mut conn, &key, 10).await.unwrap();
         assert!(
             full.allowed && full.remaining == 10,
@@ -448,10 +470,15 @@ async fn a_shared_tenant_limit_denies_every_user_of_the_tenant() {
         .unwrap()
         .shared_limit("tenant", Quota::per_minute(3).unwrap())
         .unwrap();
+    let mut alice_last = None;
     for user in [&alice, &alice, &bob] {
         let d = limits.check(&mut conn, user, &[&tenant], 1).await.unwrap();
         assert!(d.allowed, "{d:?}");
+        if user == &alice {
+            alice_last = Some(d);
+        }
     }
+    let mut alice_last = alice_last.unwrap();
     let bob_key = limits.keys(&bob, &[&tenant]).unwrap().remove(0);
     let bob_before = snapshot(&mut conn, &bob_key).await;
     let d = limits.check(&mut conn, &bob, &[&tenant], 1).await.unwrap();
@@ -460,13 +487,12 @@ async fn a_shared_tenant_limit_denies_every_user_of_the_tenant() {
     assert_eq!(snapshot(&mut conn, &bob_key).await, bob_before);
 
     // Refund and reset reach every key, the shared one included.
-    assert_eq!(
-        limits
-            .refund(&mut conn, &alice, &[&tenant], 1)
-            .await
-            .unwrap(),
-        [9, 1]
-    );
+    let refunds = limits
+        .refund(&mut conn, &alice, &[&tenant], &mut alice_last, 1)
+        .await
+        .unwrap();
+    let got: Vec<_> = refunds.iter().map(|r| (r.credited, r.remaining)).collect();
+    assert_eq!(got, [(1, 9), (1, 1)]);
     assert!(
         limits
             .check(&mut conn, &bob, &[&tenant], 1)
@@ -500,7 +526,8 @@ async fn a_script_flush_falls_back_to_eval() {
             "{algorithm}"
         );
         // Cached again: the next call is a plain EVALSHA.
-        assert_eq!(l.check(&mut conn, &key, 1).await.unwrap().remaining, 7);
+        let mut last = l.check(&mut conn, &key, 1).await.unwrap();
+        assert_eq!(last.remaining, 7);
         assert_eq!(
             command_calls(&mut conn, "eval").await,
             evals + 1,
@@ -514,8 +541,11 @@ async fn a_script_flush_falls_back_to_eval() {
             "{algorithm}"
         );
         assert_eq!(
-            l.refund(&mut conn, &key, 2).await.unwrap(),
-            9,
+            l.refund(&mut conn, &key, &mut last, 1)
+                .await
+                .unwrap()
+                .remaining,
+            8,
             "{algorithm}"
         );
     }
@@ -532,6 +562,21 @@ async fn bad_input_is_rejected_before_anything_is_sent() {
         .unwrap()
         .shared_limit("tenant", Quota::per_minute(50).unwrap())
         .unwrap();
+    // What an admitted check returns; no check is sent in this test.
+    let mut charge = nolock::rate::RateLimit {
+        allowed: true,
+        limit: 5,
+        remaining: 4,
+        retry_after: None,
+        reset_after: Duration::from_secs(12),
+        at: std::time::SystemTime::now(),
+        charged: 1,
+    };
+    let mut multi_charge = nolock::rate::MultiRateLimit {
+        allowed: true,
+        denied_by: None,
+        limits: vec![charge, charge],
+    };
 
     assert!(matches!(
         l.check(&mut conn, "", 1).await,
@@ -557,11 +602,11 @@ async fn bad_input_is_rejected_before_anything_is_sent() {
         Err(Error::InsufficientCapacity { .. })
     ));
     assert!(matches!(
-        l.refund(&mut conn, "k", 0).await,
+        l.refund(&mut conn, "k", &mut charge, 0).await,
         Err(Error::ZeroLimit { what: "amount" })
     ));
     assert!(matches!(
-        l.refund(&mut conn, "", 1).await,
+        l.refund(&mut conn, "", &mut charge, 1).await,
         Err(Error::EmptyKey)
     ));
     assert!(matches!(l.reset(&mut conn, "").await, Err(Error::EmptyKey)));
@@ -586,7 +631,9 @@ async fn bad_input_is_rejected_before_anything_is_sent() {
         })
     ));
     assert!(matches!(
-        multi.refund(&mut conn, "u", &["{t}:all"], 1).await,
+        multi
+            .refund(&mut conn, "u", &["{t}:all"], &mut multi_charge, 1)
+            .await,
         Err(Error::CrossSlot { .. })
     ));
     assert!(matches!(
@@ -628,6 +675,20 @@ async fn bad_input_is_rejected_before_anything_is_sent() {
     }
 }
 
+/// A decision as an admitted check of `cost` just now would return it (a
+/// minute to reset), for refunds against keys no check has touched.
+fn charged(cost: u64) -> nolock::rate::RateLimit {
+    nolock::rate::RateLimit {
+        allowed: true,
+        limit: 10,
+        remaining: 10 - cost,
+        retry_after: None,
+        reset_after: Duration::from_secs(60),
+        at: std::time::SystemTime::now(),
+        charged: cost,
+    }
+}
+
 #[tokio::test]
 async fn a_key_of_another_shape_is_a_definite_error_and_is_left_alone() {
     let redis = support::redis();
@@ -650,7 +711,10 @@ async fn a_key_of_another_shape_is_a_definite_error_and_is_left_alone() {
                 "{algorithm}"
             );
             assert!(
-                matches!(l.refund(&mut conn, key, 1).await, Err(Error::Redis(_))),
+                matches!(
+                    l.refund(&mut conn, key, &mut charged(1), 1).await,
+                    Err(Error::Redis(_))
+                ),
                 "{algorithm}"
             );
             assert_eq!(
@@ -758,7 +822,15 @@ async fn a_counter_incrby_refuses_fails_a_multi_limit_call_before_any_write() {
         let _: () = raw(&mut conn, &["SET", &own, "3", "PX", "60000"]).await;
         let before = snapshot(&mut conn, &own).await;
         assert!(limits.check(&mut conn, &user, &[&odd], 1).await.is_err());
-        assert!(limits.refund(&mut conn, &user, &[&odd], 1).await.is_err());
+        let mut charge = nolock::rate::MultiRateLimit {
+            allowed: true,
+            denied_by: None,
+            limits: vec![charged(1), charged(1)],
+        };
+        assert!(limits
+            .refund(&mut conn, &user, &[&odd], &mut charge, 1)
+            .await
+            .is_err());
         assert_eq!(
             snapshot(&mut conn, &own).await,
             before,

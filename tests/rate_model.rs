@@ -305,3 +305,200 @@ fn sliding_window_conforms_to_the_model() {
 fn fixed_window_conforms_to_the_model() {
     conforms_to_the_model(Algorithm::FixedWindow);
 }
+
+/// One operation of a refund history: a check of `cost`, or a refund of
+/// `amount` (clamped to what that charge took) of the `charge`-th admitted
+/// check (modulo their number), after `pause_ms`.
+#[derive(Debug, Clone)]
+enum Op {
+    Check {
+        cost: u64,
+        pause_ms: u64,
+    },
+    Refund {
+        charge: usize,
+        amount: u64,
+        pause_ms: u64,
+    },
+}
+
+fn history(bursty: bool) -> impl Strategy<Value = (Case, Vec<Op>)> {
+    case(bursty).prop_flat_map(|c| {
+        let burst = c.burst;
+        let pause = prop::sample::select(vec![0u64, 0, 1, 5, 15, 40]);
+        let op = prop_oneof![
+            3 => (1..=burst, pause.clone()).prop_map(|(cost, pause_ms)| Op::Check { cost, pause_ms }),
+            2 => (any::<usize>(), 1..=burst, pause)
+                .prop_map(|(charge, amount, pause_ms)| Op::Refund { charge, amount, pause_ms }),
+        ];
+        (Just(c), prop::collection::vec(op, 1..30))
+    })
+}
+
+/// An admitted check (whose `charged` refunds lower) and what refunds have
+/// given back of it.
+#[derive(Debug)]
+struct Admission {
+    decision: RateLimit,
+    credited: u64,
+}
+
+impl Admission {
+    fn at_us(&self) -> u64 {
+        self.decision
+            .at
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_micros() as u64
+    }
+    /// The units the admission still counts for: its cost less refunds.
+    fn net(&self) -> u64 {
+        self.decision.charged
+    }
+}
+
+/// The invariant every algorithm states, with each refund counted against
+/// the admission it undoes: admitted minus validly refunded units never
+/// exceed the bound.
+///
+/// * GCRA, token bucket: within any span of server time from t1 to t2, at
+///   most burst + floor((t2 - t1) / T) units.
+/// * Fixed window: at most L units per window (a window is named by its end,
+///   `at` + `reset_after` of every admission in it).
+/// * Sliding window: at most L units per aligned window.
+fn check_history(algorithm: Algorithm, c: &Case, admitted: &[Admission]) -> Result<(), String> {
+    let t = (c.period_ms * 1000).div_ceil(c.rate);
+    match algorithm {
+        Algorithm::Gcra | Algorithm::TokenBucket => {
+            for (i, first) in admitted.iter().enumerate() {
+                let mut sum = 0;
+                for last in &admitted[i..] {
+                    sum += last.net();
+                    let span = last.at_us() - first.at_us();
+                    if sum > c.burst + span / t {
+                        return Err(format!(
+                            "{sum} units in {span} us > burst {} + {span}/{t}",
+                            c.burst
+                        ));
+                    }
+                }
+            }
+        }
+        _ => {
+            let mut per_window = std::collections::BTreeMap::new();
+            for a in admitted {
+                let at_ms = a.at_us() / 1000;
+                let window = if algorithm == Algorithm::FixedWindow {
+                    at_ms + a.decision.reset_after.as_millis() as u64
+                } else {
+                    at_ms / c.period_ms
+                };
+                *per_window.entry(window).or_insert(0) += a.net();
+            }
+            if let Some((w, n)) = per_window.iter().find(|(_, n)| **n > c.rate) {
+                return Err(format!("{n} units in window {w} > limit {}", c.rate));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn refunds_never_let_more_through(algorithm: Algorithm) {
+    let server = RedisServer::start();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let conn = rt.block_on(server.conn());
+    let config = Config {
+        cases: 12,
+        source_file: Some(file!()),
+        failure_persistence: Some(Box::new(FileFailurePersistence::SourceParallel(
+            "proptest-regressions",
+        ))),
+        ..Config::default()
+    };
+    let bursty = matches!(algorithm, Algorithm::Gcra | Algorithm::TokenBucket);
+    let mut runner = TestRunner::new(config);
+    runner
+        .run(&history(bursty), |(c, ops)| {
+            let quota = Quota::per(c.rate, Duration::from_millis(c.period_ms))
+                .unwrap()
+                .with_burst(c.burst)
+                .unwrap();
+            let limiter = Limiter::new(algorithm, quota).unwrap();
+            let key = format!("{}{algorithm}", prefix("refunds"));
+            let mut conn = conn.clone();
+            let mut admitted: Vec<Admission> = Vec::new();
+            rt.block_on(async {
+                for op in &ops {
+                    match *op {
+                        Op::Check { cost, pause_ms } => {
+                            tokio::time::sleep(Duration::from_millis(pause_ms)).await;
+                            let d = limiter.check(&mut conn, &key, cost).await.unwrap();
+                            prop_assert_eq!(d.charged, if d.allowed { cost } else { 0 });
+                            if d.allowed {
+                                admitted.push(Admission {
+                                    decision: d,
+                                    credited: 0,
+                                });
+                            }
+                        }
+                        Op::Refund {
+                            charge,
+                            amount,
+                            pause_ms,
+                        } => {
+                            if admitted.is_empty() {
+                                continue;
+                            }
+                            tokio::time::sleep(Duration::from_millis(pause_ms)).await;
+                            let i = charge % admitted.len();
+                            let a = &mut admitted[i];
+                            let amount = amount.min(a.decision.charged);
+                            if amount == 0 {
+                                continue; // refunded in full already
+                            }
+                            let held = a.decision.charged;
+                            let r = limiter
+                                .refund(&mut conn, &key, &mut a.decision, amount)
+                                .await
+                                .unwrap();
+                            prop_assert!(r.credited <= amount, "{:?} for {}", r, amount);
+                            prop_assert_eq!(a.decision.charged, held - r.credited);
+                            a.credited += r.credited;
+                        }
+                    }
+                    if let Err(e) = check_history(algorithm, &c, &admitted) {
+                        let seen: Vec<_> = admitted
+                            .iter()
+                            .map(|a| (a.at_us() % 100_000_000, a.net(), a.credited))
+                            .collect();
+                        prop_assert!(false, "{}: {} after {:?}: {:?}", algorithm, e, op, seen);
+                    }
+                }
+                Ok(())
+            })
+        })
+        .unwrap();
+}
+
+#[test]
+fn gcra_refunds_never_let_more_through() {
+    refunds_never_let_more_through(Algorithm::Gcra);
+}
+
+#[test]
+fn token_bucket_refunds_never_let_more_through() {
+    refunds_never_let_more_through(Algorithm::TokenBucket);
+}
+
+#[test]
+fn sliding_window_refunds_never_let_more_through() {
+    refunds_never_let_more_through(Algorithm::SlidingWindow);
+}
+
+#[test]
+fn fixed_window_refunds_never_let_more_through() {
+    refunds_never_let_more_through(Algorithm::FixedWindow);
+}

@@ -21,7 +21,7 @@
 --
 -- Guarantees: read, check and write are one atomic step: concurrent debits
 -- never take the balance below floor, concurrent credits never above
--- ceiling. Arithmetic is exact 64-bit (see int64 below), never wraps and
+-- ceiling. Arithmetic is exact 64-bit (see lua/lib/int64.lua), never wraps and
 -- never rounds. The write is INCRBY, which keeps the key's expiry and
 -- creates a missing key (with no expiry). A refused or failed call writes
 -- nothing; a stored non-integer is an error and is left alone.
@@ -32,45 +32,7 @@
 -- Balance "9223372036854775800", ceiling "9223372036854775807":
 --   delta "10"  -> {-1, "9223372036854775800"}
 
--- int64: exact 64-bit signed integers in Lua 5.1, whose numbers are doubles
--- (exact only up to 2^53). A value is two limbs {hi, lo} meaning
--- hi * 10^9 + lo with 0 <= lo < 10^9. Both limbs stay far below 2^53, so
--- parsing and comparing (and adding, in cas/adjust) are exact. This block is
--- identical in cas/adjust.lua and cas/watermark.lua (a unit test checks it).
-local LIMB = 1000000000
-local I64_MIN = {-9223372037, 145224192}
-local I64_MAX = {9223372036, 854775807}
-
-local function less(a, b)
-  return a[1] < b[1] or (a[1] == b[1] and a[2] < b[2])
-end
-
--- A canonical decimal integer (what INCRBY accepts and writes: no sign on
--- zero, no leading zeros, no '+') within the i64 range, else nil.
-local function parse(s)
-  if type(s) ~= 'string' or not (s == '0' or string.match(s, '^%-?[1-9]%d*$')) then
-    return nil
-  end
-  local negative = string.sub(s, 1, 1) == '-'
-  local digits = negative and string.sub(s, 2) or s
-  if #digits > 19 then
-    return nil
-  end
-  local hi = tonumber(string.sub(digits, 1, -10)) or 0
-  local lo = tonumber(string.sub(digits, -9))
-  if negative then
-    hi, lo = -hi, -lo
-    if lo < 0 then
-      hi, lo = hi - 1, lo + LIMB
-    end
-  end
-  local x = {hi, lo}
-  if less(x, I64_MIN) or less(I64_MAX, x) then
-    return nil
-  end
-  return x
-end
--- end of int64
+--@include lib/int64
 
 -- Exact sum of two int64 values (it may leave the i64 range; check with less).
 local function add(a, b)

@@ -28,7 +28,7 @@
 
 -- Compare two canonical decimals digit by digit (string '<' would use the
 -- server's collation locale).
-local function less(a, b)
+local function dec_less(a, b)
   if #a ~= #b then return #a < #b end
   for i = 1, #a do
     local x, y = a:byte(i), b:byte(i)
@@ -39,7 +39,7 @@ end
 
 local function is_fence(s)
   return type(s) == 'string' and #s >= 1 and #s <= 20 and s:match('^[1-9][0-9]*$') ~= nil
-    and not less('18446744073709551615', s)
+    and not dec_less('18446744073709551615', s)
 end
 
 local fence = ARGV[1]
@@ -55,7 +55,7 @@ if stored then
   if not is_fence(stored) then
     return redis.error_reply('ERR nolock fence/write: resource holds a non-fence value')
   end
-  if less(fence, stored) then
+  if dec_less(fence, stored) then
     return {0, stored}
   end
 elseif redis.call('EXISTS', KEYS[1]) == 1 then

@@ -9,12 +9,13 @@
 --
 -- Read-only (flags=no-writes), so it runs with EVALSHA_RO and replicas accept it.
 
+--@include lib/fail
+--@include lib/stored
+
 local stored = redis.call('GET', KEYS[1])
 local count = 0
 if stored then
-  count = tonumber(stored)
-  if count == nil or count < 0 or count ~= math.floor(count) then
-    return redis.error_reply('ERR nolock limits/peek: counter holds a non-counter value')
-  end
+  count = stored_int(stored, 0, 9007199254740991)
+  if not count then return fail('key ' .. KEYS[1] .. ' holds a non-counter value') end
 end
 return {count, redis.call('PTTL', KEYS[1])}

@@ -15,19 +15,21 @@
 --
 -- Example: counter 2, n 5: {0, 2}. Counter 7, n 3: {4, 3}.
 
-local n = tonumber(ARGV[1])
-if n == nil or n ~= math.floor(n) or n < 1 or n > 9007199254740991 then
-  return redis.error_reply('ERR nolock limits/release: bad n: ' .. tostring(ARGV[1]))
-end
+--@include lib/fail
+--@include lib/args
+--@include lib/stored
+
+local MAX = 9007199254740991
+
+local n = arg_int(1, 1, MAX)
+if not n then return fail('bad n: ' .. tostring(ARGV[1])) end
 
 local stored = redis.call('GET', KEYS[1])
 if not stored then
   return {0, 0}
 end
-local count = tonumber(stored)
-if count == nil or count < 0 or count ~= math.floor(count) then
-  return redis.error_reply('ERR nolock limits/release: counter holds a non-counter value')
-end
+local count = stored_int(stored, 0, MAX)
+if not count then return fail('key ' .. KEYS[1] .. ' holds a non-counter value') end
 
 local take = math.min(n, count)
 if take > 0 then

@@ -22,30 +22,24 @@
 -- Example: limit 3, window 60000, n 1, on a missing key:
 --   {1, 1, 60000}  {1, 2, 59998}  {1, 3, 59997}  {0, 3, 59996} ... until expiry.
 
-local function int_arg(i, min, name)
-  local v = tonumber(ARGV[i])
-  if v == nil or v ~= math.floor(v) or v < min or v > 9007199254740991 then
-    return nil, redis.error_reply('ERR nolock limits/try_increment: bad ' .. name .. ': ' .. tostring(ARGV[i]))
-  end
-  return v
-end
+--@include lib/fail
+--@include lib/args
+--@include lib/stored
 
-local limit, err = int_arg(1, 1, 'limit')
-if err then return err end
-local window, err2 = int_arg(2, 1, 'window')
-if err2 then return err2 end
-local n, err3 = int_arg(3, 1, 'n')
-if err3 then return err3 end
-if n > limit then
-  return redis.error_reply('ERR nolock limits/try_increment: n is above limit')
-end
+local MAX = 9007199254740991
+
+local limit, window, n = arg_int(1, 1, MAX), arg_int(2, 1, MAX), arg_int(3, 1, MAX)
+if not limit then return fail('bad limit: ' .. tostring(ARGV[1])) end
+if not window then return fail('bad window: ' .. tostring(ARGV[2])) end
+if not n then return fail('bad n: ' .. tostring(ARGV[3])) end
+if n > limit then return fail('n is above limit') end
 
 local stored = redis.call('GET', KEYS[1])
 local count = 0
 if stored then
-  count = tonumber(stored)
-  if count == nil or count < 0 or count ~= math.floor(count) then
-    return redis.error_reply('ERR nolock limits/try_increment: counter holds a non-counter value')
+  count = stored_int(stored, 0, MAX)
+  if not count then
+    return fail('key ' .. KEYS[1] .. ' holds a non-counter value')
   end
 end
 

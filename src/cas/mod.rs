@@ -222,21 +222,6 @@ pub use versioned::{get_versioned, set_if_version, Update, Versioned};
 mod tests {
     use crate::script::Scripts;
 
-    /// The int64 helper block is copied into each script that needs it (Redis
-    /// scripts cannot share code); the copies must never drift apart.
-    #[test]
-    fn the_int64_block_is_identical_in_every_script() {
-        fn block(name: &str) -> &'static str {
-            let source = Scripts::get(name).map(|s| s.source()).unwrap_or_default();
-            let start = source.find("-- int64:").expect(name);
-            let end = source.find("-- end of int64").expect(name);
-            &source[start..end]
-        }
-        let reference = block("cas/adjust");
-        assert!(reference.contains("local function parse"));
-        assert_eq!(block("cas/watermark"), reference);
-    }
-
     #[test]
     fn every_cas_script_is_embedded() {
         let names: Vec<_> = Scripts::all()

@@ -2,7 +2,11 @@
 
 use redis::aio::ConnectionLike;
 
-use super::{headers, Algorithm, Headers, Quota, RateLimit};
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::deny_cache::DenyCache;
+use super::{headers, Algorithm, Headers, Quota, RateLimit, Refund};
 use crate::script::{run_one, Invocation, Operation};
 use crate::{validate, Error, Result};
 
@@ -33,7 +37,22 @@ pub struct Limiter {
     algorithm: Algorithm,
     quota: Quota,
     name: String,
+    /// Opt-in local memory of denials, shared by clones.
+    denials: Option<Denials>,
 }
+
+/// The deny cache of a limiter and its clones; limiters compare equal when
+/// their caches have the same capacity (the cache is state, not setting).
+#[derive(Debug, Clone)]
+struct Denials(Arc<DenyCache>);
+
+impl PartialEq for Denials {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.capacity() == other.0.capacity()
+    }
+}
+
+impl Eq for Denials {}
 
 impl Limiter {
     /// A limiter named `"default"`.
@@ -49,7 +68,35 @@ impl Limiter {
             algorithm,
             quota,
             name: "default".to_owned(),
+            denials: None,
         })
+    }
+
+    /// The same limiter, remembering up to `capacity` recent denials in this
+    /// process: after the server denies `cost` units at a key with
+    /// `retry_after = r`, checks of that key for `cost` or more units within
+    /// `r` are denied here, without a round trip. An abusive client then
+    /// costs Redis one call per `retry_after` instead of one per request.
+    ///
+    /// The cache never admits, and never outlives the server's answer: `r`
+    /// counts from when the denied request was *sent*, before the server
+    /// decided. What it gives up: a refund (or a `reset`) elsewhere cannot
+    /// shorten a cached denial. Each entry expires on its own; when the
+    /// cache is full, the denial closest to its end makes room. Clones share
+    /// the cache. [`Limiter::peek`], refunds and batched [`Check`]s do not
+    /// use it.
+    ///
+    /// ```
+    /// use nolock::rate::{Algorithm, Limiter, Quota};
+    ///
+    /// let api = Limiter::new(Algorithm::Gcra, Quota::per_second(10)?)?.with_local_deny_cache(10_000);
+    /// # Ok::<(), nolock::Error>(())
+    /// ```
+    pub fn with_local_deny_cache(self, capacity: usize) -> Limiter {
+        Limiter {
+            denials: Some(Denials(Arc::new(DenyCache::new(capacity)))),
+            ..self
+        }
     }
 
     /// The same limiter under another name: the policy name in the
@@ -111,7 +158,18 @@ impl Limiter {
     where
         C: ConnectionLike + Send,
     {
-        self.decide(conn, key, cost, false).await
+        let Some(Denials(cache)) = &self.denials else {
+            return self.decide(conn, key, cost, false).await;
+        };
+        // Input errors come first, as without the cache.
+        let check = Check::build(self, key, cost, false)?;
+        let sent = Instant::now();
+        if let Some(local) = cache.denied(key, cost, sent) {
+            return Ok(local);
+        }
+        let decision = run_one(&check, conn).await?;
+        cache.record(key, cost, &decision, sent);
+        Ok(decision)
     }
 
     /// What [`Limiter::check`] would answer for `cost` now, without taking
@@ -145,42 +203,82 @@ impl Limiter {
         run_one(&Check::build(self, key, cost, peek)?, conn).await
     }
 
-    /// Give `amount` units back to `key` (for example when the work they paid
-    /// for was not done), never beyond a full limiter. Returns the units that
-    /// fit afterwards ([`RateLimit::remaining`]).
+    /// Give back `amount` units of an admitted check (`charge`, the
+    /// decision it returned), for example when the work they paid for was
+    /// not done. Returns what was given back and what fits now, and lowers
+    /// `charge.charged` by what was given back, so a later refund of the
+    /// same decision can only give back the rest.
     ///
-    /// GCRA and token bucket get the time back; the sliding window takes it
-    /// off the current window first, then the previous one; the fixed window
-    /// lowers its count and keeps its window. A missing key stays missing.
+    /// A refund undoes only what the charge still holds, so it can never
+    /// leave more room than there would be had the refunded units never been
+    /// charged, however refunds and checks interleave:
+    ///
+    /// * GCRA and token bucket: a charge of `c` units drains one unit per
+    ///   emission interval from its own arrival; only the part not yet
+    ///   drained comes back (`min(amount, c - elapsed / T)`). A refund after
+    ///   the limiter would have refilled anyway gives back nothing.
+    /// * Fixed window: only while the charge's window is still the current
+    ///   one; a refund after that window ended gives back nothing (it never
+    ///   lands in the next window).
+    /// * Sliding window: from the window that counted the charge (current or
+    ///   previous), while it still counts.
+    ///
+    /// The server does not remember refunds: a copy of the decision taken
+    /// before a refund (`RateLimit` is `Copy`) can be refunded again. Keep
+    /// one decision per charge and refund through it.
     ///
     /// # Errors
     ///
     /// [`Error::EmptyKey`], [`Error::ZeroLimit`] (`amount` 0),
-    /// [`Error::OutOfRange`] before any I/O; [`Error::Redis`] and
-    /// [`Error::Indeterminate`] from Redis. Retrying after
-    /// [`Error::Indeterminate`] may refund twice (never past full).
+    /// [`Error::InvalidArgument`] (the charge was denied, a peek, or
+    /// refunded in full; or `amount` is above what it holds), before any
+    /// I/O; [`Error::Redis`]
+    /// (also when the key holds data nolock did not write; nothing is
+    /// changed then) and [`Error::Indeterminate`] from Redis. Retrying after
+    /// [`Error::Indeterminate`] may refund twice.
     ///
     /// # Example
     ///
     /// ```no_run
     /// # async fn run(conn: &mut redis::aio::MultiplexedConnection, limiter: &nolock::rate::Limiter)
     /// #     -> nolock::Result<()> {
-    /// let d = limiter.check(conn, "rl:user:42", 5).await?;
+    /// let mut d = limiter.check(conn, "rl:user:42", 5).await?;
     /// if d.allowed {
     ///     let upstream_failed = true; // the work was not done
     ///     if upstream_failed {
-    ///         limiter.refund(conn, "rl:user:42", 5).await?;
+    ///         let r = limiter.refund(conn, "rl:user:42", &mut d, 5).await?;
+    ///         println!("{} units back, {} fit now", r.credited, r.remaining);
     ///     }
     /// }
     /// # Ok(()) }
     /// ```
-    pub async fn refund<C>(&self, conn: &mut C, key: &str, amount: u64) -> Result<u64>
+    pub async fn refund<C>(
+        &self,
+        conn: &mut C,
+        key: &str,
+        charge: &mut RateLimit,
+        amount: u64,
+    ) -> Result<Refund>
     where
         C: ConnectionLike + Send,
     {
         validate::key(key)?;
-        let remaining = super::refund(conn, self.algorithm, &[key], &[self.quota], amount).await?;
-        Ok(remaining.into_iter().next().unwrap_or(0))
+        let refunds = super::refund(
+            conn,
+            self.algorithm,
+            &[key],
+            &[self.quota],
+            std::slice::from_mut(charge),
+            amount,
+        )
+        .await?;
+        refunds
+            .into_iter()
+            .next()
+            .ok_or_else(|| Error::UnexpectedReply {
+                script: self.algorithm.scripts().refund.name(),
+                detail: "no limit in the reply".to_owned(),
+            })
     }
 
     /// Forget the state at `key`: the limiter is full again. Idempotent.
@@ -222,6 +320,7 @@ impl Limiter {
     ///     retry_after: Some(Duration::from_millis(29_001)),
     ///     reset_after: Duration::from_millis(29_001),
     ///     at: UNIX_EPOCH,
+    ///     charged: 0,
     /// };
     /// let h = limiter.headers(&denied);
     /// assert_eq!(h.policy, r#""default";q=100;w=60"#);
@@ -261,6 +360,8 @@ impl Limiter {
 pub struct Check {
     call: Invocation,
     quota: Quota,
+    /// What an admitted call takes (0 for a peek).
+    cost: u64,
 }
 
 impl Check {
@@ -291,6 +392,7 @@ impl Check {
         Ok(Check {
             call,
             quota: limiter.quota,
+            cost: if peek { 0 } else { cost },
         })
     }
 }
@@ -304,7 +406,7 @@ impl Operation for Check {
 
     fn decode(&self, reply: redis::Value) -> Result<RateLimit> {
         let script = self.call.script().name();
-        let decision = super::decode_decision(script, reply, &[self.quota])?;
+        let decision = super::decode_decision(script, reply, &[self.quota], self.cost)?;
         decision
             .limits
             .into_iter()

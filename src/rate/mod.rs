@@ -80,6 +80,7 @@ use redis::aio::ConnectionLike;
 use crate::script::{Invocation, Reply, Script};
 use crate::{validate, Error, Result};
 
+mod deny_cache;
 mod fixed_window;
 mod gcra;
 pub mod headers;
@@ -250,6 +251,24 @@ pub struct RateLimit {
     /// precision). Add `reset_after` to it for an absolute reset time that
     /// does not depend on the caller's clock.
     pub at: SystemTime,
+    /// The units this decision holds: the call's cost when a check admitted
+    /// it, 0 when it was denied and for a peek. Each refund of this decision
+    /// ([`Limiter::refund`]) gives back at most this much, and lowers it by
+    /// what it gave back.
+    pub charged: u64,
+}
+
+/// What a refund gave back on one limit ([`Limiter::refund`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use = "a refund may give back less than asked (the charge drained, or its window ended)"]
+pub struct Refund {
+    /// The units of the charge given back: at most the amount asked, and
+    /// only what the charge still holds of the limit (0 once the charge has
+    /// drained or its window ended). For GCRA and the token bucket a unit
+    /// partly drained counts as given back.
+    pub credited: u64,
+    /// How many units fit right now, after the refund.
+    pub remaining: u64,
 }
 
 /// Validates a cost against every limit: at least 1, at most each burst.
@@ -297,10 +316,13 @@ fn decide_call(
 }
 
 /// Decodes `{admitted, now, (fits, remaining, retry_after, reset_after)...}`.
+///
+/// `cost` is what an admitted call took (0 for a peek).
 fn decode_decision(
     script: &'static str,
     value: redis::Value,
     quotas: &[Quota],
+    cost: u64,
 ) -> Result<MultiRateLimit> {
     let mut reply = Reply::new(script, value)?;
     let allowed = reply.flag()?;
@@ -328,6 +350,7 @@ fn decode_decision(
             retry_after,
             reset_after: Duration::from_millis(reset),
             at,
+            charged: 0,
         });
     }
     reply.finish()?;
@@ -337,6 +360,11 @@ fn decode_decision(
             script,
             detail: format!("admitted = {allowed}, but limit {denied_by:?} did not fit"),
         });
+    }
+    if allowed {
+        for limit in &mut limits {
+            limit.charged = cost;
+        }
     }
     Ok(MultiRateLimit {
         allowed,
@@ -364,31 +392,81 @@ where
     } else {
         scripts.check.name()
     };
-    decode_decision(name, value, quotas)
+    decode_decision(name, value, quotas, if peek { 0 } else { cost })
 }
 
+/// Refund `amount` of the admitted charge whose per-limit decisions are
+/// `charges` (one per quota, in order), and take what each limit credited
+/// off that decision's `charged`.
 async fn refund<C>(
     conn: &mut C,
     algorithm: Algorithm,
     keys: &[&str],
     quotas: &[Quota],
+    charges: &mut [RateLimit],
     amount: u64,
-) -> Result<Vec<u64>>
+) -> Result<Vec<Refund>>
 where
     C: ConnectionLike + Send,
 {
     let amount = validate::positive("amount", amount)?;
+    if charges.len() != quotas.len() {
+        return Err(Error::InvalidArgument {
+            what: "charge",
+            reason: format!(
+                "{} decisions for {} limits: pass the decision the check returned",
+                charges.len(),
+                quotas.len()
+            ),
+        });
+    }
+    let held = charges.iter().map(|c| c.charged).max().unwrap_or(0);
+    let at = charges.first().map(|c| c.at).unwrap_or(UNIX_EPOCH);
+    if held == 0 || charges.iter().any(|c| c.at != at) {
+        return Err(Error::InvalidArgument {
+            what: "charge",
+            reason: "holds nothing (denied, a peek, or refunded in full already)".to_owned(),
+        });
+    }
+    if amount > held {
+        return Err(Error::InvalidArgument {
+            what: "amount",
+            reason: format!("{amount} is more than the {held} units the charge still holds"),
+        });
+    }
+    let at = at
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+        .unwrap_or(0);
     let script = &algorithm.scripts().refund;
-    let value = invocation(script, algorithm, keys, quotas, amount)
-        .run(conn)
-        .await?;
+    let mut call = Invocation::new(script, keys)
+        .arg(amount)
+        .arg(validate::at_most("charge time", at, crate::MAX_INTEGER)?);
+    for (quota, charge) in quotas.iter().zip(charges.iter()) {
+        let [a, b] = algorithm.params(quota);
+        let reset = u64::try_from(charge.reset_after.as_millis()).unwrap_or(u64::MAX);
+        call = call
+            .arg(a)
+            .arg(b)
+            .arg(charge.charged)
+            .arg(validate::at_most("reset_after", reset, crate::MAX_INTEGER)?);
+    }
+    let value = call.run(conn).await?;
     let mut reply = Reply::new(script.name(), value)?;
-    let remaining = quotas
+    let refunds = quotas
         .iter()
-        .map(|_| reply.uint())
+        .map(|_| {
+            Ok(Refund {
+                credited: reply.uint()?,
+                remaining: reply.uint()?,
+            })
+        })
         .collect::<Result<Vec<_>>>()?;
     reply.finish()?;
-    Ok(remaining)
+    for (charge, refund) in charges.iter_mut().zip(&refunds) {
+        charge.charged = charge.charged.saturating_sub(refund.credited);
+    }
+    Ok(refunds)
 }
 
 /// `DEL` of every key: a missing key is a full limiter, for every algorithm.
@@ -478,7 +556,7 @@ mod tests {
             Int(250),
             Int(1000),
         ]);
-        let d = decode_decision("t", reply, &[q(10, 1000), q(2, 1000)]).unwrap();
+        let d = decode_decision("t", reply, &[q(10, 1000), q(2, 1000)], 1).unwrap();
         assert!(!d.allowed);
         assert_eq!(d.denied_by, Some(1));
         let at = UNIX_EPOCH + Duration::from_micros(1_700_000_000_123_456);
@@ -490,7 +568,8 @@ mod tests {
                 remaining: 7,
                 retry_after: None,
                 reset_after: Duration::from_millis(300),
-                at
+                at,
+                charged: 0, // the call as a whole was denied
             }
         );
         assert_eq!(d.limits[1].retry_after, Some(Duration::from_millis(250)));
@@ -500,10 +579,10 @@ mod tests {
     #[test]
     fn inconsistent_replies_are_errors() {
         let fits_with_retry = Array(vec![Int(1), Int(5), Int(1), Int(1), Int(20), Int(0)]);
-        assert!(decode_decision("t", fits_with_retry, &[q(1, 1000)]).is_err());
+        assert!(decode_decision("t", fits_with_retry, &[q(1, 1000)], 1).is_err());
         let admitted_but_denied = Array(vec![Int(1), Int(5), Int(0), Int(0), Int(20), Int(0)]);
-        assert!(decode_decision("t", admitted_but_denied, &[q(1, 1000)]).is_err());
+        assert!(decode_decision("t", admitted_but_denied, &[q(1, 1000)], 1).is_err());
         let short = Array(vec![Int(1), Int(5), Int(1)]);
-        assert!(decode_decision("t", short, &[q(1, 1000)]).is_err());
+        assert!(decode_decision("t", short, &[q(1, 1000)], 1).is_err());
     }
 }

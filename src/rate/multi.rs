@@ -5,7 +5,7 @@ use std::time::Duration;
 use redis::aio::ConnectionLike;
 
 use super::limiter::valid_name;
-use super::{headers, Algorithm, Headers, Quota, RateLimit};
+use super::{headers, Algorithm, Headers, Quota, RateLimit, Refund};
 use crate::{keys, validate, Error, Result};
 
 /// Several limits of one [`Algorithm`], checked in **one** script call: either
@@ -302,14 +302,17 @@ impl MultiLimiter {
         super::decide(conn, self.algorithm, peek, &keys, &self.quotas, cost).await
     }
 
-    /// Give `amount` back to every limit (see
-    /// [`Limiter::refund`](super::Limiter::refund)). Returns each limit's
-    /// `remaining` afterwards.
+    /// Give back `amount` units of an admitted check (`charge`, the
+    /// decision it returned) to every limit, each only as far as the charge
+    /// still holds it (see [`Limiter::refund`](super::Limiter::refund)).
+    /// Returns one [`Refund`] per limit, and lowers each limit's `charged`
+    /// in `charge` by what it gave back.
     ///
     /// # Errors
     ///
-    /// Those of [`MultiLimiter::keys`], [`Error::ZeroLimit`] (`amount` 0) and
-    /// [`Error::OutOfRange`] before any I/O; [`Error::Redis`] and
+    /// Those of [`MultiLimiter::keys`], [`Error::ZeroLimit`] (`amount` 0),
+    /// [`Error::InvalidArgument`] (a denied charge, or `amount` above what
+    /// it took) before any I/O; [`Error::Redis`] and
     /// [`Error::Indeterminate`] from Redis.
     ///
     /// # Example
@@ -317,8 +320,11 @@ impl MultiLimiter {
     /// ```no_run
     /// # async fn run(conn: &mut redis::aio::MultiplexedConnection, limits: &nolock::rate::MultiLimiter)
     /// #     -> nolock::Result<()> {
-    /// let left = limits.refund(conn, "{tenant:7}:user:42", &["{tenant:7}:all"], 1).await?;
-    /// assert_eq!(left.len(), limits.len());
+    /// let mut d = limits.check(conn, "{tenant:7}:user:42", &["{tenant:7}:all"], 1).await?;
+    /// if d.allowed {
+    ///     let back = limits.refund(conn, "{tenant:7}:user:42", &["{tenant:7}:all"], &mut d, 1).await?;
+    ///     assert_eq!(back.len(), limits.len());
+    /// }
     /// # Ok(()) }
     /// ```
     pub async fn refund<C>(
@@ -326,14 +332,23 @@ impl MultiLimiter {
         conn: &mut C,
         key: &str,
         shared_keys: &[&str],
+        charge: &mut MultiRateLimit,
         amount: u64,
-    ) -> Result<Vec<u64>>
+    ) -> Result<Vec<Refund>>
     where
         C: ConnectionLike + Send,
     {
         let keys = self.keys(key, shared_keys)?;
         let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-        super::refund(conn, self.algorithm, &keys, &self.quotas, amount).await
+        super::refund(
+            conn,
+            self.algorithm,
+            &keys,
+            &self.quotas,
+            &mut charge.limits,
+            amount,
+        )
+        .await
     }
 
     /// Forget every limit's state, shared ones included: all are full again.

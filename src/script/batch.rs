@@ -29,6 +29,95 @@ pub trait Operation: Send + Sync {
     /// Decode the script's reply.
     #[doc(hidden)]
     fn decode(&self, reply: Value) -> Result<Self::Output>;
+
+    /// The same operation with its output passed through `f`: how
+    /// operations of different kinds share one [`Batch`] (map each into one
+    /// enum of yours and push them boxed, as
+    /// `Batch<Box<dyn Operation<Output = YourEnum>>>`).
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use nolock::{limits::{Admission, TryIncrement}, script::ScriptDir, Batch, Operation};
+    ///
+    /// static MY_SCRIPTS: ScriptDir = nolock::scripts!("$CARGO_MANIFEST_DIR/lua");
+    ///
+    /// #[derive(Debug)]
+    /// enum Out {
+    ///     Quota(Admission),
+    ///     Score((i64, i64)),
+    /// }
+    ///
+    /// # async fn run(conn: &mut redis::aio::MultiplexedConnection) -> nolock::Result<()> {
+    /// let mut batch: Batch<Box<dyn Operation<Output = Out>>> = Batch::new();
+    /// batch.push(Box::new(
+    ///     TryIncrement::new("quota:alice", 100, Duration::from_secs(60))?.map(Out::Quota),
+    /// ));
+    /// batch.push(Box::new(
+    ///     MY_SCRIPTS
+    ///         .call::<(i64, i64)>("leaderboard/add", &["board:{weekly}"])?
+    ///         .arg("alice")
+    ///         .arg(10)
+    ///         .map(Out::Score),
+    /// ));
+    /// for result in batch.run(conn).await {
+    ///     println!("{:?}", result?);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    fn map<U, F>(self, f: F) -> Map<Self, F>
+    where
+        Self: Sized,
+        F: Fn(Self::Output) -> U + Send + Sync,
+        U: Send,
+    {
+        Map { op: self, f }
+    }
+}
+
+/// A boxed operation is an operation: a [`Batch`] of
+/// `Box<dyn Operation<Output = T>>` holds operations of several kinds.
+impl<O: Operation + ?Sized> Operation for Box<O> {
+    type Output = O::Output;
+
+    fn invocation(&self) -> &Invocation {
+        (**self).invocation()
+    }
+
+    fn decode(&self, reply: Value) -> Result<O::Output> {
+        (**self).decode(reply)
+    }
+}
+
+/// An operation whose output goes through a function: [`Operation::map`].
+#[derive(Clone)]
+pub struct Map<O, F> {
+    op: O,
+    f: F,
+}
+
+impl<O, F, U> Operation for Map<O, F>
+where
+    O: Operation,
+    F: Fn(O::Output) -> U + Send + Sync,
+    U: Send,
+{
+    type Output = U;
+
+    fn invocation(&self) -> &Invocation {
+        self.op.invocation()
+    }
+
+    fn decode(&self, reply: Value) -> Result<U> {
+        self.op.decode(reply).map(&self.f)
+    }
+}
+
+impl<O: std::fmt::Debug, F> std::fmt::Debug for Map<O, F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Map")
+            .field("op", &self.op)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Run one operation on its own: one round trip, plus the `EVAL` fallback.
@@ -71,7 +160,10 @@ impl BatchConnection for ClusterConnection {
 }
 
 /// Many operations of one kind, sent in one pipeline per server, with one
-/// typed result per operation, in order.
+/// typed result per operation, in order. Operations of several kinds (yours
+/// among them, [`crate::script::Call`]) share a batch as
+/// `Batch<Box<dyn Operation<Output = T>>>`, each mapped into `T` with
+/// [`Operation::map`].
 ///
 /// On a single server, [`Batch::run`] costs one round trip for the whole
 /// batch. On a cluster it asks a node for the slot map (one round trip),

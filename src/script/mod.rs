@@ -24,6 +24,15 @@
 //! parallel. [`stats`] counts one call per entry, one fallback per entry that
 //! needed `EVAL`, and one batch per [`Batch::run`].
 //!
+//! # Your own scripts
+//!
+//! A directory of your own Lua files, embedded with [`crate::scripts!`]
+//! into a [`ScriptDir`], runs through the same engine: a [`Call`] is built
+//! on the same `Invocation` as nolock's operations and is an
+//! [`Operation`], so it has the fallback, the read-only path, the
+//! cross-slot check, the resends and [`stats`], alone or in a [`Batch`].
+//! [`Scripts::load_with`] loads your scripts with nolock's. See `user.rs`.
+//!
 //! # Clusters and failover
 //!
 //! Every call is routed by its keys, which share one slot
@@ -84,13 +93,19 @@
 // for it (`invocation()` and `decode()`); the single-call function is then
 // `run_one(&Op::new(..)?, conn)`. See `limits::TryIncrement`.
 mod batch;
+mod call;
+#[cfg_attr(not(test), allow(dead_code))]
+mod compose;
 mod invoke;
 mod registry;
 mod reply;
+mod user;
 
-pub use batch::{Batch, BatchConnection, Operation};
+pub use batch::{Batch, BatchConnection, Map, Operation};
+pub use call::Call;
 pub use invoke::{stats, Stats};
 pub use registry::{Loaded, Script, Scripts};
+pub use user::ScriptDir;
 
 pub(crate) use batch::run_one;
 #[cfg(test)]
@@ -101,12 +116,13 @@ pub(crate) use reply::Reply;
 /// A `static` [`Script`] for `lua/<name>.lua`.
 ///
 /// `include_str!` makes a missing or misspelt script a compile error, and
-/// names the same bytes that the `include_dir` registry embeds.
+/// names the same composed bytes (`build.rs`) that the `include_dir`
+/// registry embeds.
 macro_rules! embedded {
     ($name:literal) => {
         $crate::script::Script::embedded(
             $name,
-            include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/", $name, ".lua")),
+            include_str!(concat!(env!("OUT_DIR"), "/lua/", $name, ".lua")),
         )
     };
 }

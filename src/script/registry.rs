@@ -1,12 +1,17 @@
+use std::borrow::Cow;
 use std::sync::{LazyLock, OnceLock};
 
 use include_dir::{include_dir, Dir};
 use redis::aio::ConnectionLike;
 use redis::{FromRedisValue, Value};
 
+use super::ScriptDir;
 use crate::{Error, Result};
 
-static LUA: Dir<'static> = include_dir!("$CARGO_MANIFEST_DIR/lua");
+/// The scripts of `lua/`, each composed with the helpers it includes from
+/// `lua/lib/` by `build.rs` (see `compose.rs`); the helpers themselves are
+/// not scripts and are not in this tree.
+static LUA: Dir<'static> = include_dir!("$OUT_DIR/lua");
 
 static REGISTRY: LazyLock<Vec<Script>> = LazyLock::new(|| {
     let mut scripts = Vec::new();
@@ -30,10 +35,15 @@ fn collect(dir: &'static Dir<'static>, out: &mut Vec<Script>) {
 }
 
 /// One embedded Lua script: its name, source and SHA1.
+///
+/// nolock's own scripts are in [`Scripts`]; yours are in a
+/// [`crate::script::ScriptDir`].
 #[derive(Debug)]
 pub struct Script {
     name: &'static str,
-    source: &'static str,
+    /// Borrowed from the binary, or composed at startup (a script of a
+    /// [`crate::script::ScriptDir`] that includes a helper).
+    source: Cow<'static, str>,
     /// Read from the source once, on first use: every call needs both.
     derived: OnceLock<Derived>,
 }
@@ -48,6 +58,15 @@ impl Script {
     pub(crate) const fn embedded(name: &'static str, source: &'static str) -> Self {
         Script {
             name,
+            source: Cow::Borrowed(source),
+            derived: OnceLock::new(),
+        }
+    }
+
+    /// A script composed at run time (see `user.rs`).
+    pub(crate) fn composed(name: &'static str, source: Cow<'static, str>) -> Self {
+        Script {
+            name,
             source,
             derived: OnceLock::new(),
         }
@@ -55,7 +74,9 @@ impl Script {
 
     fn derived(&self) -> &Derived {
         self.derived.get_or_init(|| Derived {
-            sha1: sha1_smol::Sha1::from(self.source).digest().to_string(),
+            sha1: sha1_smol::Sha1::from(self.source.as_bytes())
+                .digest()
+                .to_string(),
             read_only: self
                 .source
                 .lines()
@@ -66,14 +87,16 @@ impl Script {
         })
     }
 
-    /// The stable name: the path under `lua/` without `.lua`, e.g. `limits/try_increment`.
+    /// The stable name: the path under `lua/` (or under your script
+    /// directory) without `.lua`, e.g. `limits/try_increment`.
     pub fn name(&self) -> &'static str {
         self.name
     }
 
-    /// The Lua source, exactly as sent to `SCRIPT LOAD` and `EVAL`.
-    pub fn source(&self) -> &'static str {
-        self.source
+    /// The Lua source, exactly as sent to `SCRIPT LOAD` and `EVAL` (with
+    /// the helpers it includes spliced in).
+    pub fn source(&self) -> &str {
+        &self.source
     }
 
     /// The lowercase hex SHA1 of the source, as Redis computes it. Computed once.
@@ -92,7 +115,9 @@ impl Script {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Loaded {
-    /// The names of the scripts now cached on the server, in registry order.
+    /// The names of the scripts now cached on the server: nolock's in
+    /// registry order, then those of each directory passed to
+    /// [`Scripts::load_with`].
     pub scripts: Vec<&'static str>,
 }
 
@@ -154,8 +179,37 @@ impl Scripts {
     where
         C: ConnectionLike + Send,
     {
+        Scripts::load_with(conn, &[]).await
+    }
+
+    /// [`Scripts::load`], and every script of your own directories with it,
+    /// in the same round trip on a single server.
+    ///
+    /// # Errors
+    ///
+    /// As [`Scripts::load`], and [`Error::ScriptSource`] (nothing sent) when
+    /// a script of `dirs` cannot be composed.
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// static MY_SCRIPTS: nolock::script::ScriptDir = nolock::scripts!("$CARGO_MANIFEST_DIR/lua");
+    ///
+    /// # async fn run(conn: &mut redis::aio::MultiplexedConnection) -> nolock::Result<()> {
+    /// let loaded = nolock::Scripts::load_with(conn, &[&MY_SCRIPTS]).await?;
+    /// println!("{} scripts cached", loaded.scripts.len());
+    /// # Ok(()) }
+    /// ```
+    pub async fn load_with<C>(conn: &mut C, dirs: &[&'static ScriptDir]) -> Result<Loaded>
+    where
+        C: ConnectionLike + Send,
+    {
+        let mut scripts: Vec<&'static Script> = Scripts::all().iter().collect();
+        for dir in dirs {
+            scripts.extend(dir.scripts()?);
+        }
         let mut pipe = redis::pipe();
-        for script in Scripts::all() {
+        for script in &scripts {
             pipe.cmd("SCRIPT").arg("LOAD").arg(script.source());
         }
         pipe.cmd("INFO").arg("cluster");
@@ -165,13 +219,13 @@ impl Scripts {
             .await
             .map_err(Error::from_redis)?;
         let info = replies.pop();
-        if replies.len() != REGISTRY.len() {
+        if replies.len() != scripts.len() {
             return Err(Error::UnexpectedReply {
                 script: "SCRIPT LOAD",
-                detail: format!("{} replies for {} scripts", replies.len(), REGISTRY.len()),
+                detail: format!("{} replies for {} scripts", replies.len(), scripts.len()),
             });
         }
-        for (script, reply) in Scripts::all().iter().zip(replies) {
+        for (script, reply) in scripts.iter().zip(replies) {
             check_sha(script, reply)?;
         }
 
@@ -179,7 +233,7 @@ impl Scripts {
             .and_then(|info| String::from_redis_value(info).ok())
             .is_some_and(|info| info.lines().any(|line| line.trim() == "cluster_enabled:0"));
         if !single_node {
-            for script in Scripts::all() {
+            for script in &scripts {
                 let reply = conn
                     .req_packed_command(redis::cmd("SCRIPT").arg("LOAD").arg(script.source()))
                     .await
@@ -188,7 +242,7 @@ impl Scripts {
             }
         }
         Ok(Loaded {
-            scripts: Scripts::all().iter().map(Script::name).collect(),
+            scripts: scripts.iter().map(|script| script.name()).collect(),
         })
     }
 }
@@ -241,6 +295,110 @@ mod tests {
         assert!(Script::embedded("t", "#!lua flags=allow-oom, no-writes\n").is_read_only());
         assert!(!Script::embedded("t", "#!lua flags=allow-oom\nreturn 1").is_read_only());
         assert!(!Script::embedded("t", "-- no-writes\nreturn 1").is_read_only());
+    }
+
+    /// The `lua/` tree as written, helpers and `--@include` lines included.
+    static RAW: Dir<'static> = include_dir!("$CARGO_MANIFEST_DIR/lua");
+
+    fn raw(path: &str) -> &'static str {
+        RAW.get_file(path)
+            .and_then(|f| f.contents_utf8())
+            .unwrap_or_else(|| panic!("lua/{path}"))
+    }
+
+    /// The names of the functions a helper file defines.
+    fn functions(code: &str) -> Vec<&str> {
+        code.lines()
+            .filter_map(|l| l.trim_start().strip_prefix("local function "))
+            .filter_map(|rest| rest.split('(').next())
+            .collect()
+    }
+
+    /// Lua code without its `--` comments (strings in nolock scripts hold no `--`).
+    fn code(source: &str) -> String {
+        source
+            .lines()
+            .map(|l| l.split("--").next().unwrap_or(""))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    fn calls(code: &str, function: &str) -> bool {
+        code.match_indices(&format!("{function}(")).any(|(at, _)| {
+            !code[..at]
+                .chars()
+                .next_back()
+                .is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '.' || c == ':')
+        })
+    }
+
+    #[test]
+    fn every_script_opens_with_its_contract_and_includes_exactly_the_helpers_it_calls() {
+        let libs: Vec<(String, &str)> = RAW
+            .get_dir("lib")
+            .expect("lua/lib")
+            .files()
+            .filter_map(|f| {
+                let path = f.path().to_str()?.strip_suffix(".lua")?.to_owned();
+                Some((path, f.contents_utf8()?))
+            })
+            .collect();
+        assert!(
+            libs.len() >= 5,
+            "{:?}",
+            libs.iter().map(|l| &l.0).collect::<Vec<_>>()
+        );
+        for (path, code) in &libs {
+            assert!(
+                code.starts_with(&format!("-- {path}: ")),
+                "lua/{path}.lua needs a header"
+            );
+            assert!(
+                !functions(code).is_empty() || code.contains("local "),
+                "{path}"
+            );
+        }
+        for script in Scripts::all() {
+            let name = script.name();
+            assert!(!name.starts_with("lib/"), "helpers are not scripts: {name}");
+            let composed = script.source();
+            let contract = composed
+                .lines()
+                .find(|l| !l.starts_with("#!lua"))
+                .unwrap_or_default();
+            assert!(
+                contract.starts_with(&format!("-- {name}: ")),
+                "lua/{name}.lua must open with its contract: {contract:?}"
+            );
+            let own = raw(&format!("{name}.lua"));
+            let included: Vec<&str> = super::super::compose::includes(own).collect();
+            let own_code = code(own);
+            let own_functions = functions(own);
+            for (path, lib) in &libs {
+                let used = functions(lib)
+                    .into_iter()
+                    .filter(|f| !own_functions.contains(f))
+                    .any(|f| calls(&own_code, f));
+                let pulled = included.contains(&path.as_str());
+                assert_eq!(
+                    used,
+                    pulled,
+                    "lua/{name}.lua {} {path} (used: {used})",
+                    if pulled {
+                        "includes"
+                    } else {
+                        "does not include"
+                    }
+                );
+                // A helper written again in a script is the copy the prelude replaces.
+                for f in functions(lib) {
+                    assert!(
+                        !own_functions.contains(&f),
+                        "lua/{name}.lua redefines {f} of {path}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

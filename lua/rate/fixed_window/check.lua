@@ -42,63 +42,35 @@
 -- {1, N, 1, 2, -1, 60000}; three more calls 2 ms later: the last gets
 -- {0, N + 2000, 0, 0, 59998, 59998}.
 
+--@include lib/fail
+--@include lib/args
+--@include lib/time
+--@include lib/fixed
+
 local MAX = 9007199254740991
-
-local function fail(msg)
-  return redis.error_reply('ERR nolock rate/fixed_window/check: ' .. msg)
-end
-
-local function int(i, min, max)
-  local v = tonumber(ARGV[i])
-  if v == nil or v ~= math.floor(v) or v < min or v > max then return nil end
-  return v
-end
-
--- A stored count: the canonical decimal INCRBY writes and accepts (no sign,
--- no leading zeros, no spaces), below 2^53. Lua's tonumber alone would also
--- take "5.0", " 5" or "0x5", which INCRBY/DECRBY refuse, and a refusal after
--- an earlier key was written would be a partial write.
-local function count_of(s)
-  if s ~= '0' and not string.match(s, '^[1-9]%d*$') then return nil end
-  local v = tonumber(s)
-  if v > MAX then return nil end
-  return v
-end
 
 local n = #KEYS
 if n < 1 or #ARGV ~= 1 + 2 * n then
   return fail('expected 1 + 2 arguments per key, got ' .. #ARGV .. ' for ' .. n .. ' keys')
 end
-local cost = int(1, 1, MAX)
+local cost = arg_int(1, 1, MAX)
 if not cost then return fail('bad cost: ' .. tostring(ARGV[1])) end
 local window, limit = {}, {}
 for i = 1, n do
-  local w, l = int(2 * i, 1, MAX), int(2 * i + 1, 1, MAX)
+  local w, l = arg_int(2 * i, 1, MAX), arg_int(2 * i + 1, 1, MAX)
   if not w or not l then return fail('bad window or limit for key ' .. i) end
   if cost > l then return fail('cost is above the limit of key ' .. i) end
   window[i], limit[i] = w, l
 end
 
-local time = redis.call('TIME')
-local now_us = tonumber(time[1]) * 1000000 + tonumber(time[2])
-local now = math.floor(now_us / 1000) -- exact: now_us < 2^53
+local micros = now_us()
+local now = math.floor(micros / 1000) -- exact: micros < 2^53
 
 local count, ends, repair, fits, admitted = {}, {}, {}, {}, 1
 for i = 1, n do
-  local c, e = 0, nil
-  local stored = redis.call('GET', KEYS[i])
-  if stored then
-    c = count_of(stored)
-    if c == nil then
-      return fail('key ' .. i .. ' does not hold a counter')
-    end
-    e = redis.call('PEXPIRETIME', KEYS[i])
-    if e == -1 then
-      e, repair[i] = now + window[i], true
-    elseif now >= e then
-      c, e = 0, nil -- the window has ended
-    end
-  end
+  local c, e = fixed_read(KEYS[i], now)
+  if not c then return fail('key ' .. KEYS[i] .. ' does not hold a counter') end
+  if e == -1 then e, repair[i] = now + window[i], true end
   count[i], ends[i] = c, e
   -- Compared as cost > L - count so that no intermediate passes 2^53.
   fits[i] = cost <= limit[i] - c
@@ -107,7 +79,7 @@ end
 
 -- Numbers are passed to Redis as they are: integers below 2^53 are sent
 -- exactly (Redis prints them with %.17g, or as integers since 7.2).
-local reply = {admitted, now_us}
+local reply = {admitted, micros}
 for i = 1, n do
   local c, e = count[i], ends[i]
   if admitted == 1 and e == nil then

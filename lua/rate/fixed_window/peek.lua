@@ -16,59 +16,31 @@
 -- Example: limit 3, count 3, window ending 1200 ms from now: peeking cost 1
 -- gives {0, now, 0, 0, 1200, 1200}.
 
+--@include lib/fail
+--@include lib/args
+--@include lib/time
+--@include lib/fixed
+
 local MAX = 9007199254740991
-
-local function fail(msg)
-  return redis.error_reply('ERR nolock rate/fixed_window/peek: ' .. msg)
-end
-
-local function int(i, min, max)
-  local v = tonumber(ARGV[i])
-  if v == nil or v ~= math.floor(v) or v < min or v > max then return nil end
-  return v
-end
-
--- A stored count: the canonical decimal INCRBY writes and accepts (no sign,
--- no leading zeros, no spaces), below 2^53. Lua's tonumber alone would also
--- take "5.0", " 5" or "0x5", which INCRBY/DECRBY refuse, and a refusal after
--- an earlier key was written would be a partial write.
-local function count_of(s)
-  if s ~= '0' and not string.match(s, '^[1-9]%d*$') then return nil end
-  local v = tonumber(s)
-  if v > MAX then return nil end
-  return v
-end
 
 local n = #KEYS
 if n < 1 or #ARGV ~= 1 + 2 * n then
   return fail('expected 1 + 2 arguments per key, got ' .. #ARGV .. ' for ' .. n .. ' keys')
 end
-local cost = int(1, 1, MAX)
+local cost = arg_int(1, 1, MAX)
 if not cost then return fail('bad cost: ' .. tostring(ARGV[1])) end
 
-local time = redis.call('TIME')
-local now_us = tonumber(time[1]) * 1000000 + tonumber(time[2])
-local now = math.floor(now_us / 1000)
+local micros = now_us()
+local now = math.floor(micros / 1000)
 
-local reply, admitted = {0, now_us}, 1
+local reply, admitted = {0, micros}, 1
 for i = 1, n do
-  local w, l = int(2 * i, 1, MAX), int(2 * i + 1, 1, MAX)
+  local w, l = arg_int(2 * i, 1, MAX), arg_int(2 * i + 1, 1, MAX)
   if not w or not l then return fail('bad window or limit for key ' .. i) end
   if cost > l then return fail('cost is above the limit of key ' .. i) end
-  local c, e = 0, nil
-  local stored = redis.call('GET', KEYS[i])
-  if stored then
-    c = count_of(stored)
-    if c == nil then
-      return fail('key ' .. i .. ' does not hold a counter')
-    end
-    e = redis.call('PEXPIRETIME', KEYS[i])
-    if e == -1 then
-      e = now + w
-    elseif now >= e then
-      c, e = 0, nil
-    end
-  end
+  local c, e = fixed_read(KEYS[i], now)
+  if not c then return fail('key ' .. KEYS[i] .. ' does not hold a counter') end
+  if e == -1 then e = now + w end
   local fits = cost <= l - c
   local retry, reset = -1, 0
   if e ~= nil and c > 0 then reset = e - now end

@@ -1,73 +1,64 @@
 #!lua flags=allow-oom
--- rate/fixed_window/refund: give `amount` units back to one or more fixed windows.
+-- rate/fixed_window/refund: give back units of one admitted charge, only while the charge's window is still counted.
 --
--- KEYS[i]     limit i: an integer counter as written by rate/fixed_window/check,
---             whose expiry is its window's end.
--- ARGV[1]     amount  integer, 1 <= amount <= 2^53-1: units to give back.
--- ARGV[2i]    window  w of limit i, integer milliseconds >= 1 (unused; kept
---                     so that every rate script takes the same arguments).
--- ARGV[2i+1]  limit   L of limit i, integer >= 1.
+-- KEYS[i]     limit i: a counter as written by rate/fixed_window/check, whose
+--             expiry is its window's end.
+-- ARGV[1]     amount  integer >= 1: units to give back.
+-- ARGV[2]     at      integer microseconds: the server time of the charge
+--                     (the `now` of its reply).
+-- ARGV[4i-1]  window  w of limit i, integer milliseconds >= 1.
+-- ARGV[4i]    limit   L of limit i, integer >= 1.
+-- ARGV[4i+1]  held    integer >= 0: the units of the charge not yet given
+--                     back on limit i (its cost, less earlier refunds).
+-- ARGV[4i+2]  reset   the charge's reset_after on limit i, integer ms.
 --
--- Each counter in an open window drops by min(amount, count): never below
--- zero. The window (expiry) is kept, so a refund does not open a new window.
--- Missing keys and ended windows are left alone (they already count 0).
+-- The charge was counted in the window ending at end = floor(at / 1000) +
+-- reset (check answers reset = end - now in ms, exactly). A counter whose
+-- window still ends at `end` drops by min(amount, held, count); a counter of any
+-- other window (the charge's window ended, a new one began) is left alone:
+-- units refunded there would be units the new window never charged. The
+-- window (expiry) is kept.
 --
--- Reply: {remaining_1, ..., remaining_n}: L - count afterwards, never below 0.
+-- Reply: {credited_1, remaining_1, ..., credited_n, remaining_n}
+--   credited   units taken off counter i
+--   remaining  L - count afterwards, never below 0
 --
 -- Runs on a full server (allow-oom): giving back must not fail for lack of
 -- memory. Every key is read and checked before the first write.
 --
--- Example: limit 10, count 7: refund 3 gives {6}; refund 30 then gives {10}.
+-- Example: limit 10, 7 counted in the window ending at E; a refund of 3
+-- from a charge whose end is E gives {3, 6}; from a charge of the window
+-- before, {0, 3}.
+
+--@include lib/fail
+--@include lib/args
+--@include lib/div
+--@include lib/time
+--@include lib/fixed
 
 local MAX = 9007199254740991
 
-local function fail(msg)
-  return redis.error_reply('ERR nolock rate/fixed_window/refund: ' .. msg)
-end
-
-local function int(i, min, max)
-  local v = tonumber(ARGV[i])
-  if v == nil or v ~= math.floor(v) or v < min or v > max then return nil end
-  return v
-end
-
--- A stored count: the canonical decimal INCRBY writes and accepts (no sign,
--- no leading zeros, no spaces), below 2^53. Lua's tonumber alone would also
--- take "5.0", " 5" or "0x5", which INCRBY/DECRBY refuse, and a refusal after
--- an earlier key was written would be a partial write.
-local function count_of(s)
-  if s ~= '0' and not string.match(s, '^[1-9]%d*$') then return nil end
-  local v = tonumber(s)
-  if v > MAX then return nil end
-  return v
-end
-
 local n = #KEYS
-if n < 1 or #ARGV ~= 1 + 2 * n then
-  return fail('expected 1 + 2 arguments per key, got ' .. #ARGV .. ' for ' .. n .. ' keys')
+if n < 1 or #ARGV ~= 2 + 4 * n then
+  return fail('expected 2 + 4 arguments per key, got ' .. #ARGV .. ' for ' .. n .. ' keys')
 end
-local amount = int(1, 1, MAX)
-if not amount then return fail('bad amount: ' .. tostring(ARGV[1])) end
+local amount, at = arg_int(1, 1, MAX), arg_int(2, 0, MAX)
+if not amount or not at then return fail('bad amount or charge time') end
 
-local time = redis.call('TIME')
-local now = math.floor((tonumber(time[1]) * 1000000 + tonumber(time[2])) / 1000)
+local now = floor_div(now_us(), 1000)
+local charged_in = floor_div(at, 1000)
 
-local limit, count = {}, {}
+local limit, count, take = {}, {}, {}
 for i = 1, n do
-  local w, l = int(2 * i, 1, MAX), int(2 * i + 1, 1, MAX)
-  if not w or not l then return fail('bad window or limit for key ' .. i) end
-  limit[i] = l
-  local c = 0
-  local stored = redis.call('GET', KEYS[i])
-  if stored then
-    c = count_of(stored)
-    if c == nil then
-      return fail('key ' .. i .. ' does not hold a counter')
-    end
-    local e = redis.call('PEXPIRETIME', KEYS[i])
-    if e >= 0 and now >= e then c = 0 end -- the window has ended
+  local w, l = arg_int(4 * i - 1, 1, MAX), arg_int(4 * i, 1, MAX)
+  local held, reset = arg_int(4 * i + 1, 0, MAX), arg_int(4 * i + 2, 0, MAX)
+  if not w or not l or not held or not reset then
+    return fail('bad window, limit, held or reset for key ' .. i)
   end
-  count[i] = c
+  local c, e = fixed_read(KEYS[i], now)
+  if not c then return fail('key ' .. KEYS[i] .. ' does not hold a counter') end
+  limit[i], count[i], take[i] = l, c, 0
+  if e == charged_in + reset then take[i] = math.min(amount, held, c) end
 end
 
 -- Numbers are passed to Redis as they are: integers below 2^53 are sent
@@ -75,8 +66,8 @@ end
 local reply = {}
 for i = 1, n do
   local c = count[i]
-  local take = math.min(amount, c)
-  if take > 0 then c = redis.call('DECRBY', KEYS[i], take) end
-  reply[i] = math.max(0, limit[i] - c)
+  if take[i] > 0 then c = redis.call('DECRBY', KEYS[i], take[i]) end
+  reply[#reply + 1] = take[i]
+  reply[#reply + 1] = math.max(0, limit[i] - c)
 end
 return reply

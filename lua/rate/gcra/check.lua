@@ -40,39 +40,24 @@
 -- now = N: {1, N, 1, 9, -1, 100}. Ten quick calls leave remaining 9, 8, ..., 0;
 -- an eleventh at N + 2000 gets {0, N + 2000, 0, 0, 98, 998}.
 
+--@include lib/fail
+--@include lib/args
+--@include lib/div
+--@include lib/time
+--@include lib/gcra
+
 local MAX = 9007199254740991      -- 2^53 - 1: Lua numbers are doubles
 local MAX_FILL = 2251799813685248 -- 2^51 microseconds, about 71 years
-
-local function fail(msg)
-  return redis.error_reply('ERR nolock rate/gcra/check: ' .. msg)
-end
-
-local function int(i, min, max)
-  local v = tonumber(ARGV[i])
-  if v == nil or v ~= math.floor(v) or v < min or v > max then return nil end
-  return v
-end
-
--- Exact floor(a / b) for integers below 2^53 (the float quotient may round up).
-local function floor_div(a, b)
-  local q = math.floor(a / b)
-  if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
-  return q
-end
-
-local function ceil_div(a, b)
-  return floor_div(a + b - 1, b)
-end
 
 local n = #KEYS
 if n < 1 or #ARGV ~= 1 + 2 * n then
   return fail('expected 1 + 2 arguments per key, got ' .. #ARGV .. ' for ' .. n .. ' keys')
 end
-local cost = int(1, 1, MAX)
+local cost = arg_int(1, 1, MAX)
 if not cost then return fail('bad cost: ' .. tostring(ARGV[1])) end
 local interval, burst = {}, {}
 for i = 1, n do
-  local t, b = int(2 * i, 1, MAX_FILL), int(2 * i + 1, 1, MAX)
+  local t, b = arg_int(2 * i, 1, MAX_FILL), arg_int(2 * i + 1, 1, MAX)
   if not t or not b or b * t > MAX_FILL then
     return fail('bad interval or burst for key ' .. i)
   end
@@ -80,20 +65,12 @@ for i = 1, n do
   interval[i], burst[i] = t, b
 end
 
-local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+local now = now_us()
 
 local tat, fits, admitted = {}, {}, 1
 for i = 1, n do
-  local t = now
-  local stored = redis.call('GET', KEYS[i])
-  if stored then
-    local v = tonumber(stored)
-    if v == nil or v ~= math.floor(v) or v < 0 then
-      return fail('key ' .. i .. ' does not hold a GCRA state')
-    end
-    if v > now then t = v end
-  end
+  local t = gcra_tat(KEYS[i], now)
+  if not t then return fail('key ' .. KEYS[i] .. ' does not hold a GCRA state') end
   tat[i] = t
   fits[i] = (t - now) + cost * interval[i] <= burst[i] * interval[i]
   if not fits[i] then admitted = 0 end

@@ -16,55 +16,33 @@
 -- Example: 10 per second, burst 10, after 3 quick admissions at N, peeking
 -- cost 1 at N + 1000: {1, N + 1000, 1, 7, -1, 299}.
 
+--@include lib/fail
+--@include lib/args
+--@include lib/div
+--@include lib/time
+--@include lib/gcra
+
 local MAX = 9007199254740991
 local MAX_FILL = 2251799813685248
-
-local function fail(msg)
-  return redis.error_reply('ERR nolock rate/gcra/peek: ' .. msg)
-end
-
-local function int(i, min, max)
-  local v = tonumber(ARGV[i])
-  if v == nil or v ~= math.floor(v) or v < min or v > max then return nil end
-  return v
-end
-
-local function floor_div(a, b)
-  local q = math.floor(a / b)
-  if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
-  return q
-end
-
-local function ceil_div(a, b)
-  return floor_div(a + b - 1, b)
-end
 
 local n = #KEYS
 if n < 1 or #ARGV ~= 1 + 2 * n then
   return fail('expected 1 + 2 arguments per key, got ' .. #ARGV .. ' for ' .. n .. ' keys')
 end
-local cost = int(1, 1, MAX)
+local cost = arg_int(1, 1, MAX)
 if not cost then return fail('bad cost: ' .. tostring(ARGV[1])) end
 
-local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+local now = now_us()
 
 local reply, admitted = {0, now}, 1
 for i = 1, n do
-  local step, b = int(2 * i, 1, MAX_FILL), int(2 * i + 1, 1, MAX)
+  local step, b = arg_int(2 * i, 1, MAX_FILL), arg_int(2 * i + 1, 1, MAX)
   if not step or not b or b * step > MAX_FILL then
     return fail('bad interval or burst for key ' .. i)
   end
   if cost > b then return fail('cost is above the burst of key ' .. i) end
-  local t = now
-  local stored = redis.call('GET', KEYS[i])
-  if stored then
-    local v = tonumber(stored)
-    if v == nil or v ~= math.floor(v) or v < 0 then
-      return fail('key ' .. i .. ' does not hold a GCRA state')
-    end
-    if v > now then t = v end
-  end
+  local t = gcra_tat(KEYS[i], now)
+  if not t then return fail('key ' .. KEYS[i] .. ' does not hold a GCRA state') end
   local room = b * step - (t - now)
   local fits = cost * step <= room
   local remaining, retry = 0, -1

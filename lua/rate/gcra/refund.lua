@@ -1,93 +1,90 @@
 #!lua flags=allow-oom
--- rate/gcra/refund: give `amount` units back to one or more GCRA limits.
+-- rate/gcra/refund: give back units of one admitted charge, only the part the limit has not yet drained.
 --
--- KEYS[i]     limit i: TAT in integer microseconds since the Unix epoch, as
---             written by rate/gcra/check.
--- ARGV[1]     amount    integer, 1 <= amount <= 2^53-1: units to give back.
--- ARGV[2i]    interval  T of limit i, integer microseconds >= 1.
--- ARGV[2i+1]  burst     b of limit i, integer >= 1, with b x T <= 2^51.
+-- KEYS[i]     limit i, as in rate/gcra/check (TAT, integer microseconds).
+-- ARGV[1]     amount    integer >= 1: units to give back.
+-- ARGV[2]     at        integer microseconds: the server time of the charge
+--                       (the `now` of its reply).
+-- ARGV[4i-1]  interval  T of limit i, integer microseconds >= 1.
+-- ARGV[4i]    burst     b of limit i, integer >= 1, with b x T <= 2^51.
+-- ARGV[4i+1]  held      integer >= 0: the units of the charge not yet given
+--                       back on limit i (its cost, less earlier refunds).
+-- ARGV[4i+2]  reset     the charge's reset_after on limit i, ms (unused
+--                       here; every rate refund takes the same arguments).
 --
--- Each limit's TAT moves back by amount x T, but never before now: a limiter
--- cannot hold more than its burst. A limiter that becomes full is deleted
--- (a missing key means full); otherwise its expiry moves to the new TAT.
--- Missing keys stay missing.
+-- A charge of c units admitted at `at` holds the limit for at least the
+-- span [at, at + c x T] of the limiter's schedule (it started no earlier
+-- than its own arrival), and later calls stack on top of it. By now, the
+-- part of it behind now has drained: the limiter would have refilled that
+-- much whether or not the charge happened. So a refund gives back
+--   back = min(amount x T, at + held x T - now) microseconds, never below 0
+-- of the schedule: TAT' = max(now, TAT - back). A refund after the charge
+-- drained gives back nothing; capacity never rises above what it would be
+-- had the refunded units never been charged, however refunds interleave.
+-- The key is deleted when TAT' = now (full).
 --
--- Reply: {remaining_1, ..., remaining_n}: units that fit on each limit after
--- the refund, floor((b x T - (TAT' - now)) / T).
+-- Reply: {released_1, remaining_1, ..., released_n, remaining_n}
+--   released   ceil((TAT - TAT') / T): the units of the charge given back
+--              (a unit partly drained counts as given back: the charge
+--              holds it no more, so a later refund of the same charge cannot
+--              give it back again)
+--   remaining  units that fit now on limit i, after the refund
 --
 -- Runs on a full server (allow-oom): giving back must not fail for lack of
 -- memory. Every key is read and checked before the first write.
 --
--- Example: 10 per second, burst 10, TAT = now + 500000 (5 taken): refund 3
--- gives TAT' = now + 200000 and {8}; refund 30 deletes the key and gives {10}.
+-- Example: 10 per second, burst 10 (T = 100000). Ten units taken at N.
+-- Refund 10 at N + 300000: back = 700000, TAT' = now: {7, 10}. The same
+-- refund at N + 1050000, after others took 10 more: back = 0: {0, 0}.
+
+--@include lib/fail
+--@include lib/args
+--@include lib/div
+--@include lib/time
+--@include lib/gcra
 
 local MAX = 9007199254740991
 local MAX_FILL = 2251799813685248
 
-local function fail(msg)
-  return redis.error_reply('ERR nolock rate/gcra/refund: ' .. msg)
-end
-
-local function int(i, min, max)
-  local v = tonumber(ARGV[i])
-  if v == nil or v ~= math.floor(v) or v < min or v > max then return nil end
-  return v
-end
-
-local function floor_div(a, b)
-  local q = math.floor(a / b)
-  if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
-  return q
-end
-
-local function ceil_div(a, b)
-  return floor_div(a + b - 1, b)
-end
-
 local n = #KEYS
-if n < 1 or #ARGV ~= 1 + 2 * n then
-  return fail('expected 1 + 2 arguments per key, got ' .. #ARGV .. ' for ' .. n .. ' keys')
+if n < 1 or #ARGV ~= 2 + 4 * n then
+  return fail('expected 2 + 4 arguments per key, got ' .. #ARGV .. ' for ' .. n .. ' keys')
 end
-local amount = int(1, 1, MAX)
-if not amount then return fail('bad amount: ' .. tostring(ARGV[1])) end
+local amount, at = arg_int(1, 1, MAX), arg_int(2, 0, MAX)
+if not amount or not at then return fail('bad amount or charge time') end
 
-local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+local now = now_us()
 
-local interval, burst, tat = {}, {}, {}
+local interval, burst, tat, back = {}, {}, {}, {}
 for i = 1, n do
-  local step, b = int(2 * i, 1, MAX_FILL), int(2 * i + 1, 1, MAX)
-  if not step or not b or b * step > MAX_FILL then
-    return fail('bad interval or burst for key ' .. i)
+  local step, b, held = arg_int(4 * i - 1, 1, MAX_FILL), arg_int(4 * i, 1, MAX),
+    arg_int(4 * i + 1, 0, MAX)
+  if not step or not b or not held or b * step > MAX_FILL or not arg_int(4 * i + 2, 0, MAX) then
+    return fail('bad interval, burst, held or reset for key ' .. i)
   end
-  interval[i], burst[i] = step, b
-  local stored = redis.call('GET', KEYS[i])
-  if stored then
-    local v = tonumber(stored)
-    if v == nil or v ~= math.floor(v) or v < 0 then
-      return fail('key ' .. i .. ' does not hold a GCRA state')
-    end
-    tat[i] = v
-  end
+  local t = gcra_tat(KEYS[i], now)
+  if not t then return fail('key ' .. KEYS[i] .. ' does not hold a GCRA state') end
+  held = math.min(held, amount, b) -- a charge never holds more than the burst
+  interval[i], burst[i], tat[i] = step, b, t
+  back[i] = math.max(0, math.min(held * step, at + held * step - now))
 end
 
 -- Numbers are passed to Redis as they are: integers below 2^53 are sent
 -- exactly (Redis prints them with %.17g, or as integers since 7.2).
 local reply = {}
 for i = 1, n do
-  local t = now
-  if tat[i] and tat[i] > now then
-    -- amount x T may exceed 2^53 (then it is inexact), but it only matters
-    -- when it is smaller than tat - now, and then it is exact.
-    t = math.max(now, tat[i] - amount * interval[i])
+  local t, step = tat[i], interval[i]
+  local before = t
+  if back[i] > 0 and t > now then
+    t = math.max(now, t - back[i])
     if t == now then
       redis.call('DEL', KEYS[i])
     else
-      redis.call('SET', KEYS[i], t,
-        'PXAT', ceil_div(t, 1000))
+      redis.call('SET', KEYS[i], t, 'PXAT', ceil_div(t, 1000))
     end
   end
-  local room = burst[i] * interval[i] - (t - now)
-  reply[i] = room > 0 and floor_div(room, interval[i]) or 0
+  local room = burst[i] * step - (t - now)
+  reply[#reply + 1] = ceil_div(before - t, step)
+  reply[#reply + 1] = room > 0 and floor_div(room, step) or 0
 end
 return reply

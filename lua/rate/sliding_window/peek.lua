@@ -15,44 +15,23 @@
 -- Example: limit 10 per 1000 ms; previous = 10, count = 0, e = 300: peeking
 -- cost 4 gives fits 0, remaining 3, retry_after 100, reset_after 700.
 
+--@include lib/fail
+--@include lib/args
+--@include lib/div
+--@include lib/time
+--@include lib/window
+
 local MAX = 9007199254740991
-
-local function fail(msg)
-  return redis.error_reply('ERR nolock rate/sliding_window/peek: ' .. msg)
-end
-
-local function int(i, min, max)
-  local v = tonumber(ARGV[i])
-  if v == nil or v ~= math.floor(v) or v < min or v > max then return nil end
-  return v
-end
-
-local function floor_div(a, b)
-  local q = math.floor(a / b)
-  if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
-  return q
-end
-
-local function ceil_div(a, b)
-  return floor_div(a + b - 1, b)
-end
-
-local function integer(s)
-  local v = tonumber(s)
-  if v == nil or v ~= math.floor(v) or v < 0 then return nil end
-  return v
-end
 
 local n = #KEYS
 if n < 1 or #ARGV ~= 1 + 2 * n then
   return fail('expected 1 + 2 arguments per key, got ' .. #ARGV .. ' for ' .. n .. ' keys')
 end
-local cost = int(1, 1, MAX)
+local cost = arg_int(1, 1, MAX)
 if not cost then return fail('bad cost: ' .. tostring(ARGV[1])) end
 
-local time = redis.call('TIME')
-local now_us = tonumber(time[1]) * 1000000 + tonumber(time[2])
-local now = floor_div(now_us, 1000)
+local micros = now_us()
+local now = floor_div(micros, 1000)
 
 local function retry_ms(c, p, e, w, l)
   local x = l - c - cost
@@ -65,30 +44,15 @@ local function retry_ms(c, p, e, w, l)
   return w - e + e2
 end
 
-local reply, admitted = {0, now_us}, 1
+local reply, admitted = {0, micros}, 1
 for i = 1, n do
-  local w, l = int(2 * i, 1, MAX), int(2 * i + 1, 1, MAX)
+  local w, l = arg_int(2 * i, 1, MAX), arg_int(2 * i + 1, 1, MAX)
   if not w or not l or l * w > MAX then
     return fail('bad window or limit for key ' .. i)
   end
   if cost > l then return fail('cost is above the limit of key ' .. i) end
-  local cur = floor_div(now, w) * w
-  local c, p = 0, 0
-  local state = redis.call('HMGET', KEYS[i], 'start', 'count', 'previous')
-  if not (state[1] or state[2] or state[3]) and redis.call('EXISTS', KEYS[i]) == 1 then
-    return fail('key ' .. i .. ' does not hold a sliding window')
-  end
-  if state[1] or state[2] or state[3] then
-    local s, sc, sp = integer(state[1]), integer(state[2]), integer(state[3])
-    if not s or not sc or not sp then
-      return fail('key ' .. i .. ' does not hold a sliding window')
-    end
-    if s >= cur then
-      cur, c, p = s, sc, sp
-    elseif s == cur - w then
-      p = sc
-    end
-  end
+  local cur, c, p = window_read(KEYS[i], now, w)
+  if not cur then return fail('key ' .. KEYS[i] .. ' does not hold a sliding window') end
   c, p = math.min(c, l), math.min(p, l)
   local e = math.max(0, now - cur)
   local fits = c + cost <= l and p * (w - e) <= (l - c - cost) * w

@@ -1,110 +1,94 @@
 #!lua flags=allow-oom
--- rate/sliding_window/refund: give `amount` units back to one or more sliding windows.
+-- rate/sliding_window/refund: give back units of one admitted charge, from the window that counted it, while it still counts.
 --
 -- KEYS[i]     limit i: a hash {start, count, previous} as written by
 --             rate/sliding_window/check.
--- ARGV[1]     amount  integer, 1 <= amount <= 2^53-1: units to give back.
--- ARGV[2i]    window  w of limit i, integer milliseconds >= 1.
--- ARGV[2i+1]  limit   L of limit i, integer >= 1, with L x w <= 2^53-1.
+-- ARGV[1]     amount  integer >= 1: units to give back.
+-- ARGV[2]     at      integer microseconds: the server time of the charge
+--                     (the `now` of its reply).
+-- ARGV[4i-1]  window  w of limit i, integer milliseconds >= 1.
+-- ARGV[4i]    limit   L of limit i, integer >= 1, with L x w <= 2^53-1.
+-- ARGV[4i+1]  held    integer >= 0: the units of the charge not yet given
+--                     back on limit i (its cost, less earlier refunds).
+-- ARGV[4i+2]  reset   the charge's reset_after on limit i (unused: windows
+--                     are aligned on the epoch, so `at` names the window).
 --
--- Each state is rolled to the window holding now, as in check; the amount
--- is then taken off the current window's count first (where recent units
--- were charged) and the rest off the previous window's, never below zero.
--- A state left with nothing is deleted; missing keys stay missing.
+-- The charge was counted in the aligned window s = floor(at_ms / w) x w.
+-- After rolling the state to now (as check does): when the current window
+-- is s, its count drops by min(amount, held, count); when it is s + w, the
+-- charge is in `previous`, which drops by min(amount, held, previous); when the charge's
+-- window is older, it no longer counts and nothing is given back. The
+-- state is stored rolled; a state that becomes empty is deleted.
 --
--- Reply: {remaining_1, ..., remaining_n}: units that fit on each limit
--- afterwards, L - count - ceil(previous x (w - e) / w).
+-- Reply: {credited_1, remaining_1, ..., credited_n, remaining_n}
+--   credited   units taken off the window that counted the charge
+--   remaining  units that fit now on limit i, after the refund:
+--              L - count - ceil(previous x (w - e) / w), never below 0
 --
 -- Runs on a full server (allow-oom): giving back must not fail for lack of
 -- memory. Every key is read and checked before the first write.
 --
--- Example: limit 10 per 1000 ms, count = 6 at e = 0 with previous = 0:
--- refund 2 leaves count = 4 and gives {6}.
+-- Example: limit 10 per 1000 ms; 4 charged at 1500 ms (window 1000), state
+-- rolled at 2300 ms to {start 2000, count 2, previous 4}: a refund of 4
+-- takes them from previous: {4, 8}.
+
+--@include lib/fail
+--@include lib/args
+--@include lib/div
+--@include lib/time
+--@include lib/window
 
 local MAX = 9007199254740991
 
-local function fail(msg)
-  return redis.error_reply('ERR nolock rate/sliding_window/refund: ' .. msg)
-end
-
-local function int(i, min, max)
-  local v = tonumber(ARGV[i])
-  if v == nil or v ~= math.floor(v) or v < min or v > max then return nil end
-  return v
-end
-
-local function floor_div(a, b)
-  local q = math.floor(a / b)
-  if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
-  return q
-end
-
-local function ceil_div(a, b)
-  return floor_div(a + b - 1, b)
-end
-
-local function integer(s)
-  local v = tonumber(s)
-  if v == nil or v ~= math.floor(v) or v < 0 then return nil end
-  return v
-end
-
 local n = #KEYS
-if n < 1 or #ARGV ~= 1 + 2 * n then
-  return fail('expected 1 + 2 arguments per key, got ' .. #ARGV .. ' for ' .. n .. ' keys')
+if n < 1 or #ARGV ~= 2 + 4 * n then
+  return fail('expected 2 + 4 arguments per key, got ' .. #ARGV .. ' for ' .. n .. ' keys')
 end
-local amount = int(1, 1, MAX)
-if not amount then return fail('bad amount: ' .. tostring(ARGV[1])) end
+local amount, at = arg_int(1, 1, MAX), arg_int(2, 0, MAX)
+if not amount or not at then return fail('bad amount or charge time') end
 
-local time = redis.call('TIME')
-local now = floor_div(tonumber(time[1]) * 1000000 + tonumber(time[2]), 1000)
+local now = floor_div(now_us(), 1000)
+local charged_ms = floor_div(at, 1000)
 
-local window, limit, start, count, previous = {}, {}, {}, {}, {}
+local window, limit, start, count, previous, from, most = {}, {}, {}, {}, {}, {}, {}
 for i = 1, n do
-  local w, l = int(2 * i, 1, MAX), int(2 * i + 1, 1, MAX)
-  if not w or not l or l * w > MAX then
-    return fail('bad window or limit for key ' .. i)
+  local w, l = arg_int(4 * i - 1, 1, MAX), arg_int(4 * i, 1, MAX)
+  local held = arg_int(4 * i + 1, 0, MAX)
+  if not w or not l or not held or l * w > MAX or not arg_int(4 * i + 2, 0, MAX) then
+    return fail('bad window, limit, held or reset for key ' .. i)
   end
-  window[i], limit[i] = w, l
-  local state = redis.call('HMGET', KEYS[i], 'start', 'count', 'previous')
-  if not (state[1] or state[2] or state[3]) and redis.call('EXISTS', KEYS[i]) == 1 then
-    return fail('key ' .. i .. ' does not hold a sliding window')
-  end
-  if state[1] or state[2] or state[3] then
-    local s, sc, sp = integer(state[1]), integer(state[2]), integer(state[3])
-    if not s or not sc or not sp then
-      return fail('key ' .. i .. ' does not hold a sliding window')
-    end
-    local cur, c, p = floor_div(now, w) * w, 0, 0
-    if s >= cur then
-      cur, c, p = s, sc, sp
-    elseif s == cur - w then
-      p = sc
-    end
-    start[i], count[i], previous[i] = cur, c, p
-  end
+  local cur, c, p = window_read(KEYS[i], now, w)
+  if not cur then return fail('key ' .. KEYS[i] .. ' does not hold a sliding window') end
+  local s = floor_div(charged_ms, w) * w
+  if cur == s then from[i] = 'count' elseif cur == s + w then from[i] = 'previous' end
+  window[i], limit[i], start[i], count[i], previous[i] = w, l, cur, c, p
+  most[i] = math.min(amount, held)
 end
 
 -- Numbers are passed to Redis as they are: integers below 2^53 are sent
 -- exactly (Redis prints them with %.17g, or as integers since 7.2).
 local reply = {}
 for i = 1, n do
-  local w, l = window[i], limit[i]
-  local cur, c, p = start[i], count[i] or 0, previous[i] or 0
-  if cur then
-    local from_count = math.min(c, amount)
-    c = c - from_count
-    p = p - math.min(p, amount - from_count)
+  local w, l, cur, c, p = window[i], limit[i], start[i], count[i], previous[i]
+  local back = 0
+  if from[i] == 'count' then
+    back = math.min(most[i], c)
+    c = c - back
+  elseif from[i] == 'previous' then
+    back = math.min(most[i], p)
+    p = p - back
+  end
+  if back > 0 then
     if c == 0 and p == 0 then
       redis.call('DEL', KEYS[i])
     else
-      redis.call('HSET', KEYS[i], 'start', cur,
-        'count', c, 'previous', p)
+      redis.call('HSET', KEYS[i], 'start', cur, 'count', c, 'previous', p)
       redis.call('PEXPIREAT', KEYS[i], cur + 2 * w)
     end
   end
-  local e = cur and math.max(0, now - cur) or 0
+  local e = math.max(0, now - cur)
   c, p = math.min(c, l), math.min(p, l)
-  reply[i] = math.max(0, l - c - ceil_div(p * (w - e), w))
+  reply[#reply + 1] = back
+  reply[#reply + 1] = math.max(0, l - c - ceil_div(p * (w - e), w))
 end
 return reply

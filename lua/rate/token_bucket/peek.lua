@@ -15,68 +15,33 @@
 -- Example: capacity 10, T = 100000, state {tokens = 2, at = N - 250000}, at
 -- now = N, cost 5: two tokens were earned, {0, N, 0, 4, 50, 550}.
 
+--@include lib/fail
+--@include lib/args
+--@include lib/div
+--@include lib/time
+--@include lib/bucket
+
 local MAX = 9007199254740991
 local MAX_FILL = 2251799813685248
-
-local function fail(msg)
-  return redis.error_reply('ERR nolock rate/token_bucket/peek: ' .. msg)
-end
-
-local function int(i, min, max)
-  local v = tonumber(ARGV[i])
-  if v == nil or v ~= math.floor(v) or v < min or v > max then return nil end
-  return v
-end
-
-local function floor_div(a, b)
-  local q = math.floor(a / b)
-  if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
-  return q
-end
-
-local function ceil_div(a, b)
-  return floor_div(a + b - 1, b)
-end
-
-local function integer(s)
-  local v = tonumber(s)
-  if v == nil or v ~= math.floor(v) or v < 0 then return nil end
-  return v
-end
 
 local n = #KEYS
 if n < 1 or #ARGV ~= 1 + 2 * n then
   return fail('expected 1 + 2 arguments per key, got ' .. #ARGV .. ' for ' .. n .. ' keys')
 end
-local cost = int(1, 1, MAX)
+local cost = arg_int(1, 1, MAX)
 if not cost then return fail('bad cost: ' .. tostring(ARGV[1])) end
 
-local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+local now = now_us()
 
 local reply, admitted = {0, now}, 1
 for i = 1, n do
-  local step, cap = int(2 * i, 1, MAX_FILL), int(2 * i + 1, 1, MAX)
+  local step, cap = arg_int(2 * i, 1, MAX_FILL), arg_int(2 * i + 1, 1, MAX)
   if not step or not cap or cap * step > MAX_FILL then
     return fail('bad interval or capacity for key ' .. i)
   end
   if cost > cap then return fail('cost is above the capacity of key ' .. i) end
-  local k, a = cap, now
-  local state = redis.call('HMGET', KEYS[i], 'tokens', 'at')
-  if not (state[1] or state[2]) and redis.call('EXISTS', KEYS[i]) == 1 then
-    return fail('key ' .. i .. ' does not hold a token bucket')
-  end
-  if state[1] or state[2] then
-    k, a = integer(state[1]), integer(state[2])
-    if not k or not a then
-      return fail('key ' .. i .. ' does not hold a token bucket')
-    end
-    if now > a then
-      local add = floor_div(now - a, step)
-      if k + add >= cap then k, a = cap, now else k, a = k + add, a + add * step end
-    end
-    if k > cap then k = cap end
-  end
+  local k, a = bucket_read(KEYS[i], now, step, cap)
+  if not k then return fail('key ' .. KEYS[i] .. ' does not hold a token bucket') end
   local retry, reset = -1, 0
   if cost > k then
     admitted = 0

@@ -1,104 +1,90 @@
 #!lua flags=allow-oom
--- rate/token_bucket/refund: put `amount` tokens back into one or more token buckets.
+-- rate/token_bucket/refund: give back tokens of one admitted charge, only those the bucket has not yet refilled.
 --
 -- KEYS[i]     bucket i: a hash {tokens, at} as written by rate/token_bucket/check.
--- ARGV[1]     amount    integer, 1 <= amount <= 2^53-1: tokens to put back.
--- ARGV[2i]    interval  T of bucket i, integer microseconds >= 1 per token.
--- ARGV[2i+1]  capacity  C of bucket i, integer >= 1, with C x T <= 2^51.
+-- ARGV[1]     amount    integer >= 1: tokens to give back.
+-- ARGV[2]     at        integer microseconds: the server time of the charge
+--                       (the `now` of its reply).
+-- ARGV[4i-1]  interval  T of bucket i, integer microseconds >= 1 per token.
+-- ARGV[4i]    capacity  C of bucket i, integer >= 1, with C x T <= 2^51.
+-- ARGV[4i+1]  held      integer >= 0: the tokens of the charge not yet given
+--                       back to bucket i (its cost, less earlier refunds).
+-- ARGV[4i+2]  reset     the charge's reset_after on bucket i, ms (unused).
 --
--- Each bucket is refilled up to now as in check, then gets
--- min(C, tokens + amount): a bucket never holds more than its capacity. A
--- bucket that becomes full is deleted (a missing key means full); otherwise
--- its expiry moves to when it will be full. Missing keys stay missing.
+-- The bucket is GCRA in another stored form (see rate/token_bucket/check),
+-- and the bound is rate/gcra/refund's: tokens the bucket would have refilled
+-- by now anyway, had the charge not happened, are not owed back. The
+-- bucket, refilled up to now as in check, gets back
+--   back = min(amount x T, at + held x T - now) microseconds, never below 0
+-- of refill: floor(back / T) whole tokens, and the rest as refill time
+-- already credited (`at` moves back by it; a token it completes is added
+-- now), never more than its capacity. A bucket that becomes full is deleted
+-- (a missing key means full); otherwise its expiry moves to when it will be
+-- full. Missing keys stay missing.
 --
--- Reply: {remaining_1, ..., remaining_n}: tokens in each bucket afterwards.
+-- Reply: {released_1, remaining_1, ..., released_n, remaining_n}
+--   released   the tokens of the charge given back: ceil of the refill
+--              time returned over T (one partly refilled counts as given
+--              back)
+--   remaining  tokens in bucket i afterwards
 --
 -- Runs on a full server (allow-oom): giving back must not fail for lack of
 -- memory. Every key is read and checked before the first write.
 --
--- Example: capacity 10, state {tokens = 4, at = now}: refund 3 gives {7};
--- refund 30 deletes the key and gives {10}.
+-- Example: capacity 10, 10 per second. Ten tokens taken at N; refund 10 at
+-- N + 300000: 3 tokens have refilled, 7 are owed back: {7, 10}.
+
+--@include lib/fail
+--@include lib/args
+--@include lib/div
+--@include lib/time
+--@include lib/bucket
 
 local MAX = 9007199254740991
 local MAX_FILL = 2251799813685248
 
-local function fail(msg)
-  return redis.error_reply('ERR nolock rate/token_bucket/refund: ' .. msg)
-end
-
-local function int(i, min, max)
-  local v = tonumber(ARGV[i])
-  if v == nil or v ~= math.floor(v) or v < min or v > max then return nil end
-  return v
-end
-
-local function floor_div(a, b)
-  local q = math.floor(a / b)
-  if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
-  return q
-end
-
-local function ceil_div(a, b)
-  return floor_div(a + b - 1, b)
-end
-
-local function integer(s)
-  local v = tonumber(s)
-  if v == nil or v ~= math.floor(v) or v < 0 then return nil end
-  return v
-end
-
 local n = #KEYS
-if n < 1 or #ARGV ~= 1 + 2 * n then
-  return fail('expected 1 + 2 arguments per key, got ' .. #ARGV .. ' for ' .. n .. ' keys')
+if n < 1 or #ARGV ~= 2 + 4 * n then
+  return fail('expected 2 + 4 arguments per key, got ' .. #ARGV .. ' for ' .. n .. ' keys')
 end
-local amount = int(1, 1, MAX)
-if not amount then return fail('bad amount: ' .. tostring(ARGV[1])) end
+local amount, at = arg_int(1, 1, MAX), arg_int(2, 0, MAX)
+if not amount or not at then return fail('bad amount or charge time') end
 
-local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+local now = now_us()
 
-local interval, capacity, tokens, at = {}, {}, {}, {}
+local interval, capacity, tokens, refilled, back = {}, {}, {}, {}, {}
 for i = 1, n do
-  local step, cap = int(2 * i, 1, MAX_FILL), int(2 * i + 1, 1, MAX)
-  if not step or not cap or cap * step > MAX_FILL then
-    return fail('bad interval or capacity for key ' .. i)
+  local step, cap, held = arg_int(4 * i - 1, 1, MAX_FILL), arg_int(4 * i, 1, MAX),
+    arg_int(4 * i + 1, 0, MAX)
+  if not step or not cap or not held or cap * step > MAX_FILL or not arg_int(4 * i + 2, 0, MAX) then
+    return fail('bad interval, capacity, held or reset for key ' .. i)
   end
-  interval[i], capacity[i] = step, cap
-  local state = redis.call('HMGET', KEYS[i], 'tokens', 'at')
-  if not (state[1] or state[2]) and redis.call('EXISTS', KEYS[i]) == 1 then
-    return fail('key ' .. i .. ' does not hold a token bucket')
-  end
-  if state[1] or state[2] then
-    local k, a = integer(state[1]), integer(state[2])
-    if not k or not a then
-      return fail('key ' .. i .. ' does not hold a token bucket')
-    end
-    if now > a then
-      local add = floor_div(now - a, step)
-      if k + add >= cap then k, a = cap, now else k, a = k + add, a + add * step end
-    end
-    tokens[i], at[i] = k, a
-  end
+  local k, a = bucket_read(KEYS[i], now, step, cap)
+  if not k then return fail('key ' .. KEYS[i] .. ' does not hold a token bucket') end
+  held = math.min(held, amount, cap) -- a charge never holds more than the capacity
+  interval[i], capacity[i], tokens[i], refilled[i] = step, cap, k, a
+  back[i] = math.max(0, math.min(held * step, at + held * step - now))
 end
 
 -- Numbers are passed to Redis as they are: integers below 2^53 are sent
 -- exactly (Redis prints them with %.17g, or as integers since 7.2).
 local reply = {}
 for i = 1, n do
-  local cap, step = capacity[i], interval[i]
-  local k, a = tokens[i], at[i]
-  if k == nil then
-    k = cap
-  else
-    k = math.min(cap, k + amount)
-    if k == cap then
+  local cap, step, k, a = capacity[i], interval[i], tokens[i], refilled[i]
+  local full_at = a + (cap - k) * step -- the bucket's TAT, in GCRA terms
+  if back[i] > 0 and k < cap then
+    local whole = floor_div(back[i], step)
+    k, a = k + whole, a - (back[i] - whole * step)
+    if now - a >= step then k, a = k + 1, a + step end
+    if k >= cap then
+      k, a = cap, now
       redis.call('DEL', KEYS[i])
     else
       redis.call('HSET', KEYS[i], 'tokens', k, 'at', a)
       redis.call('PEXPIREAT', KEYS[i], ceil_div(a + (cap - k) * step, 1000))
     end
   end
-  reply[i] = k
+  reply[#reply + 1] = ceil_div(full_at - (a + (cap - k) * step), step)
+  reply[#reply + 1] = k
 end
 return reply

@@ -1,0 +1,192 @@
+//! Splices the shared Lua helpers of `lua/lib/` into the scripts that
+//! include them.
+//!
+//! Redis scripts cannot load code, so a helper several scripts need would
+//! otherwise be copied into each of them. Instead a script names it once,
+//! after its contract header:
+//!
+//! ```lua
+//! --@include lib/stored
+//! ```
+//!
+//! and the line is replaced by the helper's code (its own comment header
+//! dropped) before the script is hashed, loaded or sent. The first include
+//! is preceded by `local SCRIPT_NAME = '<name>'`, which `lib/fail` uses to
+//! name the script in its errors. A helper may itself open with includes of
+//! the helpers it builds on; they are spliced in before it, and every
+//! helper appears once, so what a script runs is exactly its own text plus
+//! the helpers it names and theirs.
+//!
+//! This file is compiled twice: by `build.rs`, which composes every script
+//! under `lua/` into `$OUT_DIR/lua/` (the tree the registry embeds), and by
+//! the crate, whose tests hold every composed script to these rules. It uses
+//! only `std` for that reason.
+
+/// The directive that pulls in a helper: `--@include lib/<name>`.
+pub(crate) const INCLUDE: &str = "--@include ";
+
+/// `source` with each `--@include lib/<name>` line replaced by the helper
+/// `lib(name)` returns, or a message saying why it cannot be composed.
+///
+/// `name` is the script's registry name (`rate/gcra/check`); `lib` is given
+/// the helper's path as written (`lib/stored`).
+pub(crate) fn compose<'a>(
+    name: &str,
+    source: &str,
+    lib: impl Fn(&str) -> Option<&'a str>,
+) -> Result<String, String> {
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'/' || b == b'-')
+    {
+        return Err(format!(
+            "script name {name:?}: only [A-Za-z0-9_/-] may be used"
+        ));
+    }
+    let mut out = String::with_capacity(source.len() + 1024);
+    let mut included = Vec::new();
+    splice(name, source, &lib, &mut included, &mut out)?;
+    Ok(out)
+}
+
+/// Copies `source` into `out`, expanding its includes depth first: a helper's
+/// own includes come before its body, and each helper appears once.
+fn splice<'a>(
+    name: &str,
+    source: &str,
+    lib: &impl Fn(&str) -> Option<&'a str>,
+    included: &mut Vec<String>,
+    out: &mut String,
+) -> Result<(), String> {
+    for line in source.split_inclusive('\n') {
+        let Some(path) = line.trim_end().strip_prefix(INCLUDE).map(str::trim) else {
+            out.push_str(line);
+            continue;
+        };
+        if !path.starts_with("lib/") {
+            return Err(format!(
+                "{name}: `{INCLUDE}{path}`: helpers live under lib/"
+            ));
+        }
+        if included.iter().any(|p| p == path) {
+            if source_includes(source, path) > 1 {
+                return Err(format!("{name}: {path} is included twice"));
+            }
+            continue; // already pulled in by another helper
+        }
+        if included.len() > 64 {
+            return Err(format!("{name}: too many helpers (an include cycle?)"));
+        }
+        let code = lib(path).ok_or_else(|| format!("{name}: no helper lua/{path}.lua"))?;
+        if included.is_empty() {
+            out.push_str(&format!("local SCRIPT_NAME = '{name}'\n"));
+        }
+        included.push(path.to_owned());
+        let code = body(code);
+        let (deps, rest) = split_includes(code);
+        let deps: String = deps
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| format!("{l}\n"))
+            .collect();
+        splice(path, &deps, lib, included, out)?;
+        out.push_str(&format!("-- {path}\n"));
+        out.push_str(rest);
+        if !out.ends_with('\n') {
+            out.push('\n');
+        }
+    }
+    Ok(())
+}
+
+fn source_includes(source: &str, path: &str) -> usize {
+    includes(source).filter(|p| *p == path).count()
+}
+
+/// A helper body split after its leading `--@include` lines.
+fn split_includes(code: &str) -> (&str, &str) {
+    let mut at = 0;
+    for line in code.split_inclusive('\n') {
+        if !line.trim_start().starts_with(INCLUDE) && !line.trim().is_empty() {
+            break;
+        }
+        at += line.len();
+    }
+    code.split_at(at)
+}
+
+/// A helper without its leading comment header and blank lines.
+fn body(code: &str) -> &str {
+    let mut rest = code;
+    while let Some((line, tail)) = rest.split_once('\n') {
+        let line = line.trim();
+        if line.is_empty() || (line.starts_with("--") && !line.starts_with(INCLUDE)) {
+            rest = tail;
+        } else {
+            break;
+        }
+    }
+    rest
+}
+
+/// The helpers a composed script pulled in, in order (`lib/stored`, ...).
+pub(crate) fn includes(source: &str) -> impl Iterator<Item = &str> {
+    source
+        .lines()
+        .filter_map(|line| line.trim_end().strip_prefix(INCLUDE).map(str::trim))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn libs(path: &str) -> Option<&'static str> {
+        match path {
+            "lib/one" => Some("-- lib/one: a helper.\n--\n\nlocal function one() return 1 end\n"),
+            "lib/two" => Some("-- lib/two: uses one.\n\n--@include lib/one\n\nlocal function two() return one() + 1 end\n"),
+            "lib/loop" => Some("--@include lib/loop2\n"),
+            "lib/loop2" => Some("--@include lib/loop\nlocal x = 1\n"),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn an_include_is_replaced_by_the_helper_body_after_the_script_name() {
+        let src = "-- t/x: test.\n--@include lib/one\nreturn one()\n";
+        let out = compose("t/x", src, libs).unwrap();
+        assert_eq!(
+            out,
+            "-- t/x: test.\nlocal SCRIPT_NAME = 't/x'\n-- lib/one\nlocal function one() return 1 end\nreturn one()\n"
+        );
+        assert_eq!(includes(src).collect::<Vec<_>>(), ["lib/one"]);
+    }
+
+    #[test]
+    fn a_helper_brings_the_helpers_it_builds_on_first_and_each_once() {
+        let src = "-- t/z: test.\n--@include lib/two\n--@include lib/one\nreturn two()\n";
+        let out = compose("t/z", src, libs).unwrap();
+        assert_eq!(
+            out,
+            "-- t/z: test.\nlocal SCRIPT_NAME = 't/z'\n-- lib/one\nlocal function one() return 1 end\n\
+             -- lib/two\nlocal function two() return one() + 1 end\nreturn two()\n"
+        );
+    }
+
+    #[test]
+    fn a_script_without_includes_is_unchanged() {
+        let src = "#!lua flags=no-writes\n-- t/y: test.\nreturn 1";
+        assert_eq!(compose("t/y", src, libs).unwrap(), src);
+    }
+
+    #[test]
+    fn bad_includes_are_errors() {
+        assert!(compose("t/x", "--@include lib/none\n", libs).is_err());
+        assert!(compose("t/x", "--@include lib/one\n--@include lib/one\n", libs).is_err());
+        assert!(compose("t/x", "--@include other/one\n", libs).is_err());
+        assert!(
+            compose("t/x", "--@include lib/loop\nreturn 1\n", libs).is_ok(),
+            "each helper once"
+        );
+        assert!(compose("t/x'..", "return 1", libs).is_err());
+    }
+}

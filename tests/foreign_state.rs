@@ -1,0 +1,226 @@
+//! Foreign data in a key: every script that reads stored state accepts only
+//! the exact form nolock writes. Anything else, in every shape the issue
+//! tracker found (`"5.0"`, `" 7"`, `"007"`, `"1e3"`, `"0x10"`, `"inf"`,
+//! values past 2^53, a list, a hash with other fields) is a definite error,
+//! never a reply nolock cannot decode, and the key is left byte-identical
+//! (`DUMP` and `PEXPIRETIME`).
+
+mod support;
+
+use std::time::{Duration, SystemTime};
+
+use nolock::rate::{Algorithm, Limiter, Quota, RateLimit};
+use nolock::{cas, limits, Error};
+use redis::aio::MultiplexedConnection as Conn;
+use support::{prefix, RedisServer};
+
+/// Values that are not a counter, TAT or balance nolock could have written.
+const NOT_NOLOCK: [&str; 9] = ["abc", "", "5.0", " 7", "007", "1e3", "0x10", "inf", "+5"];
+/// Integers nolock never writes as a count or time (negative, past 2^53).
+const OUT_OF_RANGE: [&str; 3] = ["-1", "9223372036854775807", "99999999999999999999"];
+
+#[derive(Debug, Clone)]
+enum Shape {
+    Text(&'static str),
+    List,
+    /// A hash holding `fields`, e.g. nolock's fields with foreign values, or
+    /// others besides them.
+    Hash(Vec<(&'static str, &'static str)>),
+}
+
+async fn plant(conn: &mut Conn, key: &str, shape: &Shape) {
+    let mut del = redis::cmd("DEL");
+    let _: () = del.arg(key).query_async(conn).await.unwrap();
+    let cmd = match shape {
+        Shape::Text(v) => {
+            let mut c = redis::cmd("SET");
+            c.arg(key).arg(*v);
+            c
+        }
+        Shape::List => {
+            let mut c = redis::cmd("RPUSH");
+            c.arg(key).arg("a").arg("b");
+            c
+        }
+        Shape::Hash(fields) => {
+            let mut c = redis::cmd("HSET");
+            c.arg(key);
+            for (f, v) in fields {
+                c.arg(*f).arg(*v);
+            }
+            c
+        }
+    };
+    let _: () = cmd.query_async(conn).await.unwrap();
+    let _: () = redis::cmd("PEXPIRE")
+        .arg(key)
+        .arg(600_000)
+        .query_async(conn)
+        .await
+        .unwrap();
+}
+
+async fn snapshot(conn: &mut Conn, key: &str) -> (Option<Vec<u8>>, i64) {
+    let dump: Option<Vec<u8>> = redis::cmd("DUMP").arg(key).query_async(conn).await.unwrap();
+    let at: i64 = redis::cmd("PEXPIRETIME")
+        .arg(key)
+        .query_async(conn)
+        .await
+        .unwrap();
+    (dump, at)
+}
+
+fn charge() -> RateLimit {
+    RateLimit {
+        allowed: true,
+        limit: 10,
+        remaining: 9,
+        retry_after: None,
+        reset_after: Duration::from_secs(60),
+        at: SystemTime::now(),
+        charged: 1,
+    }
+}
+
+/// Runs `op` on `key` holding each of `shapes`; each must be a definite
+/// error that leaves the key as it was.
+async fn refused<F, Fut, T>(conn: &mut Conn, what: &str, key: &str, shapes: &[Shape], op: F)
+where
+    F: Fn(Conn) -> Fut,
+    Fut: std::future::Future<Output = nolock::Result<T>>,
+    T: std::fmt::Debug,
+{
+    for shape in shapes {
+        plant(conn, key, shape).await;
+        let before = snapshot(conn, key).await;
+        match op(conn.clone()).await {
+            Err(err) => {
+                assert!(
+                    err.is_definite() && !matches!(err, Error::UnexpectedReply { .. }),
+                    "{what} on {shape:?}: {err}"
+                );
+            }
+            Ok(v) => panic!("{what} accepted {shape:?}: {v:?}"),
+        }
+        assert_eq!(
+            snapshot(conn, key).await,
+            before,
+            "{what} on {shape:?}: key changed"
+        );
+    }
+}
+
+fn texts(values: &[&'static str]) -> Vec<Shape> {
+    values.iter().map(|v| Shape::Text(v)).collect()
+}
+
+#[tokio::test]
+async fn counters_and_tats_refuse_every_foreign_value_and_keep_the_key() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let key = prefix("foreign_string");
+    let mut shapes = texts(&NOT_NOLOCK);
+    shapes.extend(texts(&OUT_OF_RANGE));
+    shapes.push(Shape::List);
+    shapes.push(Shape::Hash(vec![("f", "1")]));
+
+    refused(
+        &mut conn,
+        "limits::try_increment",
+        &key,
+        &shapes,
+        |mut c| {
+            let k = key.clone();
+            async move { limits::try_increment(&mut c, &k, 10, Duration::from_secs(10)).await }
+        },
+    )
+    .await;
+    refused(&mut conn, "limits::peek", &key, &shapes, |mut c| {
+        let k = key.clone();
+        async move { limits::peek(&mut c, &k).await }
+    })
+    .await;
+    for algorithm in [Algorithm::Gcra, Algorithm::FixedWindow] {
+        let l = Limiter::new(algorithm, Quota::per_second(10).unwrap()).unwrap();
+        let name = format!("{algorithm}");
+        refused(&mut conn, &name, &key, &shapes, |mut c| {
+            let (k, l) = (key.clone(), l.clone());
+            async move { l.check(&mut c, &k, 1).await }
+        })
+        .await;
+        refused(&mut conn, &name, &key, &shapes, |mut c| {
+            let (k, l) = (key.clone(), l.clone());
+            async move { l.peek(&mut c, &k, 1).await }
+        })
+        .await;
+        refused(&mut conn, &name, &key, &shapes, |mut c| {
+            let (k, l) = (key.clone(), l.clone());
+            async move { l.refund(&mut c, &k, &mut charge(), 1).await }
+        })
+        .await;
+    }
+}
+
+#[tokio::test]
+async fn hash_states_refuse_foreign_fields_and_values_and_keep_the_key() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let key = prefix("foreign_hash");
+    for (algorithm, fields) in [
+        (Algorithm::TokenBucket, vec!["tokens", "at"]),
+        (Algorithm::SlidingWindow, vec!["start", "count", "previous"]),
+    ] {
+        let mut shapes = vec![Shape::List, Shape::Text("5")];
+        // nolock's fields, one of them foreign.
+        for bad in NOT_NOLOCK.iter().chain(&OUT_OF_RANGE) {
+            let mut h: Vec<_> = fields.iter().map(|f| (*f, "1")).collect();
+            h[0].1 = bad;
+            shapes.push(Shape::Hash(h));
+        }
+        // nolock's fields and another one; and one field missing.
+        let mut extra: Vec<_> = fields.iter().map(|f| (*f, "1")).collect();
+        extra.push(("other", "1"));
+        shapes.push(Shape::Hash(extra));
+        shapes.push(Shape::Hash(fields[1..].iter().map(|f| (*f, "1")).collect()));
+
+        let l = Limiter::new(algorithm, Quota::per_second(10).unwrap()).unwrap();
+        let name = format!("{algorithm}");
+        refused(&mut conn, &name, &key, &shapes, |mut c| {
+            let (k, l) = (key.clone(), l.clone());
+            async move { l.check(&mut c, &k, 1).await }
+        })
+        .await;
+        refused(&mut conn, &name, &key, &shapes, |mut c| {
+            let (k, l) = (key.clone(), l.clone());
+            async move { l.peek(&mut c, &k, 1).await }
+        })
+        .await;
+        refused(&mut conn, &name, &key, &shapes, |mut c| {
+            let (k, l) = (key.clone(), l.clone());
+            async move { l.refund(&mut c, &k, &mut charge(), 1).await }
+        })
+        .await;
+    }
+}
+
+#[tokio::test]
+async fn balances_refuse_what_is_not_a_canonical_i64_and_keep_the_key() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let key = prefix("foreign_balance");
+    // "-1" and i64::MAX are balances; past i64 is not.
+    let mut shapes = texts(&NOT_NOLOCK);
+    shapes.push(Shape::Text("99999999999999999999"));
+    shapes.push(Shape::Text("9223372036854775808"));
+    shapes.push(Shape::List);
+    refused(&mut conn, "cas::debit", &key, &shapes, |mut c| {
+        let k = key.clone();
+        async move { cas::debit(&mut c, &k, 1).await }
+    })
+    .await;
+    refused(&mut conn, "cas::set_if_greater", &key, &shapes, |mut c| {
+        let k = key.clone();
+        async move { cas::set_if_greater(&mut c, &k, 1).await }
+    })
+    .await;
+}

@@ -1,0 +1,106 @@
+//! The opt-in local deny cache: an abusive client costs far fewer Redis
+//! calls, and the cache never lets through what the server would refuse nor
+//! refuses what the server would still refuse anyway.
+
+mod support;
+
+use std::time::{Duration, Instant, UNIX_EPOCH};
+
+use nolock::rate::{Algorithm, Limiter, Quota};
+use support::{prefix, RedisServer};
+
+async fn evalsha_calls(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .unwrap();
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+#[tokio::test]
+async fn an_abusive_client_costs_a_fraction_of_the_calls_and_nothing_more_is_admitted() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let mut probe = server.conn().await;
+    // 2 per 100 ms (T = 50 ms); the client asks as fast as it can, far
+    // above 10x the quota even on a loaded machine.
+    let quota = Quota::per(2, Duration::from_millis(100)).unwrap();
+    for algorithm in [Algorithm::Gcra, Algorithm::FixedWindow] {
+        let limiter = Limiter::new(algorithm, quota)
+            .unwrap()
+            .with_local_deny_cache(1_000);
+        let key = format!("{}{algorithm}", prefix("deny_cache"));
+        let before = evalsha_calls(&mut probe).await;
+        let (mut decisions, mut admitted, mut local) = (0u64, 0u64, 0u64);
+        let mut first_at = None;
+        let mut last_at = UNIX_EPOCH;
+        let start = Instant::now();
+        // nolock's own call counter (this binary runs one test at a time).
+        let mut calls_seen = nolock::stats().calls;
+        while start.elapsed() < Duration::from_millis(500) {
+            let d = limiter.check(&mut conn, &key, 1).await.unwrap();
+            decisions += 1;
+            let now_calls = nolock::stats().calls;
+            let went_to_server = now_calls > calls_seen;
+            calls_seen = now_calls;
+            if d.allowed {
+                assert!(went_to_server, "the cache never admits");
+                admitted += 1;
+                first_at.get_or_insert(d.at);
+                last_at = d.at;
+            } else if !went_to_server {
+                local += 1;
+                // The server agrees, at any server time before the local
+                // denial ends (1 ms for the server's rounding up). Asked for
+                // one local denial in 16, to keep the client fast.
+                if local % 16 != 1 {
+                    tokio::task::yield_now().await;
+                    continue;
+                }
+                let p = limiter.peek(&mut probe, &key, 1).await.unwrap();
+                calls_seen = nolock::stats().calls;
+                let ends = d.at + d.retry_after.unwrap();
+                if p.at + Duration::from_millis(1) < ends {
+                    assert!(
+                        !p.allowed,
+                        "{algorithm}: denied locally until {ends:?}, server admits at {:?}",
+                        p.at
+                    );
+                }
+            }
+            // As fast as it can: far above 10x the quota.
+            tokio::task::yield_now().await;
+        }
+        let calls = evalsha_calls(&mut probe).await - before;
+        let span = last_at
+            .duration_since(first_at.unwrap())
+            .unwrap()
+            .as_micros() as u64;
+        // Admissions stay within the limiter's own bound.
+        let bound = match algorithm {
+            Algorithm::Gcra => 2 + span / 50_000,
+            _ => 2 * (span / 100_000 + 2),
+        };
+        assert!(admitted <= bound, "{algorithm}: {admitted} > {bound}");
+        let server_decisions = decisions - local;
+        eprintln!(
+            "{algorithm}: {decisions} decisions, {admitted} admitted, {local} local, \
+             {server_decisions} sent; {calls} script calls with the checking peeks"
+        );
+        assert!(
+            server_decisions * 10 <= decisions,
+            "{algorithm}: {server_decisions} of {decisions} decisions went to Redis"
+        );
+    }
+}
