@@ -295,18 +295,21 @@ pub enum RateOp {
 #[derive(Debug, Clone)]
 pub enum RateReply {
     Decision(nolock::rate::RateLimit),
-    Refunded,
+    /// Units given back.
+    Refunded(u64),
 }
 
 /// **Rate invariant** (GCRA / token bucket with burst `b` and emission
 /// interval `T`): for any two admitted decisions at server times
-/// `t1 <= t2`, the units admitted at server times in `[t1, t2]`, minus the
+/// `t1 <= t2` (checked for every window up to `(b + 400) * T` long), the
+/// units admitted at server times in `[t1, t2]`, minus the
 /// units refunded by refunds that may have run in that span, are at most
 /// `b + (t2 - t1) / T`. Exact in microseconds: the script's theoretical
 /// arrival time rises by `cost * T` per admission, falls by at most
-/// `amount * T` per refund, and admits only while it is at most `b * T`
-/// ahead of the server clock. An indeterminate refund counts as possibly
-/// run from its invocation on.
+/// `credited * T` per refund (never below the server clock), and admits
+/// only while it is at most `b * T` ahead of the server clock. An
+/// indeterminate refund counts as possibly run, for its full amount, from
+/// its invocation on.
 pub fn check_rate(
     events: &[Event<RateOp, RateReply>],
     burst: u64,
@@ -323,30 +326,54 @@ pub fn check_rate(
         })
         .collect();
     admitted.sort();
-    // Refunds that may have run: [invoked, completed], or [invoked, inf).
-    let refunds: Vec<(u64, u64, u64)> = events
-        .iter()
-        .filter_map(|e| match (&e.op, &e.outcome) {
-            (RateOp::Refund { amount }, Outcome::Ok(_)) => {
-                Some((e.invoked_us, e.completed_us, *amount))
+    // Refunds that may have run in [t1, t2]: a completed one whose
+    // [invoked, completed] meets it, an indeterminate one invoked by t2.
+    // Sums by prefix over sorted ends, so each window costs O(log n).
+    let mut by_from = Vec::new();
+    let mut by_until = Vec::new();
+    let mut unknown = Vec::new();
+    for e in events {
+        match (&e.op, &e.outcome) {
+            (RateOp::Refund { .. }, Outcome::Ok(RateReply::Refunded(credited))) => {
+                by_from.push((e.invoked_us, *credited));
+                by_until.push((e.completed_us, *credited));
             }
             (RateOp::Refund { amount }, Outcome::Indeterminate(_)) => {
-                Some((e.invoked_us, u64::MAX, *amount))
+                unknown.push((e.invoked_us, *amount))
             }
-            _ => None,
-        })
-        .collect();
+            _ => {}
+        }
+    }
+    let prefix = |mut v: Vec<(u64, u64)>| {
+        v.sort();
+        let mut sums = Vec::with_capacity(v.len() + 1);
+        sums.push(0i128);
+        for &(_, a) in &v {
+            let last = *sums.last().unwrap_or(&0);
+            sums.push(last + a as i128);
+        }
+        (v, sums)
+    };
+    let (by_from, from_sums) = prefix(by_from);
+    let (by_until, until_sums) = prefix(by_until);
+    let (unknown, unknown_sums) = prefix(unknown);
+    let refunded_in = |t1: u64, t2: u64| -> i128 {
+        let started = from_sums[by_from.partition_point(|r| r.0 <= t2)];
+        let ended_before = until_sums[by_until.partition_point(|r| r.0 < t1)];
+        started - ended_before + unknown_sums[unknown.partition_point(|r| r.0 <= t2)]
+    };
+    // Windows up to this long are checked (every pair of admissions in them).
+    let horizon = (burst as i128 + 400) * t;
     let mut tightest = i128::MIN;
     for i in 0..admitted.len() {
         let t1 = admitted[i].0;
         let mut units: i128 = 0;
         for &(t2, cost) in &admitted[i..] {
+            if (t2 - t1) as i128 > horizon {
+                break;
+            }
             units += cost as i128;
-            let refunded: i128 = refunds
-                .iter()
-                .filter(|&&(from, until, _)| from <= t2 && until >= t1)
-                .map(|&(_, _, a)| a as i128)
-                .sum();
+            let refunded = refunded_in(t1, t2);
             // (units - refunded - b) * T <= t2 - t1
             let excess = (units - refunded - burst as i128) * t - (t2 - t1) as i128;
             tightest = tightest.max(excess);
@@ -360,9 +387,10 @@ pub fn check_rate(
         }
     }
     Ok(format!(
-        "rate ok: {} admissions, {} refunds, closest approach to the bound {} us",
+        "rate ok: {} admissions, {} refunds ({} indeterminate), closest approach to the bound {} us",
         admitted.len(),
-        refunds.len(),
+        by_from.len() + unknown.len(),
+        unknown.len(),
         -tightest.max(i128::MIN + 1)
     ))
 }

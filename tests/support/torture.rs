@@ -525,20 +525,20 @@ async fn client(
                         limiter.check(c, &key, cost).await.map(RateReply::Decision)
                     })
                     .await;
-                let allowed = matches!(&o, Outcome::Ok(RateReply::Decision(d)) if d.allowed);
-                if allowed && rng.u32(0..5) == 0 {
-                    let r = h
-                        .rate
-                        .record(process, RateOp::Refund { amount: cost }, async {
-                            limiter
-                                .refund(c, &key, cost)
-                                .await
-                                .map(|_| RateReply::Refunded)
-                        })
-                        .await;
-                    lost(&r)
-                } else {
-                    lost(&o)
+                match o {
+                    Outcome::Ok(RateReply::Decision(mut d)) if d.allowed && rng.u32(0..5) == 0 => {
+                        let r = h
+                            .rate
+                            .record(process, RateOp::Refund { amount: cost }, async {
+                                limiter
+                                    .refund(c, &key, &mut d, cost)
+                                    .await
+                                    .map(|r| RateReply::Refunded(r.credited))
+                            })
+                            .await;
+                        lost(&r)
+                    }
+                    o => lost(&o),
                 }
             }
             65..=79 => {
