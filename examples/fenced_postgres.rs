@@ -55,6 +55,21 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let resource = format!("payout:7:{}", std::process::id());
     let ttl = Duration::from_millis(300);
 
+    // At startup: the Redis counter must be above every fence the database
+    // has seen (it could have gone back in a restart without persistence).
+    let report = fence::durability(&mut conn).await?;
+    if report.fences_can_go_back() {
+        println!("note: {}", report.reasons().join("; "));
+    }
+    let seen: i64 = db
+        .query_one("SELECT coalesce(max(fence), 0) FROM payouts", &[])
+        .await?
+        .get(0);
+    if let Ok(seen @ 1..) = u64::try_from(seen) {
+        let advanced = fence::advance(&mut conn, &resource, seen).await?;
+        println!("counter at {} (database has seen {seen})", advanced.counter);
+    }
+
     // Worker A: takes the lease, then stalls past its TTL before paying.
     let Acquire::Acquired(a) = fence::acquire(&mut conn, &resource, ttl).await? else {
         return Err("payout:7 is locked by someone else".into());

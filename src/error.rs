@@ -198,6 +198,28 @@ pub enum Error {
         loss: crate::fence::Loss,
     },
 
+    /// A call needed to wait (a cluster redirect's resend, a retry's backoff,
+    /// a lease's renewals) but the Tokio runtime has no timers (build it with
+    /// `enable_time()` or `enable_all()`), or there is no runtime. Checked
+    /// before any I/O where the call can (retries, leases); after a `MOVED`
+    /// or `READONLY` reply, which ran nothing. Nothing was written.
+    #[error(
+        "nolock needs to wait but the Tokio runtime has no timers: build it with enable_time()"
+    )]
+    NoTimer,
+
+    /// A [`crate::semaphore::PermitLease`] was lost before the work under it
+    /// finished (see [`crate::semaphore::with_permit`]); the work was
+    /// cancelled and may have been partly done, possibly beside one holder
+    /// more than the semaphore allows.
+    #[error("the permit of semaphore {key} was lost: {loss}")]
+    PermitLost {
+        /// The semaphore's key.
+        key: String,
+        /// Why it was lost.
+        loss: crate::renew::Loss,
+    },
+
     /// The operating system's random number generator failed, so no owner
     /// token could be drawn. Nothing was sent.
     #[error("could not draw a random owner token: {0}")]
@@ -288,7 +310,10 @@ impl Error {
         }
         !matches!(
             self,
-            Error::Indeterminate(_) | Error::UnexpectedReply { .. } | Error::LeaseLost { .. }
+            Error::Indeterminate(_)
+                | Error::UnexpectedReply { .. }
+                | Error::LeaseLost { .. }
+                | Error::PermitLost { .. }
         )
     }
 

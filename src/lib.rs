@@ -11,7 +11,7 @@
 //! connection (`MultiplexedConnection`, `ConnectionManager`, a cluster
 //! connection, a pooled connection) as `&mut impl ConnectionLike`. It checks
 //! its input before sending anything, runs its script with `EVALSHA`, and
-//! falls back to `EVAL` once when the server has lost the script.
+//! when the server has lost the script, loads it and runs it once more.
 //!
 //! # Example
 //!
@@ -92,22 +92,26 @@
 //! One operation, one script, one wrapper: `lua/limits/try_increment.lua` is
 //! run by [`limits::try_increment`].
 //!
-//! * [`limits`]: bounded counters (fixed windows, concurrency limits).
+//! * [`limits`]: bounded counters (fixed windows).
 //! * [`rate`]: rate limiters (GCRA, token bucket, sliding and fixed windows),
 //!   atomic multi-limit checks, IETF `RateLimit` headers.
 //! * [`cas`]: conditional writes: compare-and-set/delete/expire, versioned
 //!   values, monotonic integers, guarded debit/credit, insert-if-absent.
+//! * [`semaphore`]: "at most N at once" with expiring permits, reclaimed
+//!   one by one from crashed holders; a self-renewing [`semaphore::PermitLease`].
 //! * [`fence`]: leases with fencing tokens: fenced acquire, token-checked
 //!   release/extend, a self-renewing [`fence::Lease`], fenced writes.
 //! * [`script`]: the engine: the embedded registry, [`Scripts::load`], `EVALSHA`
-//!   with the `EVAL` fallback, [`Batch`], [`stats`]; cluster behaviour.
+//!   with the `NOSCRIPT` fallback, [`Batch`], [`stats`]; cluster behaviour.
 //! * [`keys`]: cluster slots and hash tags for scripts that touch several keys.
 //! * [`Tracked`] and [`Proxied`]: connection wrappers that sharpen what an
 //!   error says (calls after a dropped connection were never sent; behind a
 //!   proxy an error reply may hide a script that ran).
 //! * [`Error`]: bad input (before I/O), definite and indeterminate Redis failures.
 //!
-//! Requires Redis 7.0 or later (read-only scripts declare `#!lua flags=no-writes`).
+//! Tested on Redis 7.0, 7.4 and 8.0 and Valkey 8.0 (read-only scripts declare
+//! `#!lua flags=no-writes`, which needs Redis 7.0 or later); the README's
+//! "Servers" section says how they differ.
 
 #![warn(
     missing_docs,
@@ -133,7 +137,10 @@ pub mod keys;
 pub mod limits;
 mod proxied;
 pub mod rate;
+mod renew;
 pub mod script;
+pub mod semaphore;
+mod timer;
 mod tracked;
 mod validate;
 

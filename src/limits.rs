@@ -1,4 +1,4 @@
-//! Bounded counters: "at most `limit` per `window`" and "at most `limit` at once".
+//! Bounded counters: "at most `limit` per `window`".
 //!
 //! A counter is one Redis key holding an integer whose TTL is the window. Each
 //! call is one Lua script, so reading the count, deciding and writing happen
@@ -8,19 +8,23 @@
 //! |---|---|---|
 //! | [`try_increment`] | `lua/limits/try_increment.lua` | add 1 if the count stays `<= limit` |
 //! | [`try_increment_by`] | same | add `n`, all or nothing |
-//! | [`release`] | `lua/limits/release.lua` | take `n` back, never below zero |
 //! | [`peek`] | `lua/limits/peek.lua` | read the count and time left; writes nothing |
+//! | [`release`] (deprecated) | `lua/limits/release.lua` | take `n` back, never below zero |
 //!
 //! **As a fixed-window limit** ("100 requests per minute per user"): call
 //! [`try_increment`] per request. The first admitted increment starts the
 //! window (sets the key's expiry); when it expires the count starts again
 //! from zero. Like every fixed window it allows up to `2 × limit` across a
-//! window boundary; [`crate::rate`] will offer smoother algorithms.
+//! window boundary; [`crate::rate`] offers smoother algorithms.
 //!
-//! **As a concurrency limit** ("at most 10 exports running"): call
-//! [`try_increment`] when work starts and [`release`] when it ends. The window
-//! is then a safety net: slots held by a crashed caller come back when it
-//! expires, so size it above the longest piece of work.
+//! **Not for "at most `limit` at once"** ("at most 10 exports running"): use
+//! [`crate::semaphore`]. Counting running work with [`try_increment`] when it
+//! starts and [`release`] when it ends over-admits: the counter expires one
+//! window after its *first* holder while later holders still run, and their
+//! releases then decrement the fresh counter. With a limit of 2, a 1 s window
+//! and 600 ms jobs, 12 workers reached 8 running at once within 5 s
+//! (`tests/semaphore.rs` runs both). The semaphore tracks each holder's own
+//! expiry instead.
 //!
 //! A denied call changes nothing, so a client that keeps retrying while denied
 //! does not push its own reset further away.
@@ -79,6 +83,7 @@ pub struct Admission {
 
 /// A counter read by [`peek`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
 pub struct Usage {
     /// The current count (0 when the key does not exist).
     pub count: u64,
@@ -239,10 +244,14 @@ impl Operation for TryIncrement {
 
 /// Take up to `n` back from the counter at `key`, never going below zero.
 ///
-/// The window (TTL) is kept; a missing key stays missing. Release what you
-/// took with [`try_increment`] when the guarded work ends, to use the counter
-/// as a concurrency limit. Retrying a release after [`Error::Indeterminate`]
-/// may release twice, but never below zero.
+/// The window (TTL) is kept; a missing key stays missing. Retrying a release
+/// after [`Error::Indeterminate`] may release twice, but never below zero.
+///
+/// **Deprecated** as the end of a concurrency limit: a counter shared by
+/// holders that started at different times cannot tell whose slot it gives
+/// back, and over-admits once the window rolls over (see the module docs).
+/// Use [`crate::semaphore`]: [`crate::semaphore::acquire`] when work starts,
+/// [`crate::semaphore::release`] when it ends.
 ///
 /// # Errors
 ///
@@ -252,16 +261,18 @@ impl Operation for TryIncrement {
 /// # Example
 ///
 /// ```no_run
+/// # #![allow(deprecated)]
 /// # async fn run(conn: &mut redis::aio::MultiplexedConnection) -> nolock::Result<()> {
-/// use std::time::Duration;
 /// use nolock::limits;
-/// let slot = limits::try_increment(conn, "exports:running", 10, Duration::from_secs(600)).await?;
-/// if slot.admitted {
-///     // ... run the export ...
-///     limits::release(conn, "exports:running", 1).await?;
-/// }
+/// // Give back 5 units of a quota charged in advance for a request that failed.
+/// let r = limits::release(conn, "quota:user:42", 5).await?;
+/// println!("{} taken back, {} left counted", r.released, r.count);
 /// # Ok(()) }
 /// ```
+#[deprecated(
+    since = "0.1.0",
+    note = "counting running work with a window over-admits; use nolock::semaphore (acquire/release) for \"at most N at once\""
+)]
 pub async fn release<C>(conn: &mut C, key: &str, n: u64) -> Result<Released>
 where
     C: ConnectionLike + Send,

@@ -33,6 +33,7 @@ both!(
         fence_acquire_extend_release_and_fences_rise,
         fenced_writes_refuse_older_fences,
         a_lease_renews_on_the_deployment_connection,
+        a_waiter_is_woken_by_a_release_through_any_node,
         a_batch_of_rate_checks_gives_the_same_results_as_single_calls,
         a_batch_of_adjustments_gives_the_same_results_as_single_calls,
     ],
@@ -416,18 +417,36 @@ async fn fence_acquire_extend_release_and_fences_rise(d: &Deployment) {
 
 async fn fenced_writes_refuse_older_fences(d: &Deployment) {
     let mut conn = d.conn().await;
-    let key = format!("{}balance", prefix("fenced_write"));
+    let resource = format!("{}balance", prefix("fenced_write"));
 
-    assert_eq!(fence::read(&mut conn, &key).await.unwrap(), None);
-    let w = fence::write(&mut conn, &key, 2, "a").await.unwrap();
+    assert_eq!(fence::read(&mut conn, &resource).await.unwrap(), None);
+    let first = grant(fence::acquire(&mut conn, &resource, MINUTE).await.unwrap());
+    let r = fence::release(&mut conn, &resource, &first.token).await;
+    assert_eq!(r.unwrap(), Release::Released);
+    let g = grant(fence::acquire(&mut conn, &resource, MINUTE).await.unwrap());
+    assert_eq!((first.fence, g.fence), (1, 2));
+    let w = fence::write(&mut conn, &resource, 2, "a").await.unwrap();
     assert_eq!(w, Write::Applied);
-    let w = fence::write(&mut conn, &key, 2, "b").await.unwrap();
+    let w = fence::write(&mut conn, &resource, 2, "b").await.unwrap();
     assert_eq!(w, Write::Applied, "the same grant writes again");
-    let w = fence::write(&mut conn, &key, 1, "late").await.unwrap();
+    let w = fence::write(&mut conn, &resource, 1, "late").await.unwrap();
     assert_eq!(w, Write::Stale { current_fence: 2 });
-    let read = fence::read(&mut conn, &key).await.unwrap().unwrap();
+    let w = fence::write(&mut conn, &resource, 3, "never granted").await;
+    assert_eq!(w.unwrap(), Write::NotGranted { counter: 2 });
+    let read = fence::read(&mut conn, &resource).await.unwrap().unwrap();
     assert_eq!((read.value.as_slice(), read.fence), (&b"b"[..], 2));
-    assert!(d.exists(&key).await);
+    assert!(d.exists(&nolock::keys::derive(&resource, "value")).await);
+
+    // The weaker form, at a key in another slot.
+    let key = format!("{}elsewhere", prefix("fenced_write"));
+    let w = fence::write_unbound(&mut conn, &key, 2, "a").await.unwrap();
+    assert_eq!(w, Write::Applied);
+    let w = fence::write_unbound(&mut conn, &key, 1, "late")
+        .await
+        .unwrap();
+    assert_eq!(w, Write::Stale { current_fence: 2 });
+    let read = fence::read_unbound(&mut conn, &key).await.unwrap().unwrap();
+    assert_eq!((read.value.as_slice(), read.fence), (&b"a"[..], 2));
 }
 
 async fn a_lease_renews_on_the_deployment_connection(d: &Deployment) {
@@ -463,12 +482,57 @@ async fn a_lease_renews_on_the_deployment_connection(d: &Deployment) {
 
 // ---------------------------------------------------------------- all
 
+async fn a_waiter_is_woken_by_a_release_through_any_node(d: &Deployment) {
+    let mut conn = d.conn().await;
+    let resource = format!("{}job", prefix("woken"));
+    // On a cluster, listen on a node that does not own the resource: PUBLISH
+    // in a script is broadcast over the cluster bus.
+    let port = match d {
+        Deployment::Single(server) => server.port,
+        Deployment::Cluster(cluster) => {
+            let owner = cluster
+                .shard_of(&nolock::keys::derive(&resource, "lock"))
+                .await;
+            cluster
+                .ports()
+                .into_iter()
+                .find(|p| *p != owner.primary && !owner.replicas.contains(p))
+                .expect("another shard")
+        }
+    };
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();
+    let waiters = fence::Waiters::new(&client).await.unwrap();
+    let held = grant(fence::acquire(&mut conn, &resource, MINUTE).await.unwrap());
+    // Without the wake-up, the waiter would sleep 20 s.
+    let slow = Backoff {
+        initial_delay: Duration::from_secs(20),
+        max_delay: Duration::from_secs(20),
+        ..Backoff::new(Duration::from_secs(30))
+    };
+    let mut waiter_conn = d.conn().await;
+    let resource2 = resource.clone();
+    let waiter = tokio::spawn(async move {
+        let out = waiters
+            .acquire(&mut waiter_conn, &resource2, MINUTE, &slow)
+            .await;
+        (out.unwrap(), std::time::Instant::now())
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!waiter.is_finished(), "waits while held");
+    let released = std::time::Instant::now();
+    let r = fence::release(&mut conn, &resource, &held.token).await;
+    assert_eq!(r.unwrap(), Release::Released);
+    let (outcome, got) = waiter.await.unwrap();
+    assert_eq!(grant(outcome).fence, held.fence + 1);
+    assert!(got.duration_since(released) < Duration::from_secs(10));
+}
+
 /// Script caches emptied on every node, then one call of each module's main
-/// operations: each runs exactly once, through `EVAL` (or `EVAL_RO`) the
-/// first time a script is needed on its node, which caches it again.
+/// operations: each runs exactly once, after a `SCRIPT LOAD` pipelined to
+/// its node the first time a script is needed there (never as `EVAL`).
 async fn every_module_recovers_a_script_flush_on_every_node(d: &Deployment) {
     let mut conn = d.conn().await;
-    // One tag: every key on one node, whose `EVAL`s this test can count.
+    // One tag: every key on one node, whose `SCRIPT LOAD`s this test can count.
     let tag = format!("{{{}}}", prefix("flush_modules"));
     let key = |part: &str| format!("{tag}:{part}");
     let mut owner = d.owner(&tag).await;
@@ -476,8 +540,12 @@ async fn every_module_recovers_a_script_flush_on_every_node(d: &Deployment) {
         support::command_calls(&mut c, "eval").await
             + support::command_calls(&mut c, "eval_ro").await
     };
+    let loads = |mut c: MultiplexedConnection| async move {
+        support::command_calls(&mut c, "script|load").await
+    };
     d.flush_scripts_everywhere().await;
     let before = evals(owner.clone()).await;
+    let loads_before = loads(owner.clone()).await;
 
     // rate: gcra/check (twice: the second finds it cached), sliding_window/check
     let limiter = Limiter::new(Algorithm::Gcra, Quota::per_minute(5).unwrap()).unwrap();
@@ -515,14 +583,14 @@ async fn every_module_recovers_a_script_flush_on_every_node(d: &Deployment) {
     assert_eq!(g.fence, 1);
     let e = fence::extend(&mut conn, &resource, &g.token, MINUTE).await;
     assert!(matches!(e.unwrap(), Extend::Extended { .. }));
-    let w = fence::write(&mut conn, &key("res"), g.fence, "x").await;
+    let w = fence::write(&mut conn, &resource, g.fence, "x").await;
     assert_eq!(w.unwrap(), Write::Applied);
-    let read = fence::read(&mut conn, &key("res")).await.unwrap().unwrap();
+    let read = fence::read(&mut conn, &resource).await.unwrap().unwrap();
     assert_eq!(read.fence, 1);
     let r = fence::release(&mut conn, &resource, &g.token).await;
     assert_eq!(r.unwrap(), Release::Released);
 
-    // Alone on the deployment: one EVAL per script, on the tag's node.
+    // Alone on the deployment: one SCRIPT LOAD per script, on the tag's node.
     let scripts = [
         "gcra/check",
         "sliding_window/check",
@@ -535,7 +603,11 @@ async fn every_module_recovers_a_script_flush_on_every_node(d: &Deployment) {
         "read",
         "release",
     ];
-    assert_eq!(evals(owner.clone()).await - before, scripts.len() as u64);
+    assert_eq!(
+        loads(owner.clone()).await - loads_before,
+        scripts.len() as u64
+    );
+    assert_eq!(evals(owner.clone()).await, before, "no EVAL");
     for name in [
         "rate/gcra/check",
         "cas/adjust",
@@ -547,7 +619,7 @@ async fn every_module_recovers_a_script_flush_on_every_node(d: &Deployment) {
             .find(|s| s.name() == name)
             .unwrap_or_else(|| panic!("{name}"));
         let cached: Vec<bool> = raw(&mut owner, &["SCRIPT", "EXISTS", script.sha1()]).await;
-        assert_eq!(cached, [true], "{name} cached again by its EVAL");
+        assert_eq!(cached, [true], "{name} loaded again");
     }
 }
 

@@ -1,4 +1,4 @@
-//! The script engine: registry, `SCRIPT LOAD`, and the `EVAL` fallback.
+//! The script engine: registry, `SCRIPT LOAD`, and the `NOSCRIPT` fallback.
 //!
 //! The fallback counter in `nolock::stats()` is process-wide, so every check
 //! of it lives in one test function: other tests running in parallel in this
@@ -43,7 +43,7 @@ async fn every_embedded_script_loads_with_the_local_sha1() {
 }
 
 #[tokio::test]
-async fn noscript_falls_back_to_eval_once_and_is_counted() {
+async fn noscript_loads_the_script_once_and_is_counted() {
     let mut server = RedisServer::start();
     let mut conn = server.conn().await;
     let key = format!("{}c", prefix("fallback"));
@@ -61,7 +61,9 @@ async fn noscript_falls_back_to_eval_once_and_is_counted() {
     assert_eq!(after.noscript_fallbacks, before.noscript_fallbacks);
     assert_eq!(after.calls, before.calls + 1);
 
-    // Flushed: EVALSHA gets NOSCRIPT, EVAL runs it once and re-caches it.
+    // Flushed: EVALSHA gets NOSCRIPT; SCRIPT LOAD + EVALSHA in one pipeline
+    // load it again and run it once.
+    let loads = command_calls(&mut conn, "script|load").await;
     let _: () = raw(&mut conn, &["SCRIPT", "FLUSH"]).await;
     let a = limits::try_increment(&mut conn, &key, 10, MINUTE)
         .await
@@ -71,7 +73,8 @@ async fn noscript_falls_back_to_eval_once_and_is_counted() {
         nolock::stats().noscript_fallbacks,
         before.noscript_fallbacks + 1
     );
-    assert_eq!(command_calls(&mut conn, "eval").await, 1);
+    assert_eq!(command_calls(&mut conn, "script|load").await, loads + 1);
+    assert_eq!(command_calls(&mut conn, "eval").await, 0);
 
     // The next call is back on EVALSHA.
     let evalsha = command_calls(&mut conn, "evalsha").await;
@@ -83,13 +86,16 @@ async fn noscript_falls_back_to_eval_once_and_is_counted() {
         nolock::stats().noscript_fallbacks,
         before.noscript_fallbacks + 1
     );
-    assert_eq!(command_calls(&mut conn, "eval").await, 1);
+    assert_eq!(command_calls(&mut conn, "script|load").await, loads + 1);
     assert_eq!(command_calls(&mut conn, "evalsha").await, evalsha + 1);
 
-    // Read-only scripts fall back to EVAL_RO the same way.
+    // Read-only scripts are loaded the same way, then run with EVALSHA_RO.
     let _: () = raw(&mut conn, &["SCRIPT", "FLUSH"]).await;
+    let evalsha_ro = command_calls(&mut conn, "evalsha_ro").await;
     assert_eq!(limits::peek(&mut conn, &key).await.unwrap().count, 3);
-    assert_eq!(command_calls(&mut conn, "eval_ro").await, 1);
+    assert_eq!(command_calls(&mut conn, "script|load").await, loads + 2);
+    assert_eq!(command_calls(&mut conn, "evalsha_ro").await, evalsha_ro + 2);
+    assert_eq!(command_calls(&mut conn, "eval_ro").await, 0);
     assert_eq!(
         nolock::stats().noscript_fallbacks,
         before.noscript_fallbacks + 2

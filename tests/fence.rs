@@ -197,7 +197,6 @@ async fn a_paused_holder_is_fenced_out_and_cannot_touch_the_new_lock() {
     let mut conn = redis.conn().await;
     let p = prefix("paused");
     let resource = format!("{p}payout");
-    let account = format!("{p}balance");
     let ttl = Duration::from_millis(200);
 
     let a = grant(fence::acquire(&mut conn, &resource, ttl).await.unwrap());
@@ -208,7 +207,7 @@ async fn a_paused_holder_is_fenced_out_and_cannot_touch_the_new_lock() {
     let b = grant(fence::acquire(&mut conn, &resource, MINUTE).await.unwrap());
     assert!(b.fence > a.fence);
     assert_eq!(
-        fence::write(&mut conn, &account, b.fence, "paid by B")
+        fence::write(&mut conn, &resource, b.fence, "paid by B")
             .await
             .unwrap(),
         Write::Applied
@@ -216,7 +215,7 @@ async fn a_paused_holder_is_fenced_out_and_cannot_touch_the_new_lock() {
 
     // A wakes up and carries on as if it still held the lock.
     assert_eq!(
-        fence::write(&mut conn, &account, a.fence, "paid by A")
+        fence::write(&mut conn, &resource, a.fence, "paid by A")
             .await
             .unwrap(),
         Write::Stale {
@@ -240,7 +239,7 @@ async fn a_paused_holder_is_fenced_out_and_cannot_touch_the_new_lock() {
     assert_eq!(holder, b.token.as_str(), "B's lock survived A's release");
     let pttl: i64 = raw(&mut conn, &["PTTL", &lock_key(&resource)]).await;
     assert!(pttl > 55_000, "A's extend did not touch B's TTL: {pttl}");
-    let stored = fence::read(&mut conn, &account).await.unwrap().unwrap();
+    let stored = fence::read(&mut conn, &resource).await.unwrap().unwrap();
     assert_eq!(
         (stored.value.as_slice(), stored.fence),
         (&b"paid by B"[..], b.fence)
@@ -378,7 +377,7 @@ async fn a_lease_signals_loss_within_one_renewal_period() {
 }
 
 #[tokio::test]
-async fn a_failed_renewal_is_a_loss_at_once() {
+async fn an_unreachable_server_loses_the_lease_at_its_deadline() {
     let mut server = RedisServer::start();
     let conn = server.conn().await;
     let resource = format!("{}r", prefix("renewal_failed"));
@@ -389,21 +388,132 @@ async fn a_failed_renewal_is_a_loss_at_once() {
         .unwrap()
         .acquired()
         .unwrap();
-    // The server dies (and with it, without persistence, the lock).
+    let deadline = lease.deadline();
+    // The server dies (and with it, without persistence, the lock). Renewals
+    // fail; they are tried again until the deadline, then the lease is lost.
     server.kill();
-    let killed = Instant::now();
-    let loss = tokio::time::timeout(ttl, lease.lost())
+    let loss = tokio::time::timeout(ttl * 2, lease.lost())
         .await
         .expect("loss signalled");
+    let at = Instant::now();
     assert!(matches!(loss, Loss::RenewalFailed { .. }), "{loss:?}");
+    assert!(at >= deadline, "not before the deadline");
     assert!(
-        killed.elapsed() <= ttl / 3 + Duration::from_millis(150),
-        "{:?}",
-        killed.elapsed()
+        at <= deadline + Duration::from_millis(150),
+        "{:?} after the deadline",
+        at - deadline
     );
     // The final release cannot reach the server either.
     let err = lease.release().await.unwrap_err();
     assert!(!err.is_invalid_input(), "{err}");
+}
+
+/// Runs a script on its own connection that keeps the server busy for `busy`.
+fn keep_busy(server: &RedisServer, busy: Duration) -> tokio::task::JoinHandle<()> {
+    let client = server.client();
+    let us = busy.as_micros().to_string();
+    tokio::spawn(async move {
+        let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
+        let mut conn = client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .unwrap();
+        let script = "local t = redis.call('TIME') local s = t[1] * 1000000 + t[2] \
+            while true do local n = redis.call('TIME') \
+            if n[1] * 1000000 + n[2] - s > tonumber(ARGV[1]) then return 1 end end";
+        let _: i64 = redis::cmd("EVAL")
+            .arg(script)
+            .arg(0)
+            .arg(&us)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    })
+}
+
+#[tokio::test]
+async fn a_lease_survives_a_busy_server() {
+    // Past 20 ms of script, the server answers other clients BUSY.
+    let server = RedisServer::start_with(&["--busy-reply-threshold", "20"]);
+    let mut conn = server.conn().await;
+    let resource = format!("{}r", prefix("busy"));
+    let ttl = Duration::from_millis(1500);
+
+    let lease = Lease::acquire(conn.clone(), &resource, ttl, &Backoff::none())
+        .await
+        .unwrap()
+        .acquired()
+        .unwrap();
+    // The first renewal is due at 500 ms; the server is busy from 100 to 800 ms.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let busy = keep_busy(&server, Duration::from_millis(700));
+    tokio::time::sleep(Duration::from_millis(1400)).await;
+    busy.await.unwrap();
+    assert_eq!(lease.loss(), None, "a BUSY blip does not end the lease");
+    assert!(lease.deadline() > Instant::now() + ttl / 3, "renewed since");
+    let held: Option<String> = raw(&mut conn, &["GET", &lock_key(&resource)]).await;
+    assert_eq!(held.as_deref(), Some(lease.token().as_str()));
+    assert_eq!(lease.release().await.unwrap(), Release::Released);
+}
+
+#[tokio::test]
+async fn a_lease_survives_reply_timeouts_during_a_pause() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let config =
+        redis::AsyncConnectionConfig::new().set_response_timeout(Some(Duration::from_millis(150)));
+    let renewing = server
+        .client()
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+        .unwrap();
+    let resource = format!("{}r", prefix("paused"));
+    let ttl = Duration::from_millis(1500);
+
+    let lease = Lease::acquire(renewing, &resource, ttl, &Backoff::none())
+        .await
+        .unwrap()
+        .acquired()
+        .unwrap();
+    // Every write waits 600 ms from 300 ms on: the renewal at 500 ms times out
+    // (indeterminate), and is tried again until one gets through.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let _: () = raw(&mut conn, &["CLIENT", "PAUSE", "600", "WRITE"]).await;
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    assert_eq!(
+        lease.loss(),
+        None,
+        "timeouts within the deadline are not a loss"
+    );
+    assert!(lease.deadline() > Instant::now() + ttl / 3, "renewed since");
+    assert_eq!(lease.release().await.unwrap(), Release::Released);
+}
+
+#[tokio::test]
+async fn a_pause_longer_than_the_deadline_loses_the_lease() {
+    let server = RedisServer::start_with(&["--busy-reply-threshold", "20"]);
+    let conn = server.conn().await;
+    let resource = format!("{}r", prefix("long_busy"));
+    let ttl = Duration::from_millis(600);
+
+    let lease = Lease::acquire(conn, &resource, ttl, &Backoff::none())
+        .await
+        .unwrap()
+        .acquired()
+        .unwrap();
+    let deadline = lease.deadline();
+    let busy = keep_busy(&server, Duration::from_millis(1200));
+    let loss = tokio::time::timeout(ttl * 2, lease.lost())
+        .await
+        .expect("loss signalled");
+    assert!(Instant::now() >= deadline);
+    match &loss {
+        Loss::RenewalFailed { error } => assert!(error.contains("deadline"), "{error}"),
+        other => panic!("{other:?}"),
+    }
+    busy.await.unwrap();
+    // The lock expired meanwhile; the release finds it gone.
+    assert_eq!(lease.release().await.unwrap(), Release::Lost);
 }
 
 #[tokio::test]
@@ -442,10 +552,9 @@ async fn with_lease_runs_the_work_and_releases() {
     let mut check = redis.conn().await;
     let p = prefix("with_lease");
     let resource = format!("{p}job");
-    let account = format!("{p}acct");
 
     let mut writer = conn.clone();
-    let account2 = account.clone();
+    let account2 = resource.clone();
     let result = fence::with_lease(
         conn.clone(),
         &resource,
@@ -462,7 +571,7 @@ async fn with_lease_runs_the_work_and_releases() {
         "released"
     );
     assert_eq!(
-        fence::read(&mut check, &account)
+        fence::read(&mut check, &resource)
             .await
             .unwrap()
             .unwrap()
@@ -557,13 +666,13 @@ async fn fences_are_exact_above_2_pow_53() {
 
     // 2^53 + 1 and 2^53 + 2 are different fences, though equal as doubles ...
     assert_eq!(
-        fence::write(&mut conn, &account, two_53 + 2, "newer")
+        fence::write_unbound(&mut conn, &account, two_53 + 2, "newer")
             .await
             .unwrap(),
         Write::Applied
     );
     assert_eq!(
-        fence::write(&mut conn, &account, g.fence, "older")
+        fence::write_unbound(&mut conn, &account, g.fence, "older")
             .await
             .unwrap(),
         Write::Stale {
@@ -572,56 +681,260 @@ async fn fences_are_exact_above_2_pow_53() {
     );
     // ... and so are the largest u64 values.
     assert_eq!(
-        fence::write(&mut conn, &account, u64::MAX, "max")
+        fence::write_unbound(&mut conn, &account, u64::MAX, "max")
             .await
             .unwrap(),
         Write::Applied
     );
     assert_eq!(
-        fence::write(&mut conn, &account, u64::MAX - 1, "max-1")
+        fence::write_unbound(&mut conn, &account, u64::MAX - 1, "max-1")
             .await
             .unwrap(),
         Write::Stale {
             current_fence: u64::MAX
         }
     );
-    let stored = fence::read(&mut conn, &account).await.unwrap().unwrap();
+    let stored = fence::read_unbound(&mut conn, &account)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!((stored.value, stored.fence), (b"max".to_vec(), u64::MAX));
 }
 
 #[tokio::test]
-async fn fenced_writes_accept_equal_or_newer_fences_only() {
+async fn unbound_writes_accept_equal_or_newer_fences_only() {
     let redis = support::redis();
     let mut conn = redis.conn().await;
     let key = format!("{}acct", prefix("write"));
 
-    assert_eq!(fence::read(&mut conn, &key).await.unwrap(), None);
+    assert_eq!(fence::read_unbound(&mut conn, &key).await.unwrap(), None);
     assert_eq!(
-        fence::write(&mut conn, &key, 7, "a").await.unwrap(),
+        fence::write_unbound(&mut conn, &key, 7, "a").await.unwrap(),
         Write::Applied
     );
     // The same grant writes again (a second step, or a retry).
     assert_eq!(
-        fence::write(&mut conn, &key, 7, "b").await.unwrap(),
+        fence::write_unbound(&mut conn, &key, 7, "b").await.unwrap(),
         Write::Applied
     );
     assert_eq!(
-        fence::write(&mut conn, &key, 9, "c").await.unwrap(),
+        fence::write_unbound(&mut conn, &key, 9, "c").await.unwrap(),
         Write::Applied
     );
     assert_eq!(
-        fence::write(&mut conn, &key, 8, "d").await.unwrap(),
+        fence::write_unbound(&mut conn, &key, 8, "d").await.unwrap(),
         Write::Stale { current_fence: 9 }
     );
     assert_eq!(
-        fence::write(&mut conn, &key, 10, "").await.unwrap(),
+        fence::write_unbound(&mut conn, &key, 10, "").await.unwrap(),
         Write::Applied,
         "empty values are values"
     );
-    let stored = fence::read(&mut conn, &key).await.unwrap().unwrap();
+    let stored = fence::read_unbound(&mut conn, &key).await.unwrap().unwrap();
     assert_eq!((stored.value, stored.fence), (Vec::new(), 10));
     let fields: Vec<String> = raw(&mut conn, &["HKEYS", &key]).await;
     assert_eq!(fields.len(), 2, "{fields:?}");
+}
+
+#[tokio::test]
+async fn a_stale_write_is_refused_as_soon_as_a_newer_grant_exists() {
+    // Issue 11: A's write after B's grant, before B wrote anything, used to
+    // be Applied (and B's later write then erased it).
+    let redis = support::redis();
+    let mut conn = redis.conn().await;
+    let resource = format!("{}payout", prefix("stale-unwritten"));
+    let ttl = Duration::from_millis(100);
+
+    let a = grant(fence::acquire(&mut conn, &resource, ttl).await.unwrap());
+    wait_gone(&mut conn, &lock_key(&resource)).await;
+    let b = grant(fence::acquire(&mut conn, &resource, MINUTE).await.unwrap());
+    assert_eq!(
+        fence::write(&mut conn, &resource, a.fence, "A")
+            .await
+            .unwrap(),
+        Write::Stale {
+            current_fence: b.fence
+        },
+        "B has not written, but its grant exists"
+    );
+    assert_eq!(fence::read(&mut conn, &resource).await.unwrap(), None);
+    assert_eq!(
+        fence::write(&mut conn, &resource, b.fence, "B")
+            .await
+            .unwrap(),
+        Write::Applied
+    );
+    assert_eq!(
+        fence::write(&mut conn, &resource, b.fence, "B again")
+            .await
+            .unwrap(),
+        Write::Applied,
+        "the newest grant may write again"
+    );
+}
+
+#[tokio::test]
+async fn a_fence_above_the_counter_is_refused() {
+    let redis = support::redis();
+    let mut conn = redis.conn().await;
+    let resource = format!("{}acct", prefix("above"));
+
+    // No grant at all yet: every fence is above the (missing) counter.
+    assert_eq!(
+        fence::write(&mut conn, &resource, 1, "x").await.unwrap(),
+        Write::NotGranted { counter: 0 }
+    );
+    let g = grant(fence::acquire(&mut conn, &resource, MINUTE).await.unwrap());
+    for made_up in [g.fence + 1, u64::MAX] {
+        assert_eq!(
+            fence::write(&mut conn, &resource, made_up, "x")
+                .await
+                .unwrap(),
+            Write::NotGranted { counter: g.fence }
+        );
+    }
+    assert_eq!(fence::read(&mut conn, &resource).await.unwrap(), None);
+    // The made-up fences left nothing behind that could shut out the real one.
+    assert_eq!(
+        fence::write(&mut conn, &resource, g.fence, "real")
+            .await
+            .unwrap(),
+        Write::Applied
+    );
+}
+
+#[tokio::test]
+async fn advance_then_acquire_gives_a_fence_above_the_floor() {
+    let redis = support::redis();
+    let mut conn = redis.conn().await;
+    let resource = format!("{}job", prefix("advance"));
+
+    let first = fence::advance(&mut conn, &resource, 41).await.unwrap();
+    assert_eq!((first.raised, first.counter), (true, 41));
+    let g = grant(fence::acquire(&mut conn, &resource, MINUTE).await.unwrap());
+    assert_eq!(g.fence, 42);
+    let lower = fence::advance(&mut conn, &resource, 7).await.unwrap();
+    assert_eq!((lower.raised, lower.counter), (false, 42), "never lowered");
+    // Raising above a live grant makes its writes stale.
+    let up = fence::advance(&mut conn, &resource, 100).await.unwrap();
+    assert_eq!((up.raised, up.counter), (true, 100));
+    assert_eq!(
+        fence::write(&mut conn, &resource, g.fence, "v")
+            .await
+            .unwrap(),
+        Write::Stale { current_fence: 100 }
+    );
+    // Exact above 2^53.
+    let big = (1u64 << 53) + 1;
+    let _ = fence::advance(&mut conn, &resource, big).await.unwrap();
+    assert_eq!(
+        fence::release(&mut conn, &resource, &g.token)
+            .await
+            .unwrap(),
+        Release::Released
+    );
+    let next = grant(fence::acquire(&mut conn, &resource, MINUTE).await.unwrap());
+    assert_eq!(next.fence, big + 1);
+    // A counter nolock did not write is refused, and left alone.
+    let other = format!("{resource}:other");
+    let _: () = raw(&mut conn, &["SET", &fence_key(&other), "007"]).await;
+    let err = fence::advance(&mut conn, &other, 9).await.unwrap_err();
+    assert!(matches!(err, Error::Redis(_)) && err.is_definite(), "{err}");
+    let kept: String = raw(&mut conn, &["GET", &fence_key(&other)]).await;
+    assert_eq!(kept, "007");
+}
+
+#[tokio::test]
+async fn a_restart_without_persistence_is_made_safe_by_advance() {
+    let mut server = RedisServer::start();
+    let resource = format!("{}payout", prefix("restart"));
+    let mut conn = server.conn().await;
+    // The protected database (here: the highest fence it has seen).
+    let mut highest_seen = 0;
+    let mut a = None;
+    for _ in 0..3 {
+        let g = grant(fence::acquire(&mut conn, &resource, MINUTE).await.unwrap());
+        assert!(fence::write(&mut conn, &resource, g.fence, "v")
+            .await
+            .unwrap()
+            .is_applied());
+        highest_seen = g.fence;
+        assert_eq!(
+            fence::release(&mut conn, &resource, &g.token)
+                .await
+                .unwrap(),
+            Release::Released
+        );
+        a = Some(g);
+    }
+    let a = a.unwrap(); // paused across the restart, fence 3
+
+    let report = fence::durability(&mut conn).await.unwrap();
+    assert_eq!(report.restart, fence::Restart::LosesAll);
+    assert!(report.fences_can_go_back(), "{report:?}");
+
+    server.restart(); // --save "" --appendonly no: everything is gone
+    let mut conn = server.conn().await;
+    let advanced = fence::advance(&mut conn, &resource, highest_seen)
+        .await
+        .unwrap();
+    assert!(advanced.raised);
+    let b = grant(fence::acquire(&mut conn, &resource, MINUTE).await.unwrap());
+    assert!(b.fence > highest_seen, "{} <= {highest_seen}", b.fence);
+    // The database's own check (fence < $2) accepts B ...
+    assert!(b.fence > highest_seen);
+    // ... and Redis refuses the paused holder.
+    assert_eq!(
+        fence::write(&mut conn, &resource, a.fence, "A")
+            .await
+            .unwrap(),
+        Write::Stale {
+            current_fence: b.fence
+        }
+    );
+    assert!(fence::write(&mut conn, &resource, b.fence, "B")
+        .await
+        .unwrap()
+        .is_applied());
+}
+
+#[tokio::test]
+async fn durability_reads_the_settings_and_falls_back_to_info() {
+    let server = RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"]);
+    let mut conn = server.conn().await;
+    let report = fence::durability(&mut conn).await.unwrap();
+    assert_eq!(report.source, fence::Source::Config);
+    assert_eq!(report.restart, fence::Restart::Keeps);
+    assert_eq!(report.appendfsync.as_deref(), Some("always"));
+    assert_eq!(
+        (report.role.as_str(), report.connected_replicas),
+        ("master", 0)
+    );
+    assert!(!report.fences_can_go_back(), "{:?}", report.reasons());
+
+    let _: () = raw(&mut conn, &["CONFIG", "SET", "appendfsync", "everysec"]).await;
+    let report = fence::durability(&mut conn).await.unwrap();
+    assert_eq!(report.restart, fence::Restart::LosesLastSecond);
+    assert!(report.fences_can_go_back());
+
+    // A user without CONFIG: the report says what INFO can tell.
+    let _: () = raw(
+        &mut conn,
+        &[
+            "ACL", "SETUSER", "app", "on", ">pw", "~*", "+@all", "-config",
+        ],
+    )
+    .await;
+    let url = server.url().replace("redis://", "redis://app:pw@");
+    let mut limited = redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let report = fence::durability(&mut limited).await.unwrap();
+    assert_eq!(report.source, fence::Source::Info);
+    assert_eq!(report.restart, fence::Restart::Unknown);
+    assert!(report.appendonly && report.fences_can_go_back());
 }
 
 #[tokio::test]
@@ -637,13 +950,20 @@ async fn keys_of_another_shape_are_definite_errors_and_left_alone() {
     let _: () = raw(&mut conn, &["SET", &fence_key(&resource), "-3"]).await;
 
     for key in [&text, &bare_hash] {
-        let err = fence::write(&mut conn, key, 5, "v").await.unwrap_err();
+        let err = fence::write_unbound(&mut conn, key, 5, "v")
+            .await
+            .unwrap_err();
         assert!(matches!(err, Error::Redis(_)) && err.is_definite(), "{err}");
         assert!(matches!(
-            fence::read(&mut conn, key).await,
+            fence::read_unbound(&mut conn, key).await,
             Err(Error::Redis(_))
         ));
     }
+    // A counter nolock did not write: the fenced write refuses it too.
+    let err = fence::write(&mut conn, &resource, 5, "v")
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("non-counter"), "{err}");
     let err = fence::acquire(&mut conn, &resource, MINUTE)
         .await
         .unwrap_err();
@@ -671,8 +991,8 @@ async fn script_flush_before_acquire_and_release_still_works() {
 
     let _: () = raw(&mut conn, &["SCRIPT", "FLUSH"]).await;
     let g = grant(fence::acquire(&mut conn, &resource, MINUTE).await.unwrap());
-    assert_eq!(g.fence, 1, "ran exactly once through EVAL");
-    assert_eq!(command_calls(&mut conn, "eval").await, 1);
+    assert_eq!(g.fence, 1, "ran exactly once, after a SCRIPT LOAD");
+    assert_eq!(command_calls(&mut conn, "script|load").await, 1);
 
     let _: () = raw(&mut conn, &["SCRIPT", "FLUSH"]).await;
     assert!(matches!(
@@ -689,7 +1009,8 @@ async fn script_flush_before_acquire_and_release_still_works() {
             .unwrap(),
         Release::Released
     );
-    assert_eq!(command_calls(&mut conn, "eval").await, 3);
+    assert_eq!(command_calls(&mut conn, "script|load").await, 3);
+    assert_eq!(command_calls(&mut conn, "eval").await, 0);
     assert_eq!(keys(&mut conn, "*").await, vec![fence_key(&resource)]);
 }
 
@@ -735,7 +1056,7 @@ async fn release_and_extend_still_work_on_a_full_server() {
     );
 
     // The holder can still keep and give back its lock (allow-oom), also
-    // through the EVAL fallback.
+    // through the NOSCRIPT fallback.
     let _: () = raw(&mut conn, &["SCRIPT", "FLUSH"]).await;
     assert!(matches!(
         fence::extend(&mut conn, &resource, &g.token, MINUTE)
@@ -956,6 +1277,96 @@ async fn a_waiter_gets_the_lock_soon_after_it_is_released() {
     assert!(got.duration_since(released) < Duration::from_secs(2));
 }
 
+#[tokio::test]
+async fn waiters_are_woken_by_the_release_not_by_a_timer() {
+    let redis = support::redis();
+    let mut conn = redis.conn().await;
+    let resource = format!("{}r", prefix("woken"));
+    let waiters = fence::Waiters::new(&redis.client()).await.unwrap();
+
+    let held = grant(fence::acquire(&mut conn, &resource, MINUTE).await.unwrap());
+    // Without a wake-up each waiter would sleep 20 s (the capped expiry).
+    let slow = Backoff {
+        initial_delay: Duration::from_secs(20),
+        max_delay: Duration::from_secs(20),
+        ..Backoff::new(Duration::from_secs(30))
+    };
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let (waiters, resource) = (waiters.clone(), resource.clone());
+        let mut c = redis.conn().await;
+        tasks.push(tokio::spawn(async move {
+            let g = grant(
+                waiters
+                    .acquire(&mut c, &resource, MINUTE, &slow)
+                    .await
+                    .unwrap(),
+            );
+            // Hand over at once: the release wakes the next waiter.
+            assert_eq!(
+                fence::release(&mut c, &resource, &g.token).await.unwrap(),
+                Release::Released
+            );
+            g.fence
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(tasks.iter().all(|t| !t.is_finished()), "wait while held");
+    let released = Instant::now();
+    assert_eq!(
+        fence::release(&mut conn, &resource, &held.token)
+            .await
+            .unwrap(),
+        Release::Released
+    );
+    let mut fences = Vec::new();
+    for t in tasks {
+        fences.push(t.await.unwrap());
+    }
+    fences.sort_unstable();
+    assert_eq!(fences, [2, 3, 4, 5], "each waiter got one grant in turn");
+    // Four handoffs, each ended by a release message, not by the 20 s sleep.
+    assert!(
+        released.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        released.elapsed()
+    );
+}
+
+#[test]
+fn a_runtime_without_timers_gets_an_error_before_anything_is_sent() {
+    let server = RedisServer::start();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        // redis-rs's own timeouts need timers too: turn them off.
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(None)
+            .set_response_timeout(None);
+        let mut conn = server
+            .client()
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .unwrap();
+        let before = command_calls(&mut conn, "evalsha").await;
+        let wait = Backoff::new(Duration::from_secs(1));
+        let err = fence::acquire_with_retry(&mut conn, "r", MINUTE, &wait)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::NoTimer) && err.is_definite(), "{err}");
+        let err = Lease::acquire(conn.clone(), "r", MINUTE, &Backoff::none())
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::NoTimer), "{err}");
+        assert_eq!(command_calls(&mut conn, "evalsha").await, before);
+        // One attempt needs no timer.
+        let once = fence::acquire_with_retry(&mut conn, "r", MINUTE, &Backoff::none()).await;
+        assert!(once.unwrap().is_acquired());
+    });
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hundred_waiters_back_off_instead_of_stampeding() {
     const WAITERS: u64 = 100;
@@ -1058,8 +1469,8 @@ mod model {
 
     /// The lock is held by at most one grant; fences go 1, 2, 3, ... one per
     /// grant; release and extend succeed exactly for the current holder; a
-    /// write applies exactly when its fence is not below the stored one, so
-    /// the stored fence never goes down.
+    /// write applies exactly when its fence is the counter (the newest
+    /// grant's), so the stored fence never goes down.
     #[test]
     fn fences_never_go_down_and_only_the_holder_holds() {
         let server = RedisServer::start();
@@ -1080,7 +1491,7 @@ mod model {
                 rt.block_on(async {
                     let mut conn = server.conn().await;
                     let p = prefix("model");
-                    let (resource, account) = (format!("{p}r"), format!("{p}acct"));
+                    let resource = format!("{p}r");
                     let mut holder: Option<usize> = None;
                     let mut grants: [Option<fence::Grant>; 3] = [None, None, None];
                     let mut counter = 0u64;
@@ -1123,24 +1534,25 @@ mod model {
                             }
                             Op::Write(c) => {
                                 let Some(g) = grants[c].clone() else { continue };
-                                let out = fence::write(&mut conn, &account, g.fence, "v")
+                                let out = fence::write(&mut conn, &resource, g.fence, "v")
                                     .await
                                     .unwrap();
-                                if g.fence >= stored {
+                                // Only the newest grant writes, written yet or not.
+                                if g.fence == counter {
                                     prop_assert_eq!(out, Write::Applied);
                                     stored = g.fence;
                                 } else {
                                     prop_assert_eq!(
                                         out,
                                         Write::Stale {
-                                            current_fence: stored
+                                            current_fence: counter
                                         }
                                     );
                                 }
                             }
                         }
                     }
-                    let on_server = fence::read(&mut conn, &account).await.unwrap();
+                    let on_server = fence::read(&mut conn, &resource).await.unwrap();
                     prop_assert_eq!(on_server.map_or(0, |f| f.fence), stored);
                     Ok(())
                 })
@@ -1236,4 +1648,92 @@ async fn a_lost_acquire_reply_is_retried_with_the_same_token_and_fence() {
             .unwrap(),
         Release::Released
     );
+}
+
+/// DUMP and absolute expiry of a key: equal snapshots mean nothing was written.
+async fn snapshot(conn: &mut MultiplexedConnection, key: &str) -> (Option<Vec<u8>>, i64) {
+    let dump: Option<Vec<u8>> = raw(conn, &["DUMP", key]).await;
+    let expiry: i64 = raw(conn, &["PEXPIRETIME", key]).await;
+    (dump, expiry)
+}
+
+#[tokio::test]
+async fn foreign_counters_and_values_are_definite_errors_with_nothing_written() {
+    let redis = support::redis();
+    let mut conn = redis.conn().await;
+    let p = prefix("foreign");
+    let foreign = [
+        "abc",
+        "",
+        "5.0",
+        " 7",
+        "007",
+        "1e3",
+        "0x10",
+        "inf",
+        "-1",
+        "0",
+        "9223372036854775808",
+        "99999999999999999999",
+    ];
+    let mut n = 0;
+    let mut cases: Vec<(String, Vec<&str>)> = foreign
+        .iter()
+        .map(|v| (format!("string {v:?}"), vec!["SET", "{}", v]))
+        .collect();
+    cases.push(("a list".into(), vec!["RPUSH", "{}", "1"]));
+    cases.push(("a hash".into(), vec!["HSET", "{}", "other", "1"]));
+    for (what, set) in &cases {
+        n += 1;
+        let resource = format!("{p}r{n}");
+        let counter = fence_key(&resource);
+        let args: Vec<&str> = set
+            .iter()
+            .map(|a| if *a == "{}" { counter.as_str() } else { a })
+            .collect();
+        let _: redis::Value = raw(&mut conn, &args).await;
+        let _: () = raw(&mut conn, &["PEXPIRE", &counter, "600000"]).await;
+        let before = snapshot(&mut conn, &counter).await;
+        let errors = [
+            fence::acquire(&mut conn, &resource, MINUTE)
+                .await
+                .map(|_| ()),
+            fence::write(&mut conn, &resource, 1, "v").await.map(|_| ()),
+            fence::advance(&mut conn, &resource, 5).await.map(|_| ()),
+        ];
+        for (call, result) in ["acquire", "write", "advance"].iter().zip(errors) {
+            let err = result.expect_err(&format!("{call} on {what}"));
+            assert!(
+                matches!(err, Error::Redis(_)) && err.is_definite(),
+                "{call} on {what}: {err}"
+            );
+        }
+        assert_eq!(snapshot(&mut conn, &counter).await, before, "{what}");
+        assert_eq!(
+            keys(&mut conn, &format!("*{p}r{n}}}:*")).await,
+            vec![counter.clone()],
+            "{what}: no lock, no value written"
+        );
+    }
+
+    // A value hash whose fence field nolock did not write (2^63 is a fence
+    // `write_unbound` may store: it is a u64).
+    let not_fences = foreign.iter().filter(|v| **v != "9223372036854775808");
+    for (i, stored) in not_fences.enumerate() {
+        let resource = format!("{p}v{i}");
+        let g = grant(fence::acquire(&mut conn, &resource, MINUTE).await.unwrap());
+        let value = nolock::keys::derive(&resource, "value");
+        let _: () = raw(&mut conn, &["HSET", &value, "value", "x", "fence", stored]).await;
+        let before = snapshot(&mut conn, &value).await;
+        let err = fence::write(&mut conn, &resource, g.fence, "v")
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, Error::Redis(_)),
+            "write over {stored:?}: {err}"
+        );
+        let err = fence::read(&mut conn, &resource).await.unwrap_err();
+        assert!(matches!(err, Error::Redis(_)), "read of {stored:?}: {err}");
+        assert_eq!(snapshot(&mut conn, &value).await, before, "{stored:?}");
+    }
 }

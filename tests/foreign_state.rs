@@ -141,24 +141,34 @@ async fn counters_and_tats_refuse_every_foreign_value_and_keep_the_key() {
     })
     .await;
     for algorithm in [Algorithm::Gcra, Algorithm::FixedWindow] {
-        let l = Limiter::new(algorithm, Quota::per_second(10).unwrap()).unwrap();
-        let name = format!("{algorithm}");
-        refused(&mut conn, &name, &key, &shapes, |mut c| {
-            let (k, l) = (key.clone(), l.clone());
-            async move { l.check(&mut c, &k, 1).await }
-        })
-        .await;
-        refused(&mut conn, &name, &key, &shapes, |mut c| {
-            let (k, l) = (key.clone(), l.clone());
-            async move { l.peek(&mut c, &k, 1).await }
-        })
-        .await;
-        refused(&mut conn, &name, &key, &shapes, |mut c| {
-            let (k, l) = (key.clone(), l.clone());
-            async move { l.refund(&mut c, &k, &mut charge(), 1).await }
-        })
-        .await;
+        every_rate_call_refuses(&mut conn, algorithm, &key, &shapes).await;
     }
+}
+
+/// check, peek and refund of `algorithm` on `key` holding each of `shapes`.
+async fn every_rate_call_refuses(
+    conn: &mut Conn,
+    algorithm: Algorithm,
+    key: &str,
+    shapes: &[Shape],
+) {
+    let l = Limiter::new(algorithm, Quota::per_second(10).unwrap()).unwrap();
+    let name = format!("{algorithm}");
+    refused(conn, &name, key, shapes, |mut c| {
+        let (k, l) = (key.to_owned(), l.clone());
+        async move { l.check(&mut c, &k, 1).await }
+    })
+    .await;
+    refused(conn, &name, key, shapes, |mut c| {
+        let (k, l) = (key.to_owned(), l.clone());
+        async move { l.peek(&mut c, &k, 1).await }
+    })
+    .await;
+    refused(conn, &name, key, shapes, |mut c| {
+        let (k, l) = (key.to_owned(), l.clone());
+        async move { l.refund(&mut c, &k, &mut charge(), 1).await }
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -183,23 +193,7 @@ async fn hash_states_refuse_foreign_fields_and_values_and_keep_the_key() {
         shapes.push(Shape::Hash(extra));
         shapes.push(Shape::Hash(fields[1..].iter().map(|f| (*f, "1")).collect()));
 
-        let l = Limiter::new(algorithm, Quota::per_second(10).unwrap()).unwrap();
-        let name = format!("{algorithm}");
-        refused(&mut conn, &name, &key, &shapes, |mut c| {
-            let (k, l) = (key.clone(), l.clone());
-            async move { l.check(&mut c, &k, 1).await }
-        })
-        .await;
-        refused(&mut conn, &name, &key, &shapes, |mut c| {
-            let (k, l) = (key.clone(), l.clone());
-            async move { l.peek(&mut c, &k, 1).await }
-        })
-        .await;
-        refused(&mut conn, &name, &key, &shapes, |mut c| {
-            let (k, l) = (key.clone(), l.clone());
-            async move { l.refund(&mut c, &k, &mut charge(), 1).await }
-        })
-        .await;
+        every_rate_call_refuses(&mut conn, algorithm, &key, &shapes).await;
     }
 }
 

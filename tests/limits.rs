@@ -1,3 +1,4 @@
+#![allow(deprecated)] // limits::release stays tested while it is deprecated
 //! `nolock::limits` against a real redis-server.
 
 mod support;

@@ -3,6 +3,11 @@
 //! a reference model written here in plain Rust and driven by the server time
 //! the answer reports (`RateLimit::at`). Any off-by-one in `remaining`,
 //! `retry_after` or `reset_after` shows up as a minimal failing sequence.
+//!
+//! Then random histories of checks, refunds (of any earlier admission, any
+//! amount) and pauses, each held to the algorithm's bound with every refund
+//! counted against the admission it undoes (`check_history`): a refund that
+//! gives back more than its charge still holds shows up there.
 //! Failing cases are kept in `tests/rate_model.proptest-regressions`.
 
 mod support;
@@ -239,7 +244,16 @@ fn step(
     }
 }
 
-fn conforms_to_the_model(algorithm: Algorithm) {
+/// A server, a runtime, a connection and a proptest runner of `cases`
+/// cases whose failures are kept beside this file.
+fn harness(
+    cases: u32,
+) -> (
+    RedisServer,
+    tokio::runtime::Runtime,
+    redis::aio::MultiplexedConnection,
+    TestRunner,
+) {
     let server = RedisServer::start();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -247,15 +261,19 @@ fn conforms_to_the_model(algorithm: Algorithm) {
         .unwrap();
     let conn = rt.block_on(server.conn());
     let config = Config {
-        cases: 24,
+        cases,
         source_file: Some(file!()),
         failure_persistence: Some(Box::new(FileFailurePersistence::SourceParallel(
             "proptest-regressions",
         ))),
         ..Config::default()
     };
+    (server, rt, conn, TestRunner::new(config))
+}
+
+fn conforms_to_the_model(algorithm: Algorithm) {
+    let (_server, rt, conn, mut runner) = harness(24);
     let bursty = matches!(algorithm, Algorithm::Gcra | Algorithm::TokenBucket);
-    let mut runner = TestRunner::new(config);
     runner
         .run(&case(bursty), |c| {
             let quota = Quota::per(c.rate, Duration::from_millis(c.period_ms))
@@ -404,22 +422,8 @@ fn check_history(algorithm: Algorithm, c: &Case, admitted: &[Admission]) -> Resu
 }
 
 fn refunds_never_let_more_through(algorithm: Algorithm) {
-    let server = RedisServer::start();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let conn = rt.block_on(server.conn());
-    let config = Config {
-        cases: 12,
-        source_file: Some(file!()),
-        failure_persistence: Some(Box::new(FileFailurePersistence::SourceParallel(
-            "proptest-regressions",
-        ))),
-        ..Config::default()
-    };
+    let (_server, rt, conn, mut runner) = harness(12);
     let bursty = matches!(algorithm, Algorithm::Gcra | Algorithm::TokenBucket);
-    let mut runner = TestRunner::new(config);
     runner
         .run(&history(bursty), |(c, ops)| {
             let quota = Quota::per(c.rate, Duration::from_millis(c.period_ms))

@@ -10,14 +10,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use nolock::rate::{Algorithm, Limiter, Quota};
 use support::{prefix, RedisServer};
 
-/// 10 per 100 ms, burst 10 (T = 10 ms): the drained-charge scenario of the
-/// issue at a tenth of the scale.
-fn limiter(algorithm: Algorithm) -> Limiter {
-    Limiter::new(
-        algorithm,
-        Quota::per(10, Duration::from_millis(100)).unwrap(),
-    )
-    .unwrap()
+/// 10 per `period_ms`, burst 10.
+fn limiter(algorithm: Algorithm, period_ms: u64) -> Limiter {
+    let quota = Quota::per(10, Duration::from_millis(period_ms)).unwrap();
+    Limiter::new(algorithm, quota).unwrap()
 }
 
 #[tokio::test]
@@ -26,11 +22,13 @@ async fn a_refund_after_its_charge_drained_gives_nothing_back() {
     let mut conn = server.conn().await;
     for algorithm in [Algorithm::Gcra, Algorithm::TokenBucket] {
         let key = format!("{}{algorithm}", prefix("drained"));
-        let l = limiter(algorithm);
+        // 10 per second (T = 100 ms), as in the issue: a unit comes back
+        // every 100 ms, far more than a loaded machine's pauses.
+        let l = limiter(algorithm, 1000);
         let mut first = l.check(&mut conn, &key, 10).await.unwrap();
         assert!(first.allowed, "{algorithm}");
-        // The limiter refills in 100 ms: by 105 ms the first charge has drained.
-        tokio::time::sleep(Duration::from_millis(105)).await;
+        // The limiter refills in 1 s: by 1.05 s the first charge has drained.
+        tokio::time::sleep(Duration::from_millis(1050)).await;
         let others = l.check(&mut conn, &key, 10).await.unwrap();
         assert!(others.allowed, "{algorithm}: refilled");
         let r = l.refund(&mut conn, &key, &mut first, 10).await.unwrap();
@@ -47,7 +45,7 @@ async fn a_refund_after_its_window_ended_does_not_land_in_the_next_one() {
     let server = RedisServer::start();
     let mut conn = server.conn().await;
     let key = prefix("fixed_window");
-    let l = limiter(Algorithm::FixedWindow);
+    let l = limiter(Algorithm::FixedWindow, 100);
     let mut first = l.check(&mut conn, &key, 10).await.unwrap();
     assert!(first.allowed);
     tokio::time::sleep(first.reset_after + Duration::from_millis(5)).await;
@@ -66,7 +64,7 @@ async fn a_sliding_window_refund_comes_off_the_window_that_counted_it() {
     let server = RedisServer::start();
     let mut conn = server.conn().await;
     let key = prefix("sliding_window");
-    let l = limiter(Algorithm::SlidingWindow);
+    let l = limiter(Algorithm::SlidingWindow, 100);
     // Start early in an aligned 100 ms window, so the next one is reached
     // after one short sleep.
     let into = SystemTime::now()

@@ -25,6 +25,7 @@ pub mod ops;
 pub mod overhead;
 pub mod report;
 pub mod run;
+pub mod semaphore;
 #[path = "../../tests/support/server.rs"]
 pub mod server;
 

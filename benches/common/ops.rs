@@ -5,6 +5,7 @@
 //! | counter | `nolock::limits::try_increment(key, capacity, 1 h)` | `GET` count; admit if below capacity; `SET` count + 1 |
 //! | rate limit | `nolock::rate::Limiter` (GCRA, server clock) | GCRA: `GET` the theoretical arrival time; admit if within the burst; `SET` it one interval later |
 //! | debit | `nolock::cas::debit` | `GET` balance; admit if at least 7; `SET` balance - 7 |
+//! | semaphore | `nolock::semaphore` acquire, work, release | a count of running holders under the lock (see [`super::semaphore`]) |
 //!
 //! `raw` (counter only) sends the very script that `try_increment` runs, as
 //! a hand-written redis-rs `EVALSHA`.
@@ -56,6 +57,8 @@ pub enum Operation {
     RateLimit,
     /// A guarded debit: take [`DEBIT_AMOUNT`] only if the balance covers it.
     Debit,
+    /// At most [`super::semaphore::PERMITS`] holders at once.
+    Semaphore,
 }
 
 /// The counter's window: far longer than any run, so no run sees it reset.
@@ -104,13 +107,19 @@ pub struct Call<'a> {
 }
 
 impl Operation {
-    pub const ALL: [Operation; 3] = [Operation::Counter, Operation::RateLimit, Operation::Debit];
+    pub const ALL: [Operation; 4] = [
+        Operation::Counter,
+        Operation::RateLimit,
+        Operation::Debit,
+        Operation::Semaphore,
+    ];
 
     pub fn label(self) -> &'static str {
         match self {
             Operation::Counter => "counter",
             Operation::RateLimit => "rate limit",
             Operation::Debit => "debit",
+            Operation::Semaphore => "semaphore",
         }
     }
 
@@ -120,6 +129,7 @@ impl Operation {
             Operation::Counter => &[Variant::Script, Variant::Raw, Variant::Lock, Variant::Watch],
             Operation::RateLimit => &[Variant::Script, Variant::Lock, Variant::Watch],
             Operation::Debit => &[Variant::Script, Variant::Lock, Variant::Watch],
+            Operation::Semaphore => &[Variant::Script, Variant::Lock],
         }
     }
 
@@ -130,6 +140,9 @@ impl Operation {
             Operation::RateLimit => {
                 capacity + (elapsed.as_micros() / RATE_INTERVAL.as_micros()) as u64
             }
+            // Holders come and go: over-admissions are counted while they
+            // run ([`super::semaphore::faults`]), not from totals.
+            Operation::Semaphore => u64::MAX,
         }
     }
 
@@ -166,6 +179,9 @@ impl Operation {
         conn: &mut C,
         rng: &mut fastrand::Rng,
     ) -> Result<bool> {
+        if self == Operation::Semaphore {
+            return super::semaphore::call(variant, call, conn, rng).await;
+        }
         match variant {
             Variant::Script => {
                 let admitted = self.script(call, conn).await?;
@@ -204,6 +220,7 @@ impl Operation {
                 let limiter = Limiter::new(Algorithm::Gcra, quota)?;
                 Ok(limiter.check(conn, key, 1).await?.allowed)
             }
+            Operation::Semaphore => Err("the semaphore runs in super::semaphore".into()),
         }
     }
 
@@ -316,6 +333,8 @@ impl Operation {
                 }
                 set.arg(balance - DEBIT_AMOUNT as i64);
             }
+            // Two critical sections, not one decision: see super::semaphore.
+            Operation::Semaphore => return None,
         }
         Some(set)
     }
@@ -331,6 +350,9 @@ impl Operation {
         capacity: u64,
         started: SystemTime,
     ) -> Result<Vec<u64>> {
+        if self == Operation::Semaphore {
+            return Ok(vec![0; keys.len()]);
+        }
         let mut stored: Vec<Option<i64>> = Vec::with_capacity(keys.len());
         for chunk in keys.chunks(500) {
             let mut mget = redis::cmd("MGET");
@@ -356,6 +378,9 @@ impl Operation {
                     let intervals = (tat - started) as f64 / interval as f64;
                     intervals.round().max(0.0) as u64
                 }),
+                // Not a total: run() takes the semaphore's faults from
+                // super::semaphore::faults instead.
+                (Operation::Semaphore, _) => 0,
             }
         };
         Ok(stored.into_iter().map(count).collect())

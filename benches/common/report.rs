@@ -156,12 +156,12 @@ pub fn targets(all: &[Measured], cpu: Option<&CpuCost>) -> Vec<String> {
             .filter(|o| o.row.operation == m.row.operation && o.row.variant == Variant::Script)
             .all(|o| o.row.over_admissions == 0 && o.row.lost_updates == 0);
         lines.push(format!(
-            "{}: lock {} over-admitted, {} lost; {} (target: script 0, lock > 0: {})",
+            "{}: lock {} over-admitted, {} lost; {} (target: script 0, lock > 0 of either: {})",
             m.row.operation,
             m.row.over_admissions,
             m.row.lost_updates,
             others.join("; "),
-            verdict(clean && m.row.over_admissions > 0)
+            verdict(clean && m.row.over_admissions + m.row.lost_updates > 0)
         ));
     }
     for tasks in [64, 1] {

@@ -362,6 +362,11 @@ pub async fn run(client: &redis::Client, scenario: &Scenario) -> Result<Measured
     let recorded = operation
         .recorded(variant, &mut admin, &keys, capacity, started)
         .await?;
+    let semaphore_faults = if operation == Operation::Semaphore {
+        Some(super::semaphore::faults(variant, &mut admin, &keys).await?)
+    } else {
+        None
+    };
     delete_keys(&mut admin, &prefix).await?;
 
     let mut admitted = vec![0u64; keys.len()];
@@ -387,6 +392,12 @@ pub async fn run(client: &redis::Client, scenario: &Scenario) -> Result<Measured
         .zip(&recorded)
         .map(|(&a, &r)| r.saturating_sub(a))
         .sum();
+
+    // The semaphore's faults are counted while holders run, not from totals.
+    let (over_admissions, lost_updates, unexplained) = match semaphore_faults {
+        Some((over, drift)) => (over, drift, 0),
+        None => (over_admissions, lost_updates, unexplained),
+    };
 
     let mut measured = Measured {
         row: Row::default(),

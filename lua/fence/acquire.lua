@@ -21,28 +21,34 @@
 -- If the lock already holds ARGV[1] (a retry of an acquire whose reply was
 -- lost), the call is idempotent: the TTL is set again and the same fence is
 -- returned, without a new increment.
--- All arguments and the counter are checked before the first write (a counter
--- that is negative or not an integer is an error; INCR refuses to pass
--- 2^63-1 before anything is set).
+-- All arguments and the counter are checked before the first write: a counter
+-- that is not exactly a canonical decimal in [1, 2^63-1] (the only form
+-- nolock writes) is an error naming the key, and INCR refuses to pass 2^63-1
+-- before anything is set.
 --
 -- Example: a free lock, counter at 41, token "ab..", ttl 30000:
 --   {1, "42"}; the same call by another token: {0, 29998}.
 
+--@include lib/fail
+--@include lib/args
+--@include lib/decimal
+
 local token = ARGV[1]
 if token == nil or token == '' then
-  return redis.error_reply('ERR nolock fence/acquire: empty token')
+  return fail('empty token')
 end
-local ttl = tonumber(ARGV[2])
-if ttl == nil or ttl ~= math.floor(ttl) or ttl < 1 or ttl > 9007199254740991 then
-  return redis.error_reply('ERR nolock fence/acquire: bad ttl: ' .. tostring(ARGV[2]))
+local ttl = arg_int(2, 1, 9007199254740991)
+if ttl == nil then
+  return fail('bad ttl: ' .. tostring(ARGV[2]))
 end
 
 local holder = redis.call('GET', KEYS[1])
 if holder == token then
-  -- Our own earlier grant: the counter has not moved since (only a grant moves it).
+  -- Our own earlier grant: the counter has not moved since (only a grant or
+  -- fence/advance moves it).
   local fence = redis.call('GET', KEYS[2])
   if not fence then
-    return redis.error_reply('ERR nolock fence/acquire: lock held without a fence counter')
+    return fail('lock held without a fence counter')
   end
   redis.call('PEXPIRE', KEYS[1], ttl)
   return {1, fence}
@@ -52,8 +58,8 @@ if holder then
 end
 
 local counter = redis.call('GET', KEYS[2])
-if counter and counter ~= '0' and not counter:match('^[1-9]%d*$') then
-  return redis.error_reply('ERR nolock fence/acquire: fence counter holds a non-counter value')
+if counter and not dec_canonical(counter, I64_MAX) then
+  return fail(KEYS[2] .. ': fence counter holds a non-counter value')
 end
 redis.call('INCR', KEYS[2])
 redis.call('SET', KEYS[1], token, 'PX', ttl)

@@ -18,13 +18,16 @@
 -- Example: lock = "ab.." with 100 ms left: extend "ab..", 30000 gives {1} and
 -- PTTL 30000; extend "cd..", 30000 gives {0}.
 
+--@include lib/fail
+--@include lib/args
+
 local token = ARGV[1]
 if token == nil or token == '' then
-  return redis.error_reply('ERR nolock fence/extend: empty token')
+  return fail('empty token')
 end
-local ttl = tonumber(ARGV[2])
-if ttl == nil or ttl ~= math.floor(ttl) or ttl < 1 or ttl > 9007199254740991 then
-  return redis.error_reply('ERR nolock fence/extend: bad ttl: ' .. tostring(ARGV[2]))
+local ttl = arg_int(2, 1, 9007199254740991)
+if ttl == nil then
+  return fail('bad ttl: ' .. tostring(ARGV[2]))
 end
 if redis.call('GET', KEYS[1]) == token then
   redis.call('PEXPIRE', KEYS[1], ttl)

@@ -10,11 +10,17 @@
 --
 -- Read-only (flags=no-writes), so it runs with EVALSHA_RO and replicas accept it.
 
+--@include lib/fail
+--@include lib/decimal
+
 local fields = redis.call('HMGET', KEYS[1], 'value', 'fence')
 if not fields[1] and not fields[2] then
   return {false, '0'}
 end
 if not fields[1] or not fields[2] then
-  return redis.error_reply('ERR nolock fence/read: resource hash lacks its value or fence field')
+  return fail(KEYS[1] .. ' lacks its value or fence field')
+end
+if not dec_canonical(fields[2], U64_MAX) then
+  return fail(KEYS[1] .. ' holds a non-fence value')
 end
 return {fields[1], fields[2]}

@@ -1,65 +1,76 @@
--- fence/write: store a value in a fenced resource, unless a newer holder wrote it.
+-- fence/write: store a value in a fenced resource, only under the newest grant.
 --
--- KEYS[1]  the resource: a hash with two fields,
+-- KEYS[1]  the value: a hash with two fields,
 --            value  the protected value (any bytes)
 --            fence  the fence of the grant that last wrote it, a decimal string
+-- KEYS[2]  optional: the resource's fence counter (written by fence/acquire and
+--          fence/advance; same hash tag as KEYS[1]). Without it the write is
+--          checked only against the stored fence (the weaker `write_unbound`).
 -- ARGV[1]  fence  the writer's fence: a decimal u64 without leading zeros,
 --                 1 <= fence <= 2^64-1, compared exactly (as digits, not as
 --                 Lua doubles, which would merge neighbours above 2^53).
 -- ARGV[2]  value  the bytes to store.
 --
--- Reply: {applied, fence}
---   applied = 1: the value was stored with ARGV[1]; fence is ARGV[1].
---   applied = 0: the resource carries a greater fence: a newer grant has
---                written, so this writer's lease is over. fence is the stored
---                one. Nothing was written.
+-- Reply: {status, fence}
+--   status = 1: applied; the value was stored with ARGV[1]. fence is ARGV[1].
+--   status = 0: stale; a newer grant exists: the counter (or the stored fence)
+--               is greater than ARGV[1]. fence is that greater fence. Nothing
+--               was written.
+--   status = 2: not granted; ARGV[1] is above the counter, so no grant ever
+--               carried it (a made-up fence, or a counter that went back: a
+--               restart without persistence, a failover). fence is the counter
+--               ("0" when there is none). Nothing was written.
 --
--- An EQUAL fence is accepted: one grant may write several times (a multi-step
--- update, or a retry after a lost reply), and only the holder of that grant
--- knows its fence. A smaller fence never is.
+-- With KEYS[2], only the fence equal to the counter, i.e. the newest grant's,
+-- is accepted, whether or not that grant has written yet. An EQUAL stored
+-- fence is accepted: one grant may write several times (a multi-step update,
+-- or a retry after a lost reply). Without KEYS[2], any fence not below the
+-- stored one is accepted (a paused holder can still write until the newer
+-- holder's first write lands).
 --
--- Guarantees: compare and write in one atomic step, checked before the first
--- write; the value and its fence are always written together. A key of another
--- type, or a hash whose fence field is not a canonical decimal, is an error
--- and is left untouched.
+-- Guarantees: compare and write in one atomic step, everything checked before
+-- the first write; the value and its fence are always written together. A key
+-- of another type, a hash without a canonical fence field, or a counter that
+-- is not a canonical decimal is an error and nothing is written.
 --
--- Example: resource {value "a", fence "7"}: write 7 "b" gives {1, "7"};
--- write 9 "c" gives {1, "9"}; then write 8 "d" gives {0, "9"}.
+-- Example: counter "9", value {value "a", fence "7"}: write 9 "b" gives
+-- {1, "9"}; write 8 "c" gives {0, "9"}; write 10 "d" gives {2, "9"}.
 
--- Compare two canonical decimals digit by digit (string '<' would use the
--- server's collation locale).
-local function dec_less(a, b)
-  if #a ~= #b then return #a < #b end
-  for i = 1, #a do
-    local x, y = a:byte(i), b:byte(i)
-    if x ~= y then return x < y end
-  end
-  return false
-end
-
-local function is_fence(s)
-  return type(s) == 'string' and #s >= 1 and #s <= 20 and s:match('^[1-9][0-9]*$') ~= nil
-    and not dec_less('18446744073709551615', s)
-end
+--@include lib/fail
+--@include lib/decimal
 
 local fence = ARGV[1]
-if not is_fence(fence) then
-  return redis.error_reply('ERR nolock fence/write: bad fence: ' .. tostring(fence))
+if not dec_canonical(fence, U64_MAX) then
+  return fail('bad fence: ' .. tostring(fence))
 end
 if ARGV[2] == nil then
-  return redis.error_reply('ERR nolock fence/write: missing value')
+  return fail('missing value')
+end
+
+if KEYS[2] then
+  local counter = redis.call('GET', KEYS[2])
+  if counter and not dec_canonical(counter, I64_MAX) then
+    return fail(KEYS[2] .. ' holds a non-counter value')
+  end
+  counter = counter or '0'
+  if dec_less(fence, counter) then
+    return {0, counter}
+  end
+  if dec_less(counter, fence) then
+    return {2, counter}
+  end
 end
 
 local stored = redis.call('HGET', KEYS[1], 'fence')
 if stored then
-  if not is_fence(stored) then
-    return redis.error_reply('ERR nolock fence/write: resource holds a non-fence value')
+  if not dec_canonical(stored, U64_MAX) then
+    return fail(KEYS[1] .. ' holds a non-fence value')
   end
   if dec_less(fence, stored) then
     return {0, stored}
   end
 elseif redis.call('EXISTS', KEYS[1]) == 1 then
-  return redis.error_reply('ERR nolock fence/write: resource hash has no fence field')
+  return fail(KEYS[1] .. ' has no fence field')
 end
 
 redis.call('HSET', KEYS[1], 'value', ARGV[2], 'fence', fence)

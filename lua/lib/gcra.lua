@@ -1,4 +1,6 @@
--- lib/gcra: a GCRA limit's state, read strictly.
+-- lib/gcra: a GCRA limit: its arguments, its state read strictly, its answer.
+--
+-- The limit's state and answer, shared by check, peek and refund.
 --
 -- gcra_tat(key, now) -> max(TAT, now): the theoretical arrival time stored at
 -- key (integer microseconds since the epoch, server clock), or now when the
@@ -6,6 +8,8 @@
 -- a TAT nolock could have written (a canonical integer no later than now +
 -- 2^51 us). A key of another type raises WRONGTYPE before any write.
 
+--@include lib/args
+--@include lib/div
 --@include lib/stored
 
 local function gcra_tat(key, now)
@@ -15,4 +19,26 @@ local function gcra_tat(key, now)
   if not tat then return nil end
   if tat > now then return tat end
   return now
+end
+
+-- gcra_limit(i, cost) -> T, b: limit i's emission interval (ARGV[2i],
+-- microseconds) and burst (ARGV[2i+1]), or nil unless 1 <= T, 1 <= b,
+-- b x T <= 2^51 and cost <= b.
+local function gcra_limit(i, cost)
+  local step, b = arg_int(2 * i, 1, 2251799813685248), arg_int(2 * i + 1, 1, 9007199254740991)
+  if not step or not b or b * step > 2251799813685248 or cost > b then return nil end
+  return step, b
+end
+
+-- gcra_answer(t, now, cost, T, b, fits) -> fits (1/0), remaining,
+-- retry_after, reset_after for a limit whose TAT is t (after any charge):
+--   remaining    floor((b x T - (t - now)) / T), never below 0
+--   retry_after  ms (rounded up) until cost fits; -1 when it fits
+--   reset_after  ms (rounded up) until the limit is full
+local function gcra_answer(t, now, cost, step, b, fits)
+  local room = b * step - (t - now)
+  local remaining, retry = 0, -1
+  if room > 0 then remaining = floor_div(room, step) end
+  if not fits then retry = ceil_div(cost * step - room, 1000) end
+  return fits and 1 or 0, remaining, retry, ceil_div(t - now, 1000)
 end

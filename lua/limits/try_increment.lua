@@ -35,27 +35,26 @@ if not n then return fail('bad n: ' .. tostring(ARGV[3])) end
 if n > limit then return fail('n is above limit') end
 
 local stored = redis.call('GET', KEYS[1])
-local count = 0
-if stored then
-  count = stored_int(stored, 0, MAX)
-  if not count then
-    return fail('key ' .. KEYS[1] .. ' holds a non-counter value')
-  end
+if not stored then
+  -- A new window: one write creates the counter with its expiry.
+  redis.call('SET', KEYS[1], n, 'PX', window)
+  return {1, n, window}
+end
+local count = stored_int(stored, 0, MAX)
+if not count then
+  return fail('key ' .. KEYS[1] .. ' holds a non-counter value')
+end
+
+-- A counter found without an expiry (written by something else) gets one,
+-- even on a denial: a full counter without expiry would deny forever.
+local pttl = redis.call('PTTL', KEYS[1])
+if pttl == -1 then
+  redis.call('PEXPIRE', KEYS[1], window)
+  pttl = window
 end
 
 -- Compared as n > limit - count so that no intermediate passes 2^53.
-local function expiry()
-  local pttl = redis.call('PTTL', KEYS[1])
-  if pttl == -1 then
-    redis.call('PEXPIRE', KEYS[1], window)
-    pttl = window
-  end
-  return pttl
-end
-
 if n > limit - count then
-  return {0, count, expiry()}
+  return {0, count, pttl}
 end
-
-count = redis.call('INCRBY', KEYS[1], n)
-return {1, count, expiry()}
+return {1, redis.call('INCRBY', KEYS[1], n), pttl}

@@ -15,6 +15,7 @@ const MAX_VERSION: u64 = i64::MAX as u64;
 
 /// A value with its version, as read by [`get_versioned`].
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use]
 pub struct Versioned<T> {
     /// The stored value.
     pub value: T,

@@ -1,56 +1,33 @@
 //! A self-renewing lease: a grant kept alive by a background task, with a
 //! loss signal.
 
-use std::fmt;
 use std::future::Future;
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionLike;
-use tokio::task::JoinHandle;
-use tokio::time::sleep_until;
-use tokio_util::sync::{CancellationToken, DropGuard};
+use tokio_util::sync::CancellationToken;
 
 use super::retry::acquire_with_retry;
 use super::{extend, release, Acquire, Backoff, Extend, Grant, Keys, Release, Token};
+use crate::renew::{Held, Renewer};
 use crate::{Error, Result};
 
-/// Why a [`Lease`] was lost.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Loss {
-    /// A renewal found the lock gone or under another token: it expired (the
-    /// holder was paused past its TTL) or was deleted, and someone else may
-    /// hold it now.
-    NotHeld,
-    /// A renewal failed (an error, or no reply before the lease's deadline).
-    /// The lock may still be there, but a failure can also mean the server
-    /// restarted or failed over and lost it, so it is presumed lost.
-    RenewalFailed {
-        /// What went wrong.
-        error: String,
-    },
-}
-
-impl fmt::Display for Loss {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Loss::NotHeld => f.write_str("the lock expired or was taken over"),
-            Loss::RenewalFailed { error } => write!(f, "a renewal failed: {error}"),
-        }
-    }
-}
+pub use crate::renew::Loss;
 
 /// A lock that renews itself while you work, and tells you when it is lost.
 ///
 /// A background task (spawned on the current Tokio runtime) extends the lock
-/// every `ttl / 3` with the token check of [`extend`]. When a renewal finds
-/// the lock gone, fails, or gets no reply before the current deadline, the
-/// lease is **lost**: [`Lease::lost`] completes, [`Lease::cancellation_token`]s
-/// are cancelled, and [`Lease::loss`] says why. A failed renewal counts as a
-/// loss at once, without waiting for the deadline: the failure may be the
-/// server restarting or failing over, which can lose the lock. Renewals stop
-/// after a loss. A lost lease means another holder may already be running:
+/// every `ttl / 3` with the token check of [`extend`]. A renewal that fails
+/// for a passing reason (`BUSY`, `LOADING`, `TRYAGAIN`, `CLUSTERDOWN`,
+/// `MASTERDOWN`, a refused connection, or a reply lost or late, whose fate
+/// is unknown) is tried again shortly after, for as long as the lease's
+/// [`Lease::deadline`] allows: a blip does not end a lease with two thirds of
+/// its TTL left. The lease is **lost** when a renewal finds the lock gone
+/// ([`Loss::NotHeld`]), when the deadline passes with no renewal confirmed,
+/// or when a renewal fails in a way retrying cannot fix
+/// ([`Loss::RenewalFailed`]): [`Lease::lost`] completes,
+/// [`Lease::cancellation_token`]s are cancelled, and [`Lease::loss`] says
+/// why. Renewals stop after a loss. A lost lease means another holder may already be running:
 /// stop, and rely on the fence ([`Lease::fence`]) at the resource for
 /// anything written.
 ///
@@ -65,37 +42,38 @@ impl fmt::Display for Loss {
 /// `ConnectionManager` (cheap; they share one socket), or a pooled
 /// connection, which returns to its pool when the lease ends.
 #[derive(Debug)]
+#[must_use = "dropping a lease releases the lock at once"]
 pub struct Lease {
     resource: String,
     grant: Grant,
-    shared: Arc<Shared>,
-    /// Dropping it (with the lease) tells the task to release and stop.
-    stop: DropGuard,
-    task: JoinHandle<Result<Release>>,
+    renewer: Renewer,
 }
 
-#[derive(Debug)]
-struct Shared {
-    lost: CancellationToken,
-    state: Mutex<State>,
+/// What the renewal task of a [`Lease`] extends and releases.
+struct LockHeld {
+    resource: String,
+    token: Token,
+    ttl: Duration,
 }
 
-#[derive(Debug)]
-struct State {
-    deadline: Instant,
-    loss: Option<Loss>,
-}
-
-impl Shared {
-    fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        // Nothing panics while holding the lock; if something did, the state
-        // is still a plain pair of values.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+impl Held for LockHeld {
+    async fn extend<C>(&self, conn: &mut C) -> Result<Option<Instant>>
+    where
+        C: ConnectionLike + Send,
+    {
+        Ok(
+            match extend(conn, &self.resource, &self.token, self.ttl).await? {
+                Extend::Extended { deadline } => Some(deadline),
+                Extend::Lost => None,
+            },
+        )
     }
 
-    fn lose(&self, loss: Loss) {
-        self.state().loss.get_or_insert(loss);
-        self.lost.cancel();
+    async fn release<C>(&self, conn: &mut C) -> Result<bool>
+    where
+        C: ConnectionLike + Send,
+    {
+        Ok(release(conn, &self.resource, &self.token).await? == Release::Released)
     }
 }
 
@@ -106,11 +84,8 @@ impl Lease {
     /// # Errors
     ///
     /// As [`super::acquire_with_retry`]. A lock still held when the backoff
-    /// runs out is [`Acquire::Held`], not an error.
-    ///
-    /// # Panics
-    ///
-    /// When called outside a Tokio runtime, like `tokio::spawn`.
+    /// runs out is [`Acquire::Held`], not an error. [`Error::NoTimer`] before
+    /// any I/O outside a Tokio runtime or on one built without timers.
     ///
     /// # Example
     ///
@@ -141,6 +116,8 @@ impl Lease {
     where
         C: ConnectionLike + Send + 'static,
     {
+        // The renewals sleep: refuse before taking a lock nobody would renew.
+        crate::timer::check()?;
         Ok(
             match acquire_with_retry(&mut conn, resource, ttl, backoff).await? {
                 Acquire::Acquired(grant) => Acquire::Acquired(Lease::start(conn, resource, grant)?),
@@ -155,43 +132,24 @@ impl Lease {
     ///
     /// # Errors
     ///
-    /// [`Error::EmptyKey`].
-    ///
-    /// # Panics
-    ///
-    /// When called outside a Tokio runtime, like `tokio::spawn`.
+    /// [`Error::EmptyKey`]; [`Error::NoTimer`] outside a Tokio runtime or on
+    /// one built without timers (the renewals could not be scheduled).
     pub fn start<C>(conn: C, resource: &str, grant: Grant) -> Result<Lease>
     where
         C: ConnectionLike + Send + 'static,
     {
         Keys::of(resource)?;
-        let shared = Arc::new(Shared {
-            lost: CancellationToken::new(),
-            state: Mutex::new(State {
-                deadline: grant.deadline,
-                loss: None,
-            }),
-        });
-        let stop = CancellationToken::new();
-        let renewal = Renewal {
-            conn,
+        crate::timer::check()?;
+        let held = LockHeld {
             resource: resource.to_owned(),
             token: grant.token.clone(),
             ttl: grant.ttl,
-            shared: Arc::clone(&shared),
-            stop: stop.clone(),
         };
-        let first = grant
-            .sent
-            .checked_add(renewal_period(grant.ttl))
-            .unwrap_or(grant.sent);
-        let task = tokio::spawn(renewal.run(first));
+        let renewer = Renewer::start(conn, held, grant.ttl, grant.sent, grant.deadline);
         Ok(Lease {
             resource: resource.to_owned(),
             grant,
-            shared,
-            stop: stop.drop_guard(),
-            task,
+            renewer,
         })
     }
 
@@ -218,7 +176,7 @@ impl Lease {
     /// A conservative local bound on the lock's expiry, moved forward by
     /// every confirmed renewal.
     pub fn deadline(&self) -> Instant {
-        self.shared.state().deadline
+        self.renewer.deadline()
     }
 
     pub(crate) fn grant(&self) -> &Grant {
@@ -227,7 +185,7 @@ impl Lease {
 
     /// Why the lease was lost, or `None` while it holds.
     pub fn loss(&self) -> Option<Loss> {
-        self.shared.state().loss.clone()
+        self.renewer.loss()
     }
 
     /// True once the lease is lost.
@@ -238,15 +196,14 @@ impl Lease {
     /// Completes when the lease is lost, with the reason. Cancel-safe: use
     /// it in `tokio::select!` beside the work.
     pub async fn lost(&self) -> Loss {
-        self.shared.lost.cancelled().await;
-        self.loss().unwrap_or(Loss::NotHeld)
+        self.renewer.lost().await
     }
 
     /// A token cancelled when the lease is lost, released or dropped: hand it
     /// to tasks spawned for the work. Cancelling it yourself does not affect
     /// the lease.
     pub fn cancellation_token(&self) -> CancellationToken {
-        self.shared.lost.child_token()
+        self.renewer.cancellation_token()
     }
 
     /// Stop renewing and delete the lock if it is still ours.
@@ -265,95 +222,21 @@ impl Lease {
         let Lease {
             resource,
             grant,
-            stop,
-            task,
-            ..
+            renewer,
         } = self;
-        drop(stop);
-        match task.await {
-            Ok(result) => result,
-            Err(join) => Err(Error::LeaseLost {
+        match renewer.release().await {
+            Ok(result) => result.map(|released| {
+                if released {
+                    Release::Released
+                } else {
+                    Release::Lost
+                }
+            }),
+            Err(error) => Err(Error::LeaseLost {
                 resource,
                 fence: grant.fence,
-                loss: Loss::RenewalFailed {
-                    error: format!("the renewal task ended abnormally: {join}"),
-                },
+                loss: Loss::RenewalFailed { error },
             }),
-        }
-    }
-}
-
-/// Renewals every third of the TTL: one may run up to two periods late and
-/// still land before the lock expires.
-fn renewal_period(ttl: Duration) -> Duration {
-    (ttl / 3).max(Duration::from_millis(1))
-}
-
-/// The background task of a [`Lease`].
-struct Renewal<C> {
-    conn: C,
-    resource: String,
-    token: Token,
-    ttl: Duration,
-    shared: Arc<Shared>,
-    stop: CancellationToken,
-}
-
-impl<C> Renewal<C>
-where
-    C: ConnectionLike + Send,
-{
-    async fn run(mut self, first: Instant) -> Result<Release> {
-        let result = match self.renew(first).await {
-            Some(loss @ Loss::NotHeld) => {
-                // Nothing left to release.
-                self.shared.lose(loss);
-                Ok(Release::Lost)
-            }
-            Some(loss) => {
-                self.shared.lose(loss);
-                // The lock may still be ours; release it (token-checked, so
-                // harmless if not) once the lease is released or dropped.
-                self.stop.cancelled().await;
-                release(&mut self.conn, &self.resource, &self.token).await
-            }
-            None => release(&mut self.conn, &self.resource, &self.token).await,
-        };
-        self.shared.lost.cancel();
-        result
-    }
-
-    /// Renew until the lease is stopped (`None`) or lost.
-    async fn renew(&mut self, first: Instant) -> Option<Loss> {
-        let period = renewal_period(self.ttl);
-        let mut next = first;
-        loop {
-            tokio::select! {
-                biased;
-                _ = self.stop.cancelled() => return None,
-                _ = sleep_until(next.into()) => {}
-            }
-            let deadline = self.shared.state().deadline;
-            let sent = Instant::now();
-            let outcome = tokio::select! {
-                biased;
-                _ = self.stop.cancelled() => return None,
-                // A renewal still unanswered at the deadline has failed.
-                _ = sleep_until(deadline.into()) => Err(Loss::RenewalFailed {
-                    error: "no reply before the lease's deadline".into(),
-                }),
-                result = extend(&mut self.conn, &self.resource, &self.token, self.ttl) => {
-                    result.map_err(|e| Loss::RenewalFailed { error: e.to_string() })
-                }
-            };
-            match outcome {
-                Ok(Extend::Extended { deadline }) => {
-                    self.shared.state().deadline = deadline;
-                    next = sent.checked_add(period).unwrap_or(sent);
-                }
-                Ok(Extend::Lost) => return Some(Loss::NotHeld),
-                Err(loss) => return Some(loss),
-            }
         }
     }
 }
@@ -373,11 +256,8 @@ where
 ///
 /// # Errors
 ///
-/// [`Error::LeaseLost`]; otherwise as [`super::acquire_with_retry`].
-///
-/// # Panics
-///
-/// When called outside a Tokio runtime, like `tokio::spawn`.
+/// [`Error::LeaseLost`]; otherwise as [`Lease::acquire`] (including
+/// [`Error::NoTimer`] before any I/O on a runtime without timers).
 ///
 /// # Example
 ///
@@ -438,34 +318,5 @@ where
         }),
         // `lease` drops here: its task makes a best-effort release without
         // making the caller wait for an unreachable server.
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn renewals_come_every_third_of_the_ttl() {
-        assert_eq!(
-            renewal_period(Duration::from_millis(300)),
-            Duration::from_millis(100)
-        );
-        assert_eq!(
-            renewal_period(Duration::from_millis(1)),
-            Duration::from_millis(1)
-        );
-    }
-
-    #[test]
-    fn losses_explain_themselves() {
-        assert_eq!(
-            Loss::NotHeld.to_string(),
-            "the lock expired or was taken over"
-        );
-        let e = Loss::RenewalFailed {
-            error: "timed out".into(),
-        };
-        assert_eq!(e.to_string(), "a renewal failed: timed out");
     }
 }

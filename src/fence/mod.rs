@@ -39,16 +39,22 @@
 //! | call | script | what it does |
 //! |---|---|---|
 //! | [`acquire`], [`acquire_as`] | `lua/fence/acquire.lua` | take the lock if free; return the next fence, or how long it stays held |
-//! | [`acquire_with_retry`] | same | the same with jittered exponential [`Backoff`], up to a deadline |
+//! | [`acquire_with_retry`] | same | the same with jittered exponential [`Backoff`], never past the lock's expiry, up to a deadline |
 //! | [`extend`] | `lua/fence/extend.lua` | reset the TTL, only if the token still holds the lock |
 //! | [`release`] | `lua/fence/release.lua` | delete the lock, only if the token still holds it |
 //! | [`Lease`], [`with_lease`] | extend + release | renew every `ttl / 3` in a background task, signal loss |
-//! | [`write()`] | `lua/fence/write.lua` | fenced write to a Redis resource: `Applied` or `Stale` |
-//! | [`read`] | `lua/fence/read.lua` | read a fenced resource and the fence that wrote it |
+//! | [`write()`] | `lua/fence/write.lua` | fenced write of the resource's value, checked against its fence counter: `Applied`, `Stale` or `NotGranted` |
+//! | [`read`] | `lua/fence/read.lua` | read the resource's value and the fence that wrote it |
+//! | [`write_unbound`], [`read_unbound`] | same | the weaker form for a value at any key: checked against the stored fence only |
+//! | [`advance`] | `lua/fence/advance.lua` | raise the fence counter to a floor, after it went back |
+//! | [`durability()`] | `CONFIG GET`, `INFO` | can this server's counters go back? (check at startup) |
+//! | [`Waiters::acquire`] | acquire, `SUBSCRIBE` | wait for a held lock, woken when it is released |
 //!
-//! A resource name `r` uses two keys in one cluster slot
-//! ([`crate::keys::derive`]): `{r}:lock`, holding the owner token with the TTL,
-//! and `{r}:fence`, the counter. The counter has **no TTL**: it must never
+//! A resource name `r` uses keys in one cluster slot
+//! ([`crate::keys::derive`], which also says how names with `{` or `}` are
+//! laid out): `{r}:lock`, holding the owner token with the TTL, `{r}:fence`,
+//! the counter, and `{r}:value`, the value of [`write()`]. Releases are
+//! announced on the pub/sub channel `{r}:released`. The counter has **no TTL**: it must never
 //! start again from zero, so it stays (about 60 bytes) for every resource name
 //! ever locked. Derive resource names from a bounded set (one per account, per
 //! job kind), not from unbounded input.
@@ -67,12 +73,15 @@
 //!
 //! # Fencing the resource
 //!
-//! **In Redis**, keep the protected value in a hash written only by [`write()`]:
-//! it stores the value and the fence together, and refuses a fence lower than
-//! the stored one with [`Write::Stale`]. An **equal** fence is accepted: each
-//! grant has its own fence, so an equal fence can only come from the same grant,
-//! which may write several times (a multi-step update, or a retry after a lost
-//! reply). A lower one never is.
+//! **In Redis**, write the protected value with [`write()`]: it lives beside
+//! the lock and its counter, and one script compares the writer's fence with
+//! the **counter**, so only the newest grant writes. A holder paused past its
+//! lease gets [`Write::Stale`] as soon as a newer grant exists, even before
+//! that grant writes anything; a fence above the counter (never granted) gets
+//! [`Write::NotGranted`]. The newest grant may write several times (a
+//! multi-step update, or a retry after a lost reply). [`write_unbound`] keeps
+//! a value at a key of your choice but only compares with the fence stored
+//! there, which is weaker (see there).
 //!
 //! **In SQL**, store the fence next to the data and make every write
 //! conditional on it, in the same statement:
@@ -85,7 +94,11 @@
 //! Zero rows: a holder with a newer fence (or this grant itself, since `<` is
 //! strict) has already written; stop, do not retry. Use `fence <= $2` instead
 //! if one grant must update the same row more than once. The fence column
-//! starts at 0 for new rows. `examples/fenced_postgres.rs` runs this pattern
+//! starts at 0 for new rows. The database only knows the fences that reached
+//! it: a paused older holder can still write until the newer holder's first
+//! write lands. When that matters, have each holder claim the row first
+//! (`UPDATE ... SET fence = $2 WHERE id = $3 AND fence < $2` before the work,
+//! then `fence = $2` on its writes). `examples/fenced_postgres.rs` runs this pattern
 //! end to end, and `tests/fence_postgres.rs` shows a paused holder updating
 //! zero rows.
 //!
@@ -131,25 +144,43 @@
 //! apart by more than 1% are out of scope). A [`Lease`] renews every
 //! `ttl / 3`, so a renewal delayed by up to two periods (a slow reply, a busy
 //! runtime) still lands in time; size the TTL well above the p99 of a round
-//! trip and of your runtime's scheduling delays. A renewal that *fails* ends
-//! the lease at once (see [`Lease`]).
+//! trip and of your runtime's scheduling delays. A renewal that fails for a
+//! passing reason (`BUSY`, `LOADING`, a lost reply) is tried again until the
+//! deadline; the lease is lost only when the deadline passes unconfirmed or
+//! the lock is found gone (see [`Lease`]).
 //!
 //! # Limits of a Redis fence
 //!
 //! A fence is only as good as the counter's promise never to go back. Redis
 //! can break that promise in two ways:
 //!
-//! * **Restart without persistence**: the counter starts again from 1. The
-//!   resource then refuses every new holder (their fences are lower than the
-//!   stored one) until the counter catches up: safe, but stuck.
+//! * **Restart without (or with lagging) persistence**: the counter starts
+//!   again from zero, or from where the disk last had it. Fences already
+//!   handed out are handed out again. For a database that stores fences, the
+//!   new holders' fences are lower than the stored one, so their writes are
+//!   refused; a holder paused across the restart, whose fence is still the
+//!   highest, can write over them, and once the counter catches up, two
+//!   holders carry equal fences. It is not safe, and not only stuck.
+//!   (Redis values written with [`write()`] went back with the counter; a
+//!   fence above the counter is then refused as [`Write::NotGranted`].)
 //! * **Failover to a lagging replica**: the new primary has not seen the last
 //!   increments, so it hands out fences that were already given, and with them
 //!   the lock itself may be lost (two holders at once, with equal or even
 //!   reversed fences). Redis replication is asynchronous.
 //!
+//! **Recovering**: before granting again after a restart or failover, raise
+//! the counter with [`advance`] to the highest fence the protected resource
+//! has seen (`SELECT max(fence) ...`). Every new grant is then above every
+//! fence used before, and a paused holder's writes are refused again.
+//!
+//! **Checking**: [`durability()`] reads the server's persistence and
+//! replication settings and says whether counters can go back, so a service
+//! can refuse to start (or run [`advance`] first).
+//!
 //! What avoids it: `appendonly yes` with `appendfsync always` on the primary
 //! (every increment is on disk before the reply), so a restart keeps the
-//! counter; and for replicated setups, confirm each grant on the replicas
+//! counter (`everysec` can lose the last second of increments); and for
+//! replicated setups, confirm each grant on the replicas
 //! before using its fence (`WAIT 1 <timeout>` after [`acquire`] and check that
 //! at least one replica acknowledged), with `min-replicas-to-write 1` and
 //! `min-replicas-max-lag` so a primary cut off from its replicas stops
@@ -168,17 +199,22 @@ use redis::aio::ConnectionLike;
 use crate::script::{embedded, Invocation, Reply, Script};
 use crate::{keys, validate, Error, Result};
 
+mod durability;
 mod lease;
 mod retry;
+mod waiters;
 mod write;
 
+pub use durability::{durability, Durability, Restart, Source};
 pub use lease::{with_lease, Lease, Loss};
 pub use retry::{acquire_with_retry, Backoff};
-pub use write::{read, write, Fenced, Write};
+pub use waiters::Waiters;
+pub use write::{read, read_unbound, write, write_unbound, Fenced, Write};
 
 static ACQUIRE: Script = embedded!("fence/acquire");
 static RELEASE: Script = embedded!("fence/release");
 static EXTEND: Script = embedded!("fence/extend");
+static ADVANCE: Script = embedded!("fence/advance");
 
 /// A random owner token: 128 bits from the OS CSPRNG, as 32 lowercase hex
 /// digits. Whoever has it can extend and release the lock it was granted.
@@ -221,6 +257,7 @@ impl fmt::Display for Token {
 
 /// One acquisition of a lock: its owner token, its fence and how long it lasts.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use = "a grant holds the lock until it is released or expires"]
 pub struct Grant {
     /// The owner token: pass it to [`extend`] and [`release`].
     pub token: Token,
@@ -276,6 +313,7 @@ impl<G> Acquire<G> {
 
 /// The outcome of [`release`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use = "Lost means the work may have overlapped with another holder"]
 pub enum Release {
     /// The lock still held the token and is now deleted.
     Released,
@@ -288,6 +326,7 @@ pub enum Release {
 
 /// The outcome of [`extend`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use = "Lost means the lock is gone: stop the work"]
 pub enum Extend {
     /// The lock still held the token; its TTL starts again from now.
     Extended {
@@ -304,6 +343,10 @@ pub enum Extend {
 pub(crate) struct Keys {
     pub(crate) lock: String,
     pub(crate) fence: String,
+    /// The protected value of [`write()`] and [`read`].
+    pub(crate) value: String,
+    /// The pub/sub channel on which [`release`] announces a release.
+    pub(crate) released: String,
 }
 
 impl Keys {
@@ -312,6 +355,8 @@ impl Keys {
         Ok(Keys {
             lock: keys::derive(resource, "lock"),
             fence: keys::derive(resource, "fence"),
+            value: keys::derive(resource, "value"),
+            released: keys::derive(resource, "released"),
         })
     }
 }
@@ -458,7 +503,9 @@ fn decode_acquire(
 /// Delete the lock on `resource`, only if it still holds `token`.
 ///
 /// Never deletes a lock that expired and was taken by someone else. Declared
-/// `allow-oom`, so it works on a full server. Safe to retry after
+/// `allow-oom`, so it works on a full server. A release is announced with
+/// `PUBLISH` on the channel `keys::derive(resource, "released")`, which
+/// wakes the [`Waiters`] of every process waiting for the lock. Safe to retry after
 /// [`Error::Indeterminate`]: a repeat finds the lock gone and returns
 /// [`Release::Lost`].
 ///
@@ -486,6 +533,7 @@ where
     let keys = Keys::of(resource)?;
     let value = Invocation::new(&RELEASE, &[&keys.lock])
         .arg(token.as_str())
+        .arg(&keys.released)
         .run(conn)
         .await?;
     let mut reply = Reply::new(RELEASE.name(), value)?;
@@ -548,6 +596,80 @@ where
     })
 }
 
+/// The outcome of [`advance`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use = "check that the counter is where the resource needs it"]
+pub struct Advance {
+    /// True when the counter was below the floor (or missing) and was raised.
+    pub raised: bool,
+    /// The counter afterwards: the floor, or the greater value it held. The
+    /// next grant's fence is `counter + 1`.
+    pub counter: u64,
+}
+
+/// Raise the fence counter of `resource` to at least `at_least`; never
+/// lower it.
+///
+/// The recovery step after the counter went back (a restart without
+/// persistence, a failover to a replica that had not seen the last grants;
+/// [`durability`] tells whether your server can do that): pass the highest
+/// fence the protected resource has seen (`SELECT max(fence) FROM ...`, or
+/// the fence of [`read`]), and every later grant is above it, so the
+/// resource accepts the new holder's writes and still refuses the old ones.
+/// Run it before taking new grants. A holder whose fence is now below the
+/// counter sees its [`write()`]s refused as [`Write::Stale`].
+///
+/// # Errors
+///
+/// Before any I/O: [`Error::EmptyKey`], [`Error::ZeroLimit`] (`at_least` 0),
+/// [`Error::OutOfRange`] (above `i64::MAX`, Redis' integer limit). From
+/// Redis: [`Error::Redis`] (the counter holds something nolock did not
+/// write; nothing was written) and [`Error::Indeterminate`] (safe to retry:
+/// raising to the same floor twice is the same as once).
+///
+/// # Example
+///
+/// ```no_run
+/// # async fn run(conn: &mut redis::aio::MultiplexedConnection, db: &tokio_postgres::Client)
+/// #     -> Result<(), Box<dyn std::error::Error>> {
+/// // At startup: the database has seen fences up to max(fence).
+/// let row = db.query_one("SELECT coalesce(max(fence), 0) FROM payouts", &[]).await?;
+/// let highest = u64::try_from(row.get::<_, i64>(0))?;
+/// if highest > 0 {
+///     let advanced = nolock::fence::advance(conn, "payouts", highest).await?;
+///     assert!(advanced.counter >= highest);
+/// }
+/// # Ok(()) }
+/// ```
+pub async fn advance<C>(conn: &mut C, resource: &str, at_least: u64) -> Result<Advance>
+where
+    C: ConnectionLike + Send,
+{
+    let call = advance_call(resource, at_least)?;
+    let value = call.run(conn).await?;
+    let mut reply = Reply::new(ADVANCE.name(), value)?;
+    let raised = reply.flag()?;
+    let counter = reply.uint()?;
+    reply.finish()?;
+    Ok(Advance { raised, counter })
+}
+
+fn advance_call(resource: &str, at_least: u64) -> Result<Invocation> {
+    let keys = Keys::of(resource)?;
+    if at_least == 0 {
+        return Err(Error::ZeroLimit { what: "at_least" });
+    }
+    const MAX: u64 = i64::MAX as u64;
+    if at_least > MAX {
+        return Err(Error::OutOfRange {
+            what: "at_least",
+            given: at_least,
+            max: MAX,
+        });
+    }
+    Ok(Invocation::new(&ADVANCE, &[&keys.fence]).arg(at_least.to_string()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -559,6 +681,11 @@ mod tests {
         let keys = Keys::of("payout:42").unwrap();
         assert_eq!(keys.lock, "{payout:42}:lock");
         assert_eq!(keys.fence, "{payout:42}:fence");
+        assert_eq!(keys.value, "{payout:42}:value");
+        assert_eq!(
+            crate::keys::slot(&keys.value),
+            crate::keys::slot("payout:42")
+        );
         assert_eq!(
             crate::keys::slot(&keys.lock),
             crate::keys::slot(&keys.fence)
@@ -638,6 +765,28 @@ mod tests {
         );
         let forever = decode_acquire(Array(vec![Int(0), Int(-1)]), Token("t".into()), ttl, sent);
         assert_eq!(forever.unwrap(), Acquire::Held { expires_in: None });
+    }
+
+    #[test]
+    fn advance_takes_a_floor_redis_can_store() {
+        let call = advance_call("r", 9).unwrap();
+        assert_eq!(
+            words(call.command()),
+            ["EVALSHA", ADVANCE.sha1(), "1", "{r}:fence", "9"]
+        );
+        assert!(advance_call("r", i64::MAX as u64).is_ok());
+        assert!(matches!(
+            advance_call("r", i64::MAX as u64 + 1),
+            Err(Error::OutOfRange {
+                what: "at_least",
+                ..
+            })
+        ));
+        assert!(matches!(
+            advance_call("r", 0),
+            Err(Error::ZeroLimit { what: "at_least" })
+        ));
+        assert!(matches!(advance_call("", 1), Err(Error::EmptyKey)));
     }
 
     #[test]

@@ -1,11 +1,12 @@
-//! Waiting for a held lock: jittered exponential backoff up to a deadline.
+//! Waiting for a held lock: jittered exponential backoff, never past the
+//! lock's expiry, up to a deadline.
 
 use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionLike;
 
 use super::{acquire_as, millis, Acquire, Keys, Token};
-use crate::{Error, Result};
+use crate::{timer, Error, Result};
 
 /// How [`acquire_with_retry`] waits for a held lock.
 ///
@@ -100,6 +101,14 @@ fn jitter(cap: Duration, r: u64) -> Duration {
 /// [`super::acquire`], retried with [`Backoff`] while the lock is held, until
 /// `backoff.timeout` has passed.
 ///
+/// A held lock answers how long it has left ([`Acquire::Held`]'s
+/// `expires_in`), so a waiter never sleeps past that: each sleep is the
+/// jittered exponential [`Backoff`] delay, cut to the lock's expiry (plus up
+/// to 1 ms of jitter, so waiters do not all arrive in the same instant) and
+/// to the deadline. A lock released early is only noticed at the next
+/// attempt; [`Waiters::acquire`](super::Waiters::acquire) is woken by the
+/// release itself.
+///
 /// One token is drawn for all attempts, so an attempt whose reply is lost
 /// cannot leave a lock behind that a later attempt does not recognise: an
 /// [`Error::Indeterminate`] attempt is tried again (with backoff, within the
@@ -114,8 +123,9 @@ fn jitter(cap: Duration, r: u64) -> Duration {
 ///
 /// # Errors
 ///
-/// As [`super::acquire`], plus [`Error::ZeroDuration`] for an
-/// `initial_delay` under 1 ms, before any I/O.
+/// As [`super::acquire`], plus, before any I/O, [`Error::ZeroDuration`] for
+/// an `initial_delay` under 1 ms and [`Error::NoTimer`] when the backoff
+/// would have to sleep on a runtime built without timers (or outside one).
 ///
 /// # Example
 ///
@@ -140,35 +150,105 @@ pub async fn acquire_with_retry<C>(
 where
     C: ConnectionLike + Send,
 {
+    wait_for(conn, resource, ttl, backoff, None).await
+}
+
+/// The waiting loop of [`acquire_with_retry`] and
+/// [`Waiters::acquire`](super::Waiters::acquire): with a `wake` signal, a
+/// sleep ends early when the lock is released.
+pub(crate) async fn wait_for<C>(
+    conn: &mut C,
+    resource: &str,
+    ttl: Duration,
+    backoff: &Backoff,
+    wake: Option<&tokio::sync::Notify>,
+) -> Result<Acquire>
+where
+    C: ConnectionLike + Send,
+{
     Keys::of(resource)?;
     millis(ttl)?;
     backoff.check()?;
+    if !backoff.timeout.is_zero() {
+        timer::check()?;
+    }
     let token = Token::random()?;
+    let outcome = attempts(conn, resource, &token, ttl, backoff, wake).await;
+    if let Some(wake) = wake {
+        if !matches!(outcome, Ok(Acquire::Acquired(_))) {
+            // A release wakes one waiter of this process. Leaving without the
+            // lock, this one may have used up that wake-up: pass it on.
+            wake.notify_one();
+        }
+    }
+    outcome
+}
+
+async fn attempts<C>(
+    conn: &mut C,
+    resource: &str,
+    token: &Token,
+    ttl: Duration,
+    backoff: &Backoff,
+    wake: Option<&tokio::sync::Notify>,
+) -> Result<Acquire>
+where
+    C: ConnectionLike + Send,
+{
     let start = Instant::now();
     let mut attempt = 0u32;
     loop {
-        let result = acquire_as(conn, resource, &token, ttl).await;
-        let waited = start.elapsed();
-        match result {
-            Ok(outcome) if outcome.is_acquired() || waited >= backoff.timeout => {
-                return Ok(outcome)
-            }
-            Ok(_) => {}
-            // Same token, so a repeat cannot take a second fence.
-            Err(Error::Indeterminate(_)) if waited < backoff.timeout => {}
-            Err(err) => return Err(err),
+        // Registered before the attempt, so a release that lands between the
+        // reply and the sleep still wakes this waiter.
+        let notified = wake.map(|n| n.notified());
+        let mut notified = std::pin::pin!(notified);
+        if let Some(n) = notified.as_mut().as_pin_mut() {
+            n.enable();
         }
-        let sleep = backoff.delay(attempt).min(backoff.timeout - waited);
+        let result = acquire_as(conn, resource, token, ttl).await;
+        let waited = start.elapsed();
+        let expires_in = match &result {
+            Ok(outcome) if outcome.is_acquired() || waited >= backoff.timeout => {
+                return result;
+            }
+            Ok(Acquire::Held { expires_in }) => *expires_in,
+            Ok(Acquire::Acquired(_)) => None,
+            // Same token, so a repeat cannot take a second fence.
+            Err(Error::Indeterminate(_)) if waited < backoff.timeout => None,
+            Err(_) => return result,
+        };
+        let left = backoff.timeout - waited;
+        let sleep = match (wake, expires_in) {
+            // Woken by the release; the expiry (capped by max_delay, which
+            // bounds what a lost message costs) is the fallback.
+            (Some(_), Some(expiry)) => expiry.min(backoff.max_delay.max(backoff.initial_delay)),
+            (None, Some(expiry)) => backoff.delay(attempt).min(expiry),
+            (_, None) => backoff.delay(attempt),
+        };
+        let sleep = (sleep + jitter(MS, random_u64())).min(left);
         attempt = attempt.saturating_add(1);
-        tokio::time::sleep(sleep).await;
+        // The runtime had timers at the start; if this task has since moved
+        // to one without, stop here with what the last attempt said.
+        let Ok(timer) = timer::sleep(sleep) else {
+            return result;
+        };
+        match notified.as_mut().as_pin_mut() {
+            Some(n) => {
+                tokio::select! {
+                    _ = n => {}
+                    _ = timer => {}
+                }
+            }
+            None => timer.await,
+        }
     }
 }
+
+const MS: Duration = Duration::from_millis(1);
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const MS: Duration = Duration::from_millis(1);
 
     #[test]
     fn caps_double_from_initial_up_to_max() {

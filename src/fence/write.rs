@@ -2,29 +2,51 @@
 
 use redis::aio::ConnectionLike;
 
+use super::Keys;
 use crate::script::{embedded, Invocation, Reply, Script};
 use crate::{validate, Error, Result};
 
 static WRITE: Script = embedded!("fence/write");
 static READ: Script = embedded!("fence/read");
 
-/// The outcome of [`write()`].
+/// The outcome of [`write()`] and [`write_unbound`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[must_use = "a stale write means the lease is over: stop the work"]
 pub enum Write {
     /// The value is stored, with the writer's fence.
     Applied,
-    /// A newer grant has already written: nothing was stored. The writer's
-    /// lease is over (it was paused past its TTL, or lost it); it must stop
-    /// and must not retry.
+    /// A newer grant exists (for [`write()`], whether or not it has written
+    /// yet; for [`write_unbound`], it has written): nothing was stored. The
+    /// writer's lease is over (it was paused past its TTL, or lost it); it
+    /// must stop and must not retry.
     Stale {
-        /// The fence stored with the resource, greater than the writer's.
+        /// The resource's fence counter, or the fence stored with the value,
+        /// whichever refused the write: greater than the writer's.
         current_fence: u64,
     },
+    /// The writer's fence is above the resource's fence counter: no grant
+    /// ever carried it. Either the fence was not taken from a [`Grant`]
+    /// (a bug), or the counter went back (Redis restarted without persistence
+    /// or failed over to a lagging replica; see [`super::durability`]). Nothing
+    /// was stored; the writer must stop. Only [`write()`] returns this.
+    ///
+    /// [`Grant`]: super::Grant
+    NotGranted {
+        /// The resource's fence counter (0 when it does not exist).
+        counter: u64,
+    },
+}
+
+impl Write {
+    /// True for [`Write::Applied`].
+    pub fn is_applied(&self) -> bool {
+        matches!(self, Write::Applied)
+    }
 }
 
 /// A fenced resource as read by [`read`].
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use]
 pub struct Fenced {
     /// The stored value.
     pub value: Vec<u8>,
@@ -32,23 +54,33 @@ pub struct Fenced {
     pub fence: u64,
 }
 
-/// Store `value` at `key` with `fence`, unless the resource already carries a
-/// greater fence.
+/// Store `value` as the protected value of `resource`, only under the newest
+/// grant of its lock.
 ///
-/// `key` is the protected resource itself (e.g. `balance:42`), a hash with the
-/// fields `value` and `fence`, written only through this function; it is
-/// independent of the lock's resource name. An **equal** fence is accepted, so
-/// the holder of one grant may write several times (a multi-step update, or a
-/// retry after [`Error::Indeterminate`]: the repeat is harmless). A lower
-/// fence is refused with [`Write::Stale`]. One round trip; compare and write
-/// are atomic.
+/// The value lives in a hash at `keys::derive(resource, "value")` (fields
+/// `value` and `fence`), in the slot of the resource's lock and counter, so
+/// one atomic script compares the writer's `fence` with the resource's
+/// **fence counter** and writes:
+///
+/// * `fence` equal to the counter (the newest grant): [`Write::Applied`],
+///   also when that grant writes again (a multi-step update, or a retry after
+///   [`Error::Indeterminate`]: the repeat is harmless);
+/// * below it: [`Write::Stale`]. A newer grant exists, **even if it has not
+///   written yet**, so a holder paused past its lease cannot slip a write in
+///   before its successor's first one;
+/// * above it: [`Write::NotGranted`]. No grant has that fence (see there).
+///
+/// The value is also never written under a fence below the one stored with
+/// it. One round trip. For a value that must live elsewhere (another slot, a
+/// key you name), [`write_unbound`] is the weaker form.
 ///
 /// # Errors
 ///
 /// Before any I/O: [`Error::EmptyKey`], [`Error::ZeroLimit`] (`fence == 0`:
 /// no grant has fence 0), [`Error::ValueTooLarge`] (above
-/// [`MAX_VALUE_LEN`](crate::MAX_VALUE_LEN)). From Redis: [`Error::Redis`] (the key is not a
-/// hash, or a hash without a valid fence field; nothing was written) and
+/// [`MAX_VALUE_LEN`](crate::MAX_VALUE_LEN)). From Redis: [`Error::Redis`]
+/// (the value key is not a hash, a hash without a valid fence field, or a
+/// counter that is not a canonical decimal; nothing was written) and
 /// [`Error::Indeterminate`].
 ///
 /// # Example
@@ -63,25 +95,92 @@ pub struct Fenced {
 ///         eprintln!("superseded by grant {current_fence}; stopping");
 ///         return Ok(());
 ///     }
+///     Write::NotGranted { counter } => {
+///         eprintln!("fence above the counter ({counter}): did Redis lose it?");
+///         return Ok(());
+///     }
 /// }
 /// # Ok(()) }
 /// ```
-pub async fn write<C>(conn: &mut C, key: &str, fence: u64, value: impl AsRef<[u8]>) -> Result<Write>
+pub async fn write<C>(
+    conn: &mut C,
+    resource: &str,
+    fence: u64,
+    value: impl AsRef<[u8]>,
+) -> Result<Write>
 where
     C: ConnectionLike + Send,
 {
-    let call = write_call(key, fence, value.as_ref())?;
+    let call = write_call(resource, fence, value.as_ref())?;
     let reply = call.run(conn).await?;
     decode_write(reply)
 }
 
-fn write_call(key: &str, fence: u64, value: &[u8]) -> Result<Invocation> {
-    validate::key(key)?;
+/// The **weaker** fenced write, for a value at a key of your choice (in any
+/// slot): compares `fence` only with the fence stored with the value.
+///
+/// `key` is a hash with the fields `value` and `fence`, written only through
+/// this function. A fence not below the stored one is accepted. What this
+/// form cannot see, because it does not read the lock's counter:
+///
+/// * a holder paused past its lease still writes (and is told
+///   [`Write::Applied`]) as long as its successor has not written yet; the
+///   successor's first write then replaces it;
+/// * a fence no grant carried (above the counter) is accepted, and then
+///   turns every real fence below it [`Write::Stale`].
+///
+/// Use [`write()`] unless the value cannot live in the resource's slot.
+///
+/// # Errors
+///
+/// As [`write()`].
+///
+/// # Example
+///
+/// ```no_run
+/// # async fn run(conn: &mut redis::aio::MultiplexedConnection, grant: nolock::fence::Grant)
+/// #     -> nolock::Result<()> {
+/// let out = nolock::fence::write_unbound(conn, "report:latest", grant.fence, "...").await?;
+/// if !out.is_applied() {
+///     return Ok(()); // a newer grant has written: stop
+/// }
+/// # Ok(()) }
+/// ```
+pub async fn write_unbound<C>(
+    conn: &mut C,
+    key: &str,
+    fence: u64,
+    value: impl AsRef<[u8]>,
+) -> Result<Write>
+where
+    C: ConnectionLike + Send,
+{
+    let call = write_unbound_call(key, fence, value.as_ref())?;
+    let reply = call.run(conn).await?;
+    decode_write(reply)
+}
+
+fn check_fence(fence: u64) -> Result<()> {
     if fence == 0 {
         return Err(Error::ZeroLimit { what: "fence" });
     }
+    Ok(())
+}
+
+fn write_call(resource: &str, fence: u64, value: &[u8]) -> Result<Invocation> {
+    let keys = Keys::of(resource)?;
+    check_fence(fence)?;
     let value = validate::value("value", value)?;
     // Sent as decimal digits; the script compares them as digits, exactly.
+    Ok(Invocation::new(&WRITE, &[&keys.value, &keys.fence])
+        .arg(fence.to_string())
+        .arg(value))
+}
+
+fn write_unbound_call(key: &str, fence: u64, value: &[u8]) -> Result<Invocation> {
+    validate::key(key)?;
+    check_fence(fence)?;
+    let value = validate::value("value", value)?;
     Ok(Invocation::new(&WRITE, &[key])
         .arg(fence.to_string())
         .arg(value))
@@ -89,25 +188,27 @@ fn write_call(key: &str, fence: u64, value: &[u8]) -> Result<Invocation> {
 
 fn decode_write(value: redis::Value) -> Result<Write> {
     let mut reply = Reply::new(WRITE.name(), value)?;
-    let applied = reply.flag()?;
-    let current_fence = reply.uint()?;
+    let status = reply.code(3)?;
+    let fence = reply.uint()?;
     reply.finish()?;
-    Ok(if applied {
-        Write::Applied
-    } else {
-        Write::Stale { current_fence }
+    Ok(match status {
+        1 => Write::Applied,
+        0 => Write::Stale {
+            current_fence: fence,
+        },
+        _ => Write::NotGranted { counter: fence },
     })
 }
 
-/// Read the fenced resource at `key`: its value and the fence that wrote it,
-/// or `None` when it does not exist.
+/// Read the value of `resource` written by [`write()`], and the fence that
+/// wrote it, or `None` when it has none.
 ///
 /// Runs with `EVALSHA_RO`, so a connection routed to a replica can serve it.
 ///
 /// # Errors
 ///
 /// [`Error::EmptyKey`] before any I/O; [`Error::Redis`] (the key is not a
-/// fenced resource) and [`Error::Indeterminate`] from Redis. Safe to retry.
+/// fenced value) and [`Error::Indeterminate`] from Redis. Safe to retry.
 ///
 /// # Example
 ///
@@ -118,11 +219,39 @@ fn decode_write(value: redis::Value) -> Result<Write> {
 /// }
 /// # Ok(()) }
 /// ```
-pub async fn read<C>(conn: &mut C, key: &str) -> Result<Option<Fenced>>
+pub async fn read<C>(conn: &mut C, resource: &str) -> Result<Option<Fenced>>
+where
+    C: ConnectionLike + Send,
+{
+    let keys = Keys::of(resource)?;
+    read_key(conn, &keys.value).await
+}
+
+/// Read a value written by [`write_unbound`] at `key`.
+///
+/// # Errors
+///
+/// As [`read`].
+///
+/// # Example
+///
+/// ```no_run
+/// # async fn run(conn: &mut redis::aio::MultiplexedConnection) -> nolock::Result<()> {
+/// let latest = nolock::fence::read_unbound(conn, "report:latest").await?;
+/// # Ok(()) }
+/// ```
+pub async fn read_unbound<C>(conn: &mut C, key: &str) -> Result<Option<Fenced>>
 where
     C: ConnectionLike + Send,
 {
     validate::key(key)?;
+    read_key(conn, key).await
+}
+
+async fn read_key<C>(conn: &mut C, key: &str) -> Result<Option<Fenced>>
+where
+    C: ConnectionLike + Send,
+{
     let value = Invocation::new(&READ, &[key]).run(conn).await?;
     let mut reply = Reply::new(READ.name(), value)?;
     let value = reply.bytes()?;
@@ -145,17 +274,27 @@ mod tests {
             [
                 "EVALSHA",
                 WRITE.sha1(),
-                "1",
-                "acct",
+                "2",
+                "{acct}:value",
+                "{acct}:fence",
                 "18446744073709551615",
                 "v"
             ]
+        );
+        let call = write_unbound_call("acct", 7, b"v").unwrap();
+        assert_eq!(
+            words(call.command()),
+            ["EVALSHA", WRITE.sha1(), "1", "acct", "7", "v"]
         );
     }
 
     #[test]
     fn bad_input_is_rejected_before_a_command_is_built() {
         assert!(matches!(write_call("", 1, b""), Err(Error::EmptyKey)));
+        assert!(matches!(
+            write_unbound_call("", 1, b""),
+            Err(Error::EmptyKey)
+        ));
         assert!(matches!(
             write_call("k", 0, b""),
             Err(Error::ZeroLimit { what: "fence" })
@@ -175,7 +314,7 @@ mod tests {
     }
 
     #[test]
-    fn replies_decode_to_applied_or_stale() {
+    fn replies_decode_to_applied_stale_or_not_granted() {
         let applied = Array(vec![Int(1), BulkString(b"7".to_vec())]);
         assert_eq!(decode_write(applied).unwrap(), Write::Applied);
         let stale = Array(vec![Int(0), BulkString(b"9007199254740993".to_vec())]);
@@ -185,5 +324,15 @@ mod tests {
                 current_fence: 9_007_199_254_740_993
             }
         );
+        let ahead = Array(vec![Int(2), BulkString(b"0".to_vec())]);
+        assert_eq!(
+            decode_write(ahead).unwrap(),
+            Write::NotGranted { counter: 0 }
+        );
+        let odd = Array(vec![Int(3), BulkString(b"0".to_vec())]);
+        assert!(matches!(
+            decode_write(odd),
+            Err(Error::UnexpectedReply { .. })
+        ));
     }
 }

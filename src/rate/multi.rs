@@ -178,7 +178,7 @@ impl MultiLimiter {
     ///     .shared_limit("tenant", Quota::per_second(100)?)?;
     /// assert_eq!(
     ///     limits.keys("{t7}:u42", &["{t7}:all"])?,
-    ///     ["{t7}:u42:second", "{t7}:all"]
+    ///     ["{t7}#8:{t7}:u42:second", "{t7}:all"]
     /// );
     /// assert!(limits.keys("u42", &["{t7}:all"]).is_err()); // different slots
     /// # Ok(()) }
@@ -394,6 +394,7 @@ impl MultiLimiter {
     ///     retry_after: None,
     ///     reset_after: Duration::from_secs(reset_s),
     ///     at: UNIX_EPOCH,
+    ///     charged: 0,
     /// };
     /// let d = MultiRateLimit {
     ///     allowed: true,
@@ -446,7 +447,7 @@ mod tests {
         let limits = two().limit("hour", Quota::per_hour(1000).unwrap()).unwrap();
         assert_eq!(
             limits.keys("{t}:u", &["{t}:all"]).unwrap(),
-            ["{t}:u:second", "{t}:all", "{t}:u:hour"]
+            ["{t}#5:{t}:u:second", "{t}:all", "{t}#5:{t}:u:hour"]
         );
         let plain = MultiLimiter::new(Algorithm::FixedWindow)
             .limit("a", Quota::per_second(1).unwrap())
@@ -487,7 +488,7 @@ mod tests {
         };
         invalid(limits.keys("{t}:u", &[]), "shared keys");
         invalid(limits.keys("{t}:u", &["{t}:a", "{t}:b"]), "shared keys");
-        invalid(limits.keys("{t}:u", &["{t}:u:second"]), "shared keys");
+        invalid(limits.keys("{t}:u", &["{t}#5:{t}:u:second"]), "shared keys");
         invalid(MultiLimiter::new(Algorithm::Gcra).keys("k", &[]), "limits");
         assert!(matches!(limits.keys("", &["{t}:a"]), Err(Error::EmptyKey)));
         assert!(matches!(limits.keys("{t}:u", &[""]), Err(Error::EmptyKey)));

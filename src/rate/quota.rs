@@ -27,13 +27,17 @@ pub const MAX_PERIOD: Duration = Duration::from_micros(1 << 51);
 ///
 /// # Precision
 ///
-/// The period is taken in whole milliseconds (sub-millisecond parts are
-/// dropped, as for every nolock duration). The emission interval is kept in
-/// whole microseconds, **rounded up**: it is exact whenever `rate` divides the
-/// period in microseconds (10 per second is exactly 100 000 µs), and otherwise
-/// makes the limiter stricter by less than 1 µs per unit (3 per second admits
-/// one unit every 333 334 µs). A rate above one unit per microsecond of period
-/// is rejected rather than silently slowed down: count in coarser units.
+/// Rounding never lets more through than asked. The emission interval is
+/// computed from the period in microseconds (a sub-microsecond rest counts as
+/// a whole one) and kept in whole microseconds, **rounded up**: it is exact
+/// whenever `rate` divides the period in microseconds (10 per second is
+/// exactly 100 000 µs), and otherwise makes the limiter stricter by less than
+/// 1 µs per unit (3 per second admits one unit every 333 334 µs; 1000 per
+/// 1.999 ms, one every 2 µs). The windows count in whole milliseconds, so
+/// their length is also **rounded up** (1000 per 1.999 ms becomes 1000 per
+/// 2 ms, never 1000 per 1 ms). A period under 1 ms is rejected, and so is a
+/// rate above one unit per microsecond of period, rather than silently slowed
+/// down: count in coarser units.
 ///
 /// # Example
 ///
@@ -77,7 +81,10 @@ impl Quota {
                 max: MAX_PERIOD,
             });
         }
-        let period_us = validate::millis("period", period)? * 1000;
+        validate::millis("period", period)?; // at least 1 ms
+                                             // Rounded up: a shorter period would admit more. Below MAX_PERIOD, so
+                                             // the cast cannot truncate.
+        let period_us = period.as_nanos().div_ceil(1000) as u64;
         if rate > period_us {
             return Err(Error::OutOfRange {
                 what: "rate (at most one unit per microsecond of the period)",
@@ -87,7 +94,7 @@ impl Quota {
         }
         Quota {
             rate,
-            period_ms: period_us / 1000,
+            period_ms: period_us.div_ceil(1000),
             burst: rate,
             interval_us: period_us.div_ceil(rate),
         }
@@ -154,7 +161,7 @@ impl Quota {
         self.rate
     }
 
-    /// The period, in whole milliseconds.
+    /// The period as the windows count it: in whole milliseconds, rounded up.
     pub const fn period(&self) -> Duration {
         Duration::from_millis(self.period_ms)
     }
@@ -199,9 +206,34 @@ mod tests {
         let q = Quota::per(1_000, Duration::from_millis(1)).unwrap();
         assert_eq!(q.interval_us(), 1);
         assert_eq!(q.period(), Duration::from_millis(1));
-        // Sub-millisecond parts of the period are dropped.
-        let q = Quota::per(1, Duration::from_micros(1_999)).unwrap();
-        assert_eq!(q.period(), Duration::from_millis(1));
+    }
+
+    #[test]
+    fn rounding_is_never_permissive() {
+        // Issue 11: 1000 per 1.999 ms used to become 1000 per 1 ms (twice the rate).
+        let q = Quota::per(1_000, Duration::from_micros(1_999)).unwrap();
+        assert_eq!(q.interval_us(), 2, "1.999 µs rounds up");
+        assert_eq!(q.period(), Duration::from_millis(2), "the window rounds up");
+        assert_eq!(q.period_ms(), 2);
+        // A sub-microsecond rest counts as a whole microsecond.
+        let q = Quota::per(1, Duration::from_nanos(1_000_001)).unwrap();
+        assert_eq!((q.interval_us(), q.period_ms()), (1_001, 2));
+        let q = Quota::per(3, Duration::from_nanos(2_000_001)).unwrap();
+        assert_eq!(q.interval_us(), 667);
+        // Exact periods stay exact.
+        let q = Quota::per(7, Duration::from_millis(7)).unwrap();
+        assert_eq!((q.interval_us(), q.period_ms()), (1_000, 7));
+        // For every period and rate: never more than `rate` per period.
+        for period_ns in [1_000_000u64, 1_000_001, 1_999_999, 2_500_000, 999_999_999] {
+            for rate in [1u64, 2, 3, 7, 999, 1_000] {
+                let period = Duration::from_nanos(period_ns);
+                let q = Quota::per(rate, period).unwrap();
+                assert!(
+                    u128::from(rate) * u128::from(q.interval_us()) * 1000 >= u128::from(period_ns)
+                );
+                assert!(q.period() >= period, "{period:?} {rate}");
+            }
+        }
     }
 
     #[test]

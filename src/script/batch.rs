@@ -173,8 +173,10 @@ impl BatchConnection for ClusterConnection {
 /// atomic script, and a failure affects only its own entry.
 ///
 /// * `NOSCRIPT` inside a batch is recovered: the server promises that those
-///   entries did not run, so exactly they are sent again with `EVAL`, in one
-///   more pipeline per node. No entry ever runs twice.
+///   entries did not run, so exactly they are sent again, in one more
+///   pipeline per node that first loads their scripts with `SCRIPT LOAD`
+///   (where that is refused, a third pipeline sends them as `EVAL`). No
+///   entry ever runs twice.
 /// * A server error for one entry (`WRONGTYPE`, a script's own check) is that
 ///   entry's [`Error::Redis`]; the others are unaffected.
 /// * A lost connection makes every entry sent over it
@@ -353,8 +355,8 @@ impl<O: Operation> Extend<O> for Batch<O> {
 }
 
 /// Send the calls at `indices` as one pipeline over `conn`, then the ones
-/// that got `NOSCRIPT` again as one pipeline of `EVAL`s. Returns one result
-/// per index, in order.
+/// that got `NOSCRIPT` again, after a `SCRIPT LOAD` of their scripts, in one
+/// more pipeline ([`resend`]). Returns one result per index, in order.
 ///
 /// `cluster` tells how to read an error for the whole pipeline
 /// ([`part_error`]).
@@ -367,44 +369,105 @@ async fn send_part<C>(
 where
     C: ConnectionLike + Send,
 {
-    let whole = |err: &RedisError| part_error(err, cluster);
-
     let mut pipe = redis::pipe();
     for &index in indices {
         pipe.add_command(calls[index].command().clone());
     }
     let mut results: Vec<Result<Value>> = match send_pipeline(conn, &pipe).await {
         Ok(values) => values.into_iter().map(entry_result).collect(),
-        Err(err) => return indices.iter().map(|_| Err(whole(&err))).collect(),
+        Err(err) => {
+            return indices
+                .iter()
+                .map(|_| Err(part_error(&err, cluster)))
+                .collect()
+        }
     };
 
-    // NOSCRIPT: the script did not run; send exactly those entries again.
-    let missing: Vec<usize> = results
+    // NOSCRIPT: the script did not run; send exactly those entries again,
+    // first with their scripts loaded, then (for any still missing one) as
+    // `EVAL`.
+    let missing = noscript(&results);
+    FALLBACKS.fetch_add(missing.len() as u64, Relaxed);
+    for fallback in [Resend::Loaded, Resend::Eval] {
+        let missing = noscript(&results);
+        if missing.is_empty() {
+            break;
+        }
+        let entries: Vec<&Invocation> = missing.iter().map(|&p| calls[indices[p]]).collect();
+        for (position, result) in missing
+            .into_iter()
+            .zip(resend(conn, &entries, fallback, cluster).await)
+        {
+            results[position] = result;
+        }
+    }
+    results
+}
+
+/// Positions of the results that are `NOSCRIPT`.
+fn noscript(results: &[Result<Value>]) -> Vec<usize> {
+    results
         .iter()
         .enumerate()
         .filter(|(_, result)| matches!(result, Err(Error::Redis(err)) if is_noscript(err)))
         .map(|(position, _)| position)
-        .collect();
-    if !missing.is_empty() {
-        FALLBACKS.fetch_add(missing.len() as u64, Relaxed);
-        let mut pipe = redis::pipe();
-        for &position in &missing {
-            pipe.add_command(calls[indices[position]].fallback_command());
-        }
-        match send_pipeline(conn, &pipe).await {
-            Ok(values) => {
-                for (position, value) in missing.into_iter().zip(values) {
-                    results[position] = entry_result(value);
-                }
-            }
-            Err(err) => {
-                for position in missing {
-                    results[position] = Err(whole(&err));
-                }
+        .collect()
+}
+
+/// How entries that got `NOSCRIPT` are sent again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Resend {
+    /// One `SCRIPT LOAD` per distinct script, then the `EVALSHA`s, in one
+    /// pipeline: the scripts become resident, out of reach of the `EVAL`
+    /// script LRU of Redis >= 7.4 and Valkey >= 8.0 (see
+    /// `Invocation::run`).
+    Loaded,
+    /// `EVAL`s with the sources, for entries that got `NOSCRIPT` even after
+    /// the `SCRIPT LOAD` (refused by an ACL or a proxy).
+    Eval,
+}
+
+/// Send `entries` again as one pipeline; one result per entry, in order.
+///
+/// A `SCRIPT LOAD` reply is not needed: if it failed, the entries of its
+/// script get `NOSCRIPT` again and go out as `EVAL`. An error for the whole
+/// pipeline is read as for the first send ([`part_error`]); on a cluster the
+/// `SCRIPT LOAD`s cannot cause one (they have no key to redirect).
+async fn resend<C>(
+    conn: &mut C,
+    entries: &[&Invocation],
+    how: Resend,
+    cluster: bool,
+) -> Vec<Result<Value>>
+where
+    C: ConnectionLike + Send,
+{
+    let mut pipe = redis::pipe();
+    let mut loads = 0;
+    if how == Resend::Loaded {
+        let mut scripts: Vec<&str> = Vec::new();
+        for call in entries {
+            let name = call.script().name();
+            if !scripts.contains(&name) {
+                scripts.push(name);
+                pipe.add_command(call.load_command());
+                loads += 1;
             }
         }
     }
-    results
+    for call in entries {
+        pipe.add_command(match how {
+            Resend::Loaded => call.command().clone(),
+            Resend::Eval => call.fallback_command(),
+        });
+    }
+    match send_pipeline(conn, &pipe).await {
+        Ok(values) => values.into_iter().skip(loads).map(entry_result).collect(),
+        Err(err) => entries
+            .iter()
+            .map(|_| Err(part_error(&err, cluster)))
+            .collect(),
+    }
 }
 
 /// The error of a whole pipeline, for each of its entries. On a cluster
@@ -568,7 +631,7 @@ fn slot_ranges(reply: Value) -> Result<Vec<SlotRange>, RedisError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::script::invoke::tests::NoIo;
+    use crate::script::invoke::tests::{NoIo, Scripted, NOSCRIPT};
     use crate::script::Script;
 
     static TWO_KEYS: Script = Script::embedded("test/two_keys", "return 1");
@@ -614,6 +677,48 @@ mod tests {
         assert!(matches!(results[0], Err(Error::CrossSlot { .. })));
         // NoIo fails with a client-side error, which may follow a send.
         assert!(matches!(results[1], Err(Error::Indeterminate(_))));
+    }
+
+    impl BatchConnection for Scripted {}
+
+    static OTHER: Script = Script::embedded("test/other", "return 2");
+
+    #[tokio::test]
+    async fn noscript_entries_are_loaded_per_script_then_evaled_if_still_missing() {
+        let batch: Batch<Probe> = [
+            Probe(Invocation::new(&TWO_KEYS, &["a"])),
+            Probe(Invocation::new(&TWO_KEYS, &["b"])),
+            Probe(Invocation::new(&OTHER, &["c"])),
+            Probe(Invocation::new(&TWO_KEYS, &["d"])),
+        ]
+        .into_iter()
+        .collect();
+        let noperm = "-NOPERM no permissions to run the 'script|load' command";
+        let mut conn = Scripted::new(vec![
+            Ok(vec![NOSCRIPT, ":2", NOSCRIPT, NOSCRIPT]),
+            // One SCRIPT LOAD per script; OTHER's is refused.
+            Ok(vec!["+sha", noperm, ":1", NOSCRIPT, ":4"]),
+            Ok(vec![":3"]),
+        ]);
+        let results: Vec<Value> = batch
+            .run(&mut conn)
+            .await
+            .into_iter()
+            .map(|r| r.unwrap())
+            .collect();
+        assert_eq!(results, (1..=4).map(Value::Int).collect::<Vec<_>>());
+        let two = TWO_KEYS.sha1();
+        let other = OTHER.sha1();
+        let line = |words: &[&str]| words.iter().map(|w| w.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            conn.sent[1],
+            line(&[
+                "SCRIPT", "LOAD", "return 1", "|", "SCRIPT", "LOAD", "return 2", "|", "EVALSHA",
+                two, "1", "a", "|", "EVALSHA", other, "1", "c", "|", "EVALSHA", two, "1", "d", "|"
+            ])
+        );
+        assert_eq!(conn.sent[2], line(&["EVAL", "return 2", "1", "c", "|"]));
+        assert_eq!(conn.sent.len(), 3);
     }
 
     #[test]

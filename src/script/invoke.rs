@@ -37,9 +37,10 @@ pub struct Stats {
     /// Script calls sent with `EVALSHA` (or `EVALSHA_RO`), one per operation,
     /// whether sent alone or inside a [`crate::Batch`].
     pub calls: u64,
-    /// Calls that got `NOSCRIPT` and were sent again with `EVAL`: each one cost
-    /// an extra round trip (in a batch: one extra round trip per node for all
-    /// of them). A steady rise means the script cache keeps being emptied
+    /// Calls that got `NOSCRIPT` and were sent again, after a `SCRIPT LOAD`
+    /// in the same pipeline (or with `EVAL` where `SCRIPT LOAD` is refused):
+    /// each one cost an extra round trip (in a batch: one extra round trip
+    /// per node for all of them). A steady rise means the script cache keeps being emptied
     /// (restarts, failovers, `SCRIPT FLUSH`) and [`crate::Scripts::load`] is
     /// worth calling after reconnects.
     pub noscript_fallbacks: u64,
@@ -78,7 +79,8 @@ pub fn stats() -> Stats {
 }
 
 /// One call of one script: `EVALSHA sha numkeys key... arg...`, with the
-/// `EVAL` form built from it only when the server has lost the script.
+/// `SCRIPT LOAD` and `EVAL` forms built from it only when the server has lost
+/// the script.
 ///
 /// It is public only so that [`crate::Operation`] can name it; nothing
 /// outside the crate can build or use one.
@@ -167,29 +169,54 @@ impl Invocation {
         eval
     }
 
+    /// `SCRIPT LOAD source`, which makes the script resident: unlike a
+    /// script that `EVAL` created, it is never evicted by the `EVAL` script
+    /// LRU of Redis >= 7.4 and Valkey >= 8.0.
+    pub(crate) fn load_command(&self) -> Cmd {
+        let mut load = redis::cmd("SCRIPT");
+        load.arg("LOAD").arg(self.script.source());
+        load
+    }
+
     /// Run the script: one round trip, or two when the server answers `NOSCRIPT`.
     ///
     /// Only replies in which the server promises that the script did not run
-    /// are followed by another send: `NOSCRIPT` (once, as `EVAL`), and
-    /// `MOVED`, `READONLY`, `ASK`, `TRYAGAIN`, `CLUSTERDOWN`, `LOADING` or
-    /// `MASTERDOWN` (up to 8 times within about 1.3 s, [`RESEND_DELAYS`]; the
-    /// cluster connection refreshes its slot map after `MOVED` and
-    /// `READONLY`). Every other failure, above all a lost reply, is returned
-    /// as it is.
+    /// are followed by another send: `NOSCRIPT`, and `MOVED`, `READONLY`,
+    /// `ASK`, `TRYAGAIN`, `CLUSTERDOWN`, `LOADING` or `MASTERDOWN` (up to 8
+    /// times within about 1.3 s, [`RESEND_DELAYS`]; the cluster connection
+    /// refreshes its slot map after `MOVED` and `READONLY`). Every other
+    /// failure, above all a lost reply, is returned as it is. A resend
+    /// that must wait on a runtime without timers returns [`Error::NoTimer`]
+    /// (nothing ran) instead of panicking.
+    ///
+    /// After `NOSCRIPT` the call goes again as the pipeline `SCRIPT LOAD`,
+    /// `EVALSHA` ([`Fallback::Load`]). Were it sent as `EVAL`, the script
+    /// would sit in the `EVAL` LRU of Redis >= 7.4 and Valkey >= 8.0, and 500
+    /// other applications' `EVAL`s later it would be gone again; on Redis a
+    /// later `SCRIPT LOAD` does not even take it out of that LRU. Only if the
+    /// `EVALSHA` of that pipeline still gets `NOSCRIPT` (the `SCRIPT LOAD` was
+    /// refused, e.g. by an ACL without `script|load` or a proxy, or a flush
+    /// came in between) is the call sent as `EVAL` ([`Fallback::Eval`]).
     pub(crate) async fn run<C>(&self, conn: &mut C) -> Result<Value>
     where
         C: ConnectionLike + Send,
     {
         self.check()?;
         CALLS.fetch_add(1, Relaxed);
-        let mut eval = None;
+        let mut fallback = Fallback::None;
         let mut resends = 0;
         loop {
-            let cmd = eval.as_ref().unwrap_or(&self.cmd);
-            match send(conn, cmd).await {
-                Err(err) if is_noscript(&err) && eval.is_none() => {
-                    FALLBACKS.fetch_add(1, Relaxed);
-                    eval = Some(self.fallback_command());
+            let sent = match fallback {
+                Fallback::None => send(conn, &self.cmd).await,
+                Fallback::Load => self.send_loaded(conn).await,
+                Fallback::Eval => send(conn, &self.fallback_command()).await,
+            };
+            match sent {
+                Err(err) if is_noscript(&err) && fallback != Fallback::Eval => {
+                    if fallback == Fallback::None {
+                        FALLBACKS.fetch_add(1, Relaxed);
+                    }
+                    fallback = fallback.next();
                 }
                 Err(err) if is_resendable(&err) && resends < RESEND_DELAYS.len() => {
                     if is_redirect(&err) {
@@ -199,12 +226,62 @@ impl Invocation {
                     }
                     let delay = RESEND_DELAYS[resends];
                     if !delay.is_zero() {
-                        tokio::time::sleep(delay).await;
+                        // Nothing ran (a resendable reply), so NoTimer is definite.
+                        crate::timer::sleep(delay)?.await;
                     }
                     resends += 1;
                 }
                 result => return result.map_err(Error::from_redis),
             }
+        }
+    }
+
+    /// `SCRIPT LOAD` and `EVALSHA` as one pipeline on one connection; the
+    /// reply is the `EVALSHA`'s.
+    ///
+    /// On a cluster connection redis-rs routes the pipeline by its one keyed
+    /// command, the `EVALSHA` (`SCRIPT LOAD` has no key), so the script is
+    /// loaded on the node that runs it; a keyless call goes to one node,
+    /// both commands with it. The `SCRIPT LOAD` reply is not needed: if it
+    /// failed, the `EVALSHA` says `NOSCRIPT` and [`Invocation::run`] goes on
+    /// to `EVAL`. An error for the whole pipeline is the `EVALSHA`'s
+    /// (`MOVED`, ...: `SCRIPT LOAD` has no key to be redirected for) or a lost
+    /// connection, after which the `EVALSHA` may have run: indeterminate.
+    async fn send_loaded<C>(&self, conn: &mut C) -> redis::RedisResult<Value>
+    where
+        C: ConnectionLike + Send,
+    {
+        let mut pipe = redis::pipe();
+        pipe.add_command(self.load_command())
+            .add_command(self.cmd.clone());
+        let mut values = conn.req_packed_commands(&pipe, 0, 2).await?;
+        match (values.pop(), values.len()) {
+            (Some(reply), 1) => reply.extract_error(),
+            _ => Err((
+                ErrorKind::UnexpectedReturnType,
+                "SCRIPT LOAD + EVALSHA pipeline: not two replies",
+            )
+                .into()),
+        }
+    }
+}
+
+/// How far a call has gone past its first `EVALSHA`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fallback {
+    /// The plain `EVALSHA`.
+    None,
+    /// `SCRIPT LOAD` + `EVALSHA` in one pipeline, after a `NOSCRIPT`.
+    Load,
+    /// `EVAL` with the source, after `NOSCRIPT` even with the `SCRIPT LOAD`.
+    Eval,
+}
+
+impl Fallback {
+    fn next(self) -> Self {
+        match self {
+            Fallback::None => Fallback::Load,
+            Fallback::Load | Fallback::Eval => Fallback::Eval,
         }
     }
 }
@@ -337,6 +414,17 @@ pub(crate) mod tests {
         );
     }
 
+    #[test]
+    fn the_load_is_script_load_of_the_source() {
+        let call = Invocation::new(&ECHO, &["a"]).arg(7u64);
+        assert_eq!(
+            words(&call.load_command()),
+            ["SCRIPT", "LOAD", "return ARGV"]
+        );
+        assert_eq!(Fallback::None.next(), Fallback::Load);
+        assert_eq!(Fallback::Load.next(), Fallback::Eval);
+    }
+
     /// A connection that counts what it is asked to send and answers nothing.
     #[derive(Default)]
     pub(crate) struct NoIo {
@@ -362,6 +450,110 @@ pub(crate) mod tests {
         fn get_db(&self) -> i64 {
             0
         }
+    }
+
+    /// A connection that answers from a list, one entry per request (a
+    /// command or a whole pipeline), and records the words it was sent.
+    pub(crate) struct Scripted {
+        pub(crate) sent: Vec<Vec<String>>,
+        replies: std::collections::VecDeque<redis::RedisResult<Vec<Value>>>,
+    }
+
+    impl Scripted {
+        pub(crate) fn new(replies: Vec<redis::RedisResult<Vec<&str>>>) -> Self {
+            let resp = |r: &str| redis::parse_redis_value(format!("{r}\r\n").as_bytes()).unwrap();
+            let replies = replies
+                .into_iter()
+                .map(|reply| reply.map(|values| values.into_iter().map(resp).collect()))
+                .collect();
+            Scripted {
+                sent: Vec::new(),
+                replies,
+            }
+        }
+
+        fn next(&mut self) -> redis::RedisResult<Vec<Value>> {
+            self.replies
+                .pop_front()
+                .unwrap_or_else(|| Err((ErrorKind::Client, "nothing more to answer").into()))
+        }
+    }
+
+    impl ConnectionLike for Scripted {
+        fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> redis::RedisFuture<'a, Value> {
+            self.sent.push(words(cmd));
+            let reply = self.next().map(|mut values| values.remove(0));
+            Box::pin(async move { reply })
+        }
+
+        fn req_packed_commands<'a>(
+            &'a mut self,
+            pipe: &'a redis::Pipeline,
+            _: usize,
+            _: usize,
+        ) -> redis::RedisFuture<'a, Vec<Value>> {
+            let mut all = Vec::new();
+            for cmd in pipe.cmd_iter() {
+                all.extend(words(cmd));
+                all.push("|".into());
+            }
+            self.sent.push(all);
+            let reply = self.next();
+            Box::pin(async move { reply })
+        }
+
+        fn get_db(&self) -> i64 {
+            0
+        }
+    }
+
+    pub(crate) const NOSCRIPT: &str = "-NOSCRIPT No matching script.";
+
+    #[tokio::test]
+    async fn noscript_loads_the_script_and_runs_it_in_one_pipeline() {
+        let call = Invocation::new(&ECHO, &["k"]).arg(7u64);
+        let sha = ECHO.sha1().to_owned();
+        let mut conn = Scripted::new(vec![Ok(vec![NOSCRIPT]), Ok(vec![&format!("+{sha}"), ":1"])]);
+        assert_eq!(call.run(&mut conn).await.unwrap(), Value::Int(1));
+        let evalsha = ["EVALSHA", &sha, "1", "k", "7"];
+        let pipeline: Vec<&str> = ["SCRIPT", "LOAD", "return ARGV", "|"]
+            .into_iter()
+            .chain(evalsha)
+            .chain(["|"])
+            .collect();
+        assert_eq!(conn.sent, [evalsha.to_vec(), pipeline]);
+    }
+
+    #[tokio::test]
+    async fn a_refused_script_load_ends_in_eval_and_nothing_runs_twice() {
+        let call = Invocation::new(&ECHO, &["k"]);
+        let noperm = "-NOPERM User app has no permissions to run the 'script|load' command";
+        let mut conn = Scripted::new(vec![
+            Ok(vec![NOSCRIPT]),
+            Ok(vec![noperm, NOSCRIPT]),
+            Ok(vec![":2"]),
+        ]);
+        assert_eq!(call.run(&mut conn).await.unwrap(), Value::Int(2));
+        assert_eq!(conn.sent.len(), 3);
+        assert_eq!(conn.sent[2], ["EVAL", "return ARGV", "1", "k"]);
+
+        // Whatever the EVALSHA of the pipeline answers other than NOSCRIPT
+        // is the call's result: the script ran (or refused) there.
+        let mut conn = Scripted::new(vec![
+            Ok(vec![NOSCRIPT]),
+            Ok(vec!["+sha", "-ERR nolock test/echo: bad"]),
+        ]);
+        let err = call.run(&mut conn).await.unwrap_err();
+        assert!(matches!(err, Error::Redis(_)), "{err}");
+        assert_eq!(conn.sent.len(), 2);
+
+        // A lost reply to the pipeline: the EVALSHA may have run, so nothing
+        // is sent again.
+        let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+        let mut conn = Scripted::new(vec![Ok(vec![NOSCRIPT]), Err(reset.into())]);
+        let err = call.run(&mut conn).await.unwrap_err();
+        assert!(matches!(err, Error::Indeterminate(_)), "{err}");
+        assert_eq!(conn.sent.len(), 2);
     }
 
     #[tokio::test]

@@ -1,13 +1,18 @@
 //! The script engine: the embedded registry, startup loading, and invocation
-//! with `EVALSHA` and an `EVAL` fallback.
+//! with `EVALSHA` and a `NOSCRIPT` fallback.
 //!
 //! Every file under `lua/` is embedded at compile time and known by its path
 //! without the extension (`lua/limits/try_increment.lua` is
 //! `limits/try_increment`). Operations call their script with `EVALSHA`; when
-//! the server answers `NOSCRIPT` (it restarted, failed over, or someone ran
-//! `SCRIPT FLUSH`) the call is repeated once with `EVAL`, which runs the
-//! script and caches it again. `NOSCRIPT` means the script did not run, so the
-//! repeat can never apply an operation twice. [`stats`] counts both.
+//! the server answers `NOSCRIPT` (it restarted, failed over, evicted it, or
+//! someone ran `SCRIPT FLUSH`) the call is repeated once, pipelined after a
+//! `SCRIPT LOAD` of the script on the same connection. A loaded script stays
+//! until the next flush, whereas one created by `EVAL` sits in the `EVAL`
+//! script LRU of Redis >= 7.4 and Valkey >= 8.0 (500 entries, shared with
+//! every other client's `EVAL`s). Only where `SCRIPT LOAD` is refused (an ACL
+//! or a proxy) is the call then sent as `EVAL`. `NOSCRIPT` means the script
+//! did not run, so the repeat can never apply an operation twice. [`stats`]
+//! counts calls and fallbacks.
 //!
 //! [`Scripts::load`] at startup saves that one extra round trip on the first
 //! call of each script, and checks that the server hashes the sources as we
@@ -18,11 +23,12 @@
 //! A [`Batch`] holds many [`Operation`] values of one kind (each checked when
 //! it was built) and sends them as one pipeline of `EVALSHA`s per server. The
 //! entries that come back `NOSCRIPT` did not run; exactly those are sent
-//! again as one pipeline of `EVAL`s, so a flushed script cache costs one
-//! extra round trip and never runs an entry twice. On a cluster the batch is
+//! again as one pipeline that first loads their scripts (one `SCRIPT LOAD`
+//! per script), so a flushed script cache costs one extra round trip and
+//! never runs an entry twice. On a cluster the batch is
 //! split by the primary that owns each entry's slot and the parts go out in
 //! parallel. [`stats`] counts one call per entry, one fallback per entry that
-//! needed `EVAL`, and one batch per [`Batch::run`].
+//! got `NOSCRIPT`, and one batch per [`Batch::run`].
 //!
 //! # Your own scripts
 //!
@@ -37,7 +43,8 @@
 //!
 //! Every call is routed by its keys, which share one slot
 //! ([`crate::Error::CrossSlot`] otherwise, before I/O). A call answered
-//! `NOSCRIPT` by whichever node served it falls back to `EVAL` there. A call
+//! `NOSCRIPT` by whichever node served it is loaded and run again there: the
+//! `SCRIPT LOAD` + `EVALSHA` pipeline is routed by the `EVALSHA`'s key. A call
 //! answered `MOVED` or `READONLY`, which a node sends without running
 //! anything when the slot has a new owner, is sent again once redis-rs has
 //! refreshed its slot map ([`Stats::redirects`]). A call answered `ASK` or
@@ -54,7 +61,7 @@
 //! write a client saw acknowledged is on the new primary; calls in flight get
 //! `MOVED` and are re-sent by nolock. Counts stay exact (the failover test in
 //! `tests/cluster_failover.rs` checks it under load). The new primary's
-//! script cache may be empty: the `EVAL` fallback covers it, and
+//! script cache may be empty: the `NOSCRIPT` fallback covers it, and
 //! [`Scripts::load`] after a failover avoids the extra round trip.
 //!
 //! **What a forced failover can lose.** Replication is asynchronous: a
@@ -84,9 +91,11 @@
 //!   call. It narrows the window; it does not make replication synchronous.
 //! * Prefer the coordinated `CLUSTER FAILOVER` for maintenance; keep `FORCE`
 //!   and `TAKEOVER` for a primary that is really gone.
-//! * `appendonly yes` with `appendfsync everysec` (or `always`) protects
-//!   against a restart of a node, not against a failover to a replica that
-//!   was behind.
+//! * `appendonly yes` with `appendfsync always` protects against a restart
+//!   of a node: every write is on disk before its reply. `everysec` can lose
+//!   about the last second of writes in a crash (for fences: grants handed
+//!   out again; [`crate::fence::durability`] reports it). Neither protects
+//!   against a failover to a replica that was behind.
 
 // Adding an operation that batches: give the module a value type holding its
 // `Invocation` (built by a validating constructor) and implement `Operation`

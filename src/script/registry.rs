@@ -148,7 +148,8 @@ impl Scripts {
     /// operations may be served there.
     ///
     /// Calling it is optional: without it, the first call of each script on
-    /// each node costs one extra round trip (the `EVAL` fallback). Call it at
+    /// each node costs one extra round trip (the `NOSCRIPT` fallback, which
+    /// loads the script the same way). Call it at
     /// startup, and again after reconnects or failovers if you want to avoid
     /// that ([`crate::stats`] counts the fallbacks).
     ///

@@ -74,6 +74,14 @@ impl Reply {
         }
     }
 
+    /// A status code in `0..count`.
+    pub(crate) fn code(&mut self, count: i64) -> Result<i64> {
+        match self.next()? {
+            Value::Int(n) if (0..count).contains(&n) => Ok(n),
+            other => Err(self.bad(&format!("a status in 0..{count}"), &other)),
+        }
+    }
+
     /// A byte-string field, or `None` for nil / Lua `false`.
     pub(crate) fn bytes(&mut self) -> Result<Option<Vec<u8>>> {
         match self.next()? {

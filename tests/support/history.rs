@@ -411,6 +411,8 @@ pub enum FenceReply {
     Held,
     Applied,
     Stale(u64),
+    /// The write's fence was never granted (refused, nothing written).
+    NotGranted,
     Released,
 }
 

@@ -47,7 +47,6 @@
 --@include lib/gcra
 
 local MAX = 9007199254740991      -- 2^53 - 1: Lua numbers are doubles
-local MAX_FILL = 2251799813685248 -- 2^51 microseconds, about 71 years
 
 local n = #KEYS
 if n < 1 or #ARGV ~= 1 + 2 * n then
@@ -55,14 +54,15 @@ if n < 1 or #ARGV ~= 1 + 2 * n then
 end
 local cost = arg_int(1, 1, MAX)
 if not cost then return fail('bad cost: ' .. tostring(ARGV[1])) end
+
+-- Numbers are passed to Redis as they are: integers below 2^53 are sent
+-- exactly (Redis prints them with %.17g, or as integers since 7.2).
+
 local interval, burst = {}, {}
 for i = 1, n do
-  local t, b = arg_int(2 * i, 1, MAX_FILL), arg_int(2 * i + 1, 1, MAX)
-  if not t or not b or b * t > MAX_FILL then
-    return fail('bad interval or burst for key ' .. i)
-  end
-  if cost > b then return fail('cost is above the burst of key ' .. i) end
-  interval[i], burst[i] = t, b
+  local step, b = gcra_limit(i, cost)
+  if not step then return fail('bad interval or burst, or cost above the burst, for key ' .. i) end
+  interval[i], burst[i] = step, b
 end
 
 local now = now_us()
@@ -76,8 +76,6 @@ for i = 1, n do
   if not fits[i] then admitted = 0 end
 end
 
--- Numbers are passed to Redis as they are: integers below 2^53 are sent
--- exactly (Redis prints them with %.17g, or as integers since 7.2).
 local reply = {admitted, now}
 for i = 1, n do
   local t, step = tat[i], interval[i]
@@ -85,13 +83,8 @@ for i = 1, n do
     t = t + cost * step
     redis.call('SET', KEYS[i], t, 'PXAT', ceil_div(t, 1000))
   end
-  local room = burst[i] * step - (t - now)
-  local remaining, retry = 0, -1
-  if room > 0 then remaining = floor_div(room, step) end
-  if not fits[i] then retry = ceil_div(cost * step - room, 1000) end
-  reply[#reply + 1] = fits[i] and 1 or 0
-  reply[#reply + 1] = remaining
-  reply[#reply + 1] = retry
-  reply[#reply + 1] = ceil_div(t - now, 1000)
+  local j = 4 * i - 1
+  reply[j], reply[j + 1], reply[j + 2], reply[j + 3] =
+    gcra_answer(t, now, cost, step, burst[i], fits[i])
 end
 return reply

@@ -18,12 +18,10 @@
 
 --@include lib/fail
 --@include lib/args
---@include lib/div
 --@include lib/time
 --@include lib/gcra
 
 local MAX = 9007199254740991
-local MAX_FILL = 2251799813685248
 
 local n = #KEYS
 if n < 1 or #ARGV ~= 1 + 2 * n then
@@ -34,27 +32,17 @@ if not cost then return fail('bad cost: ' .. tostring(ARGV[1])) end
 
 local now = now_us()
 
+-- As rate/gcra/check decides, without the charge.
 local reply, admitted = {0, now}, 1
 for i = 1, n do
-  local step, b = arg_int(2 * i, 1, MAX_FILL), arg_int(2 * i + 1, 1, MAX)
-  if not step or not b or b * step > MAX_FILL then
-    return fail('bad interval or burst for key ' .. i)
-  end
-  if cost > b then return fail('cost is above the burst of key ' .. i) end
+  local step, b = gcra_limit(i, cost)
+  if not step then return fail('bad interval or burst, or cost above the burst, for key ' .. i) end
   local t = gcra_tat(KEYS[i], now)
   if not t then return fail('key ' .. KEYS[i] .. ' does not hold a GCRA state') end
-  local room = b * step - (t - now)
-  local fits = cost * step <= room
-  local remaining, retry = 0, -1
-  if room > 0 then remaining = floor_div(room, step) end
-  if not fits then
-    admitted = 0
-    retry = ceil_div(cost * step - room, 1000)
-  end
-  reply[#reply + 1] = fits and 1 or 0
-  reply[#reply + 1] = remaining
-  reply[#reply + 1] = retry
-  reply[#reply + 1] = ceil_div(t - now, 1000)
+  local fits = (t - now) + cost * step <= b * step
+  if not fits then admitted = 0 end
+  local j = 4 * i - 1
+  reply[j], reply[j + 1], reply[j + 2], reply[j + 3] = gcra_answer(t, now, cost, step, b, fits)
 end
 reply[1] = admitted
 return reply

@@ -1,0 +1,75 @@
+#!lua flags=allow-oom
+-- semaphore/extend: set a holder's permits to expire `ttl` ms from now,
+-- only if that holder still has all of them unexpired.
+--
+-- KEYS[1]  the semaphore written by semaphore/acquire.
+-- ARGV[1]  id      the permit id, 32 lowercase hex digits.
+-- ARGV[2]  weight  integer 1..10000, how many permits the id was granted.
+-- ARGV[3]  ttl     integer milliseconds 1..2^52, counted from now (not added
+--                  to what is left).
+--
+-- Reply: {extended}
+--   1  the id held all `weight` permits unexpired; they now expire at
+--      now + ttl, and the key no earlier than that
+--   0  some were gone or expired; nothing was written (an expired permit is
+--      never brought back: its place may already be someone else's)
+--
+-- Guarantees: touches only this id's members. Declared allow-oom: updating
+-- scores and the key's expiry allocates nothing, and a holder must keep its
+-- permit on a full server. Before the first write the key must be a sorted
+-- set (or absent) whose lowest and highest members have nolock's form, else
+-- a definite error and nothing written.
+--
+-- Example: id "ab.." with 100 ms left: extend 1000 gives {1}, ZSCORE = now+1000.
+
+--@include lib/fail
+--@include lib/stored
+--@include lib/time
+--@include lib/permits
+
+local key = KEYS[1]
+local id = ARGV[1]
+if not permit_id(id) then
+  return fail('bad permit id')
+end
+local weight = stored_int(ARGV[2], 1, 10000)
+if not weight then return fail('bad weight: ' .. tostring(ARGV[2])) end
+local ttl = stored_int(ARGV[3], 1, 4503599627370496)
+if not ttl then return fail('bad ttl: ' .. tostring(ARGV[3])) end
+
+local kind = redis.call('TYPE', key).ok
+if kind == 'none' then return {0} end
+if kind ~= 'zset' then
+  return fail(key .. ' holds a ' .. kind .. ', not a semaphore')
+end
+local highest
+for _, rank in ipairs({0, -1}) do
+  local pair = redis.call('ZRANGE', key, rank, rank, 'WITHSCORES')
+  highest = stored_int(pair[2], 1, 9007199254740991)
+  if not permit_member(pair[1]) or not highest then
+    return fail(key .. ' holds a sorted set that is not a semaphore')
+  end
+end
+
+local now = math.floor(now_us() / 1000)
+for i = 1, weight do
+  local s = redis.call('ZSCORE', key, id .. ':' .. i)
+  if not s or tonumber(s) <= now then return {0} end
+end
+
+local expiry = now + ttl
+local args = {}
+for i = 1, weight do
+  args[#args + 1] = expiry
+  args[#args + 1] = id .. ':' .. i
+  if #args >= 200 or i == weight then
+    redis.call('ZADD', key, 'XX', unpack(args))
+    args = {}
+  end
+end
+-- The key lives until its latest member expires: ours, if it is now the
+-- latest, else the highest score read above (ours may have been it, but a
+-- later expiry than needed only keeps an idle key a little longer).
+if highest < expiry then highest = expiry end
+redis.call('PEXPIREAT', key, highest)
+return {1}

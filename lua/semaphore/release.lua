@@ -1,0 +1,63 @@
+#!lua flags=allow-oom
+-- semaphore/release: give back a holder's permits, only that holder's.
+--
+-- KEYS[1]  the semaphore written by semaphore/acquire.
+-- ARGV[1]  id      the permit id, 32 lowercase hex digits.
+-- ARGV[2]  weight  integer 1..10000, how many permits the id was granted.
+--
+-- Reply: {released}
+--   1  all `weight` permits of the id were there and unexpired; now removed
+--   0  some were gone or expired (the holder lost them: another holder may
+--      have taken their place); whatever was left of this id is removed
+--
+-- Guarantees: removes only members "<id>:1".."<id>:<weight>", never another
+-- holder's. The key then expires with its latest remaining member (it is
+-- deleted with its last one). Declared allow-oom: it only frees memory, so
+-- it runs on a full server. Before the first write the key must be a sorted
+-- set (or absent) whose lowest and highest members have nolock's form, else
+-- a definite error and nothing written.
+--
+-- Example: id "ab..", weight 1, unexpired: {1}; again: {0}.
+
+--@include lib/fail
+--@include lib/stored
+--@include lib/time
+--@include lib/permits
+
+local key = KEYS[1]
+local id = ARGV[1]
+if not permit_id(id) then
+  return fail('bad permit id')
+end
+local weight = stored_int(ARGV[2], 1, 10000)
+if not weight then return fail('bad weight: ' .. tostring(ARGV[2])) end
+
+local kind = redis.call('TYPE', key).ok
+if kind == 'none' then return {0} end
+if kind ~= 'zset' then
+  return fail(key .. ' holds a ' .. kind .. ', not a semaphore')
+end
+for _, rank in ipairs({0, -1}) do
+  local pair = redis.call('ZRANGE', key, rank, rank, 'WITHSCORES')
+  if not permit_member(pair[1]) or not stored_int(pair[2], 1, 9007199254740991) then
+    return fail(key .. ' holds a sorted set that is not a semaphore')
+  end
+end
+
+local now = math.floor(now_us() / 1000)
+local members = {}
+local held = 1
+for i = 1, weight do
+  members[i] = id .. ':' .. i
+  local s = redis.call('ZSCORE', key, members[i])
+  if not s or tonumber(s) <= now then held = 0 end
+end
+
+for i = 1, weight, 200 do
+  redis.call('ZREM', key, unpack(members, i, math.min(i + 199, weight)))
+end
+local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+if last[2] then
+  redis.call('PEXPIREAT', key, math.ceil(tonumber(last[2])))
+end
+return {held}

@@ -1,0 +1,461 @@
+//! A semaphore with expiring permits: "at most `permits` at once", safe when
+//! holders crash or stall.
+//!
+//! "At most 10 exports running", "at most 3 calls to the payment provider per
+//! tenant": each holder takes a **permit** that expires `ttl` after it was
+//! granted or last extended, on the **server clock**. A holder that crashes
+//! frees its own permit at its expiry and nobody else's; a holder paused past
+//! its expiry finds its [`release`] or [`extend`] answered [`Release::Lost`],
+//! because its place may already be someone else's.
+//!
+//! | call | script | what it does |
+//! |---|---|---|
+//! | [`acquire`], [`acquire_weighted`] | `lua/semaphore/acquire.lua` | take 1 (or `weight`) permits if they fit, all or nothing; else when they will |
+//! | [`acquire_with_retry`] | same | the same, waiting with jittered backoff, never longer than `retry_after` |
+//! | [`extend`] | `lua/semaphore/extend.lua` | reset this permit's expiry, only if it has not expired |
+//! | [`release`] | `lua/semaphore/release.lua` | give back this permit, and only this one |
+//! | [`PermitLease`], [`with_permit`] | extend + release | renew every `ttl / 3` in a background task, signal loss |
+//! | [`peek`] | `lua/semaphore/peek.lua` | permits in use, holders, next expiry; writes nothing |
+//!
+//! # State
+//!
+//! One key per semaphore, a sorted set, so it works unchanged on Redis
+//! Cluster. Each permit held is one member, `"<id>:<i>"`: the holder's
+//! [`PermitId`] (32 lowercase hex digits, 128 random bits) and `i` from 1 to
+//! the holder's weight, scored with its **expiry in server milliseconds**
+//! since the Unix epoch. A weighted holder of 3 permits is 3 members with
+//! one expiry, so "permits in use" is the set's size (`ZCARD`, O(1)) and a
+//! weight is capped at [`MAX_PERMITS`].
+//!
+//! Every acquire first removes the members whose expiry has passed (each
+//! one by its own score: a crashed holder's permits come back at their own
+//! expiry, not all at once), then admits if `in use + weight <= permits`.
+//! The key itself expires (`PEXPIREAT`) with its latest member, so an idle
+//! semaphore leaves nothing behind. The size `permits` is passed on every
+//! call, like `limit` in [`crate::limits::try_increment`]: lowering it
+//! admits nobody until enough holders are gone.
+//!
+//! **No queue.** Waiters are not served in order: whoever asks when a permit
+//! is free gets it. [`acquire_with_retry`] spreads the retries with jitter
+//! and never sleeps past `retry_after`, but a holder that asks again at once
+//! after releasing can win repeatedly; give work a moment between permits
+//! (as `examples/worker_pool.rs` does) if fairness matters.
+//!
+//! Stored state is checked before anything is written: a key that is not a
+//! sorted set, or whose lowest or highest member (which bound every score)
+//! is not in the form above, is a definite [`Error::Redis`] naming the key,
+//! with nothing written. Each script also checks every member it reads
+//! (the expired ones it removes, the holder's own); [`peek`] checks all.
+//!
+//! # Time
+//!
+//! Expiries are decided by the server's clock. A [`Permit::deadline`] is a
+//! conservative local bound, as for a fence grant: `ttl` after the request
+//! was sent, less 1% of the TTL and 2 ms. Stop the work (or [`extend`])
+//! before it; [`PermitLease`] does that for you.
+//!
+//! # Example: a bounded worker pool
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use nolock::fence::Backoff;
+//! use nolock::semaphore;
+//!
+//! # async fn run(conn: redis::aio::MultiplexedConnection) -> nolock::Result<()> {
+//! // At most 10 exports at once across every replica of the service; each
+//! // waits up to a minute for a permit, renewed every 10 s while it runs.
+//! let done = semaphore::with_permit(
+//!     conn,
+//!     "exports:running",
+//!     10,
+//!     Duration::from_secs(30),
+//!     &Backoff::new(Duration::from_secs(60)),
+//!     |permit| async move {
+//!         println!("exporting under permit {}", permit.id);
+//!         // ... the export ...
+//!     },
+//! )
+//! .await?;
+//! if done.is_none() {
+//!     println!("still 10 exports running after a minute; try later");
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! `examples/worker_pool.rs` runs twelve workers on two permits and prints
+//! the peak concurrency it measured.
+
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use crate::{validate, Error, Result};
+
+mod acquire;
+mod lease;
+mod peek;
+mod release;
+mod retry;
+
+pub use crate::renew::Loss;
+pub use acquire::{acquire, acquire_weighted, TryAcquire};
+pub use lease::{with_permit, PermitLease};
+pub use peek::{peek, Peek};
+pub use release::{extend, release, ReleasePermit};
+pub use retry::{acquire_weighted_with_retry, acquire_with_retry};
+
+/// The largest semaphore (and so the largest weight): each permit held is
+/// one sorted-set member, and a weighted acquire writes `weight` of them.
+pub const MAX_PERMITS: u64 = 10_000;
+
+/// The longest permit TTL: 2^52 ms (about 142,000 years), so that the
+/// server's clock plus the TTL stays an exact integer in a Lua double.
+pub const MAX_PERMIT_TTL: Duration = Duration::from_millis(1 << 52);
+
+/// A permit holder's id: 128 bits from the OS CSPRNG, as 32 lowercase hex
+/// digits. Whoever has it can extend and release that holder's permits.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PermitId(String);
+
+impl PermitId {
+    /// A fresh id from the operating system's random number generator.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Entropy`] when the OS generator fails.
+    ///
+    /// ```
+    /// let id = nolock::semaphore::PermitId::random()?;
+    /// assert_eq!(id.as_str().len(), 32);
+    /// # Ok::<(), nolock::Error>(())
+    /// ```
+    pub fn random() -> Result<PermitId> {
+        let mut bytes = [0u8; 16];
+        getrandom::fill(&mut bytes).map_err(|e| Error::Entropy(e.to_string()))?;
+        Ok(PermitId(format!("{:032x}", u128::from_be_bytes(bytes))))
+    }
+
+    /// An id you stored (e.g. to release after a restart): exactly 32
+    /// lowercase hex digits.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for anything else.
+    ///
+    /// ```
+    /// use nolock::semaphore::PermitId;
+    /// assert!(PermitId::parse("0123456789abcdef0123456789abcdef").is_ok());
+    /// assert!(PermitId::parse("0123456789ABCDEF0123456789ABCDEF").is_err());
+    /// assert!(PermitId::parse("42").is_err());
+    /// ```
+    pub fn parse(id: &str) -> Result<PermitId> {
+        if id.len() == 32 && id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+            Ok(PermitId(id.to_owned()))
+        } else {
+            Err(Error::InvalidArgument {
+                what: "permit id",
+                reason: format!("{id:?} is not 32 lowercase hex digits"),
+            })
+        }
+    }
+
+    /// The id as stored in Redis.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for PermitId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// One holder's permits: its id, how many, and until when.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Permit {
+    /// The holder's id: pass the permit to [`extend`] and [`release`].
+    pub id: PermitId,
+    /// How many permits this holder took at once (1 unless weighted).
+    pub weight: u64,
+    /// The TTL the permits were set with, in whole milliseconds.
+    pub ttl: Duration,
+    /// A conservative local bound on the permits' expiry as granted (before
+    /// any extension).
+    pub deadline: Instant,
+    /// When the acquire was built (single calls: sent).
+    sent: Instant,
+}
+
+impl Permit {
+    /// A permit known only by its id and weight (stored by a process that
+    /// has since restarted), to [`release`] or [`extend`] it. Its local
+    /// deadline is unknown, so it is set to now: [`extend`] it to learn
+    /// whether it still holds.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ZeroLimit`] / [`Error::OutOfRange`] for a weight of 0 or
+    /// above [`MAX_PERMITS`]; the ttl as [`acquire`] checks it.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use nolock::semaphore::{Permit, PermitId};
+    ///
+    /// let id = PermitId::parse("0123456789abcdef0123456789abcdef")?;
+    /// let permit = Permit::restore(id, 2, Duration::from_secs(30))?;
+    /// assert_eq!(permit.weight, 2);
+    /// assert!(Permit::restore(permit.id.clone(), 0, Duration::from_secs(30)).is_err());
+    /// # Ok::<(), nolock::Error>(())
+    /// ```
+    pub fn restore(id: PermitId, weight: u64, ttl: Duration) -> Result<Permit> {
+        check_permits(MAX_PERMITS, weight)?;
+        let ttl = Duration::from_millis(ttl_millis(ttl)?);
+        let now = Instant::now();
+        Ok(Permit {
+            id,
+            weight,
+            ttl,
+            deadline: now,
+            sent: now,
+        })
+    }
+
+    /// The time left until [`Permit::deadline`] (zero once it has passed).
+    pub fn remaining(&self) -> Duration {
+        self.deadline.saturating_duration_since(Instant::now())
+    }
+}
+
+/// The outcome of [`acquire`]: permits, or the semaphore is full.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use = "a full semaphore must be waited for or turned away"]
+pub enum Acquire<P = Permit> {
+    /// The permits are yours until their deadline.
+    Acquired(P),
+    /// Not enough permits are free. Expired permits were reclaimed; nothing
+    /// else was written.
+    Full {
+        /// When enough of the current permits expire for this request to
+        /// fit, on the server's clock, if none is released or extended first
+        /// (releases usually come sooner).
+        retry_after: Duration,
+        /// Permits in use (unexpired) when the call was decided.
+        in_use: u64,
+    },
+}
+
+impl<P> Acquire<P> {
+    /// True for [`Acquire::Acquired`].
+    pub fn is_acquired(&self) -> bool {
+        matches!(self, Acquire::Acquired(_))
+    }
+
+    /// The permit (or lease), if acquired.
+    pub fn acquired(self) -> Option<P> {
+        match self {
+            Acquire::Acquired(permit) => Some(permit),
+            Acquire::Full { .. } => None,
+        }
+    }
+}
+
+/// The outcome of [`release`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use = "a lost permit means another holder may have run alongside"]
+pub enum Release {
+    /// The permits were still held (unexpired) and are given back.
+    Released,
+    /// Some had expired (and may have been reclaimed and granted to someone
+    /// else): the work under them may have run beside one more holder than
+    /// the semaphore allows. What was left of them is removed.
+    Lost,
+}
+
+/// The outcome of [`extend`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use = "a lost permit means the work must stop"]
+pub enum Extend {
+    /// The permits were still held; they now expire `ttl` from now.
+    Extended {
+        /// The new conservative local bound on their expiry.
+        deadline: Instant,
+    },
+    /// They had expired; they were not brought back. Stop the work.
+    Lost,
+}
+
+/// A semaphore read by [`peek`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Usage {
+    /// Permits in use (unexpired).
+    pub in_use: u64,
+    /// Holders among them (a weighted holder counts once).
+    pub holders: u64,
+    /// Time until the earliest permit expires; `None` when none is held.
+    pub next_expiry: Option<Duration>,
+}
+
+impl Usage {
+    /// How many permits are free in a semaphore of `permits`.
+    pub fn free(&self, permits: u64) -> u64 {
+        permits.saturating_sub(self.in_use)
+    }
+}
+
+fn check_permits(permits: u64, weight: u64) -> Result<()> {
+    let permits = validate::positive("permits", permits)?;
+    if permits > MAX_PERMITS {
+        return Err(Error::OutOfRange {
+            what: "permits",
+            given: permits,
+            max: MAX_PERMITS,
+        });
+    }
+    let weight = validate::positive("weight", weight)?;
+    if weight > permits {
+        return Err(Error::InsufficientCapacity {
+            requested: weight,
+            limit: permits,
+        });
+    }
+    Ok(())
+}
+
+fn ttl_millis(ttl: Duration) -> Result<u64> {
+    if ttl > MAX_PERMIT_TTL {
+        return Err(Error::DurationTooLong {
+            what: "ttl",
+            given: ttl,
+            max: MAX_PERMIT_TTL,
+        });
+    }
+    validate::millis("ttl", ttl)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::acquire::ACQUIRE;
+    use super::peek::PEEK;
+    use super::release::RELEASE;
+    use super::*;
+    use crate::script::{words, Operation};
+    use redis::Value::{Array, Int};
+
+    const S: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn bad_input_is_rejected_before_a_command_is_built() {
+        assert!(matches!(TryAcquire::new("", 1, S), Err(Error::EmptyKey)));
+        assert!(matches!(
+            TryAcquire::new("k", 0, S),
+            Err(Error::ZeroLimit { what: "permits" })
+        ));
+        assert!(matches!(
+            TryAcquire::new("k", MAX_PERMITS + 1, S),
+            Err(Error::OutOfRange {
+                what: "permits",
+                ..
+            })
+        ));
+        assert!(matches!(
+            TryAcquire::weighted("k", 2, 0, S),
+            Err(Error::ZeroLimit { what: "weight" })
+        ));
+        assert!(matches!(
+            TryAcquire::weighted("k", 2, 3, S),
+            Err(Error::InsufficientCapacity {
+                requested: 3,
+                limit: 2
+            })
+        ));
+        assert!(matches!(
+            TryAcquire::new("k", 1, Duration::from_micros(999)),
+            Err(Error::ZeroDuration { what: "ttl" })
+        ));
+        assert!(matches!(
+            TryAcquire::new("k", 1, MAX_PERMIT_TTL + Duration::from_millis(1)),
+            Err(Error::DurationTooLong { what: "ttl", .. })
+        ));
+        assert!(TryAcquire::new("k", 1, MAX_PERMIT_TTL).is_ok());
+        assert!(matches!(Peek::new(""), Err(Error::EmptyKey)));
+    }
+
+    #[test]
+    fn the_commands_carry_their_arguments() {
+        let id = PermitId::parse("0123456789abcdef0123456789abcdef").unwrap();
+        let op = TryAcquire::with_id("k", &id, 5, 2, Duration::from_micros(1_500_900)).unwrap();
+        assert_eq!(
+            words(op.invocation().command()),
+            [
+                "EVALSHA",
+                ACQUIRE.sha1(),
+                "1",
+                "k",
+                id.as_str(),
+                "5",
+                "2",
+                "1500"
+            ]
+        );
+        let permit = Permit {
+            id: id.clone(),
+            weight: 2,
+            ttl: S,
+            deadline: Instant::now(),
+            sent: Instant::now(),
+        };
+        let op = ReleasePermit::new("k", &permit).unwrap();
+        assert_eq!(
+            words(op.invocation().command()),
+            ["EVALSHA", RELEASE.sha1(), "1", "k", id.as_str(), "2"]
+        );
+        assert_eq!(
+            words(Peek::new("k").unwrap().invocation().command()),
+            ["EVALSHA_RO", PEEK.sha1(), "1", "k"]
+        );
+    }
+
+    #[test]
+    fn replies_decode() {
+        let op = TryAcquire::new("k", 2, S).unwrap();
+        match op.decode(Array(vec![Int(1), Int(1)])).unwrap() {
+            Acquire::Acquired(p) => {
+                assert_eq!((&p.id, p.weight, p.ttl), (op.id(), 1, S));
+                assert_eq!(p.deadline, op.built + S - Duration::from_millis(12));
+            }
+            full => panic!("{full:?}"),
+        }
+        assert_eq!(
+            op.decode(Array(vec![Int(0), Int(250), Int(2)])).unwrap(),
+            Acquire::Full {
+                retry_after: Duration::from_millis(250),
+                in_use: 2
+            }
+        );
+        assert!(op.decode(Array(vec![Int(1)])).is_err());
+        let usage = Peek::new("k")
+            .unwrap()
+            .decode(Array(vec![Int(3), Int(2), Int(-1)]))
+            .unwrap();
+        assert_eq!(
+            (usage.in_use, usage.holders, usage.next_expiry),
+            (3, 2, None)
+        );
+        assert_eq!(usage.free(10), 7);
+        assert_eq!(usage.free(2), 0);
+    }
+
+    #[test]
+    fn ids_are_random_and_validated() {
+        let a = PermitId::random().unwrap();
+        assert_ne!(a, PermitId::random().unwrap());
+        assert_eq!(PermitId::parse(a.as_str()).unwrap(), a);
+        for bad in [
+            "",
+            "g123456789abcdef0123456789abcdef",
+            "0123456789abcdef0123456789abcde",
+        ] {
+            assert!(PermitId::parse(bad).is_err(), "{bad}");
+        }
+    }
+}

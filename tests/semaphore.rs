@@ -1,0 +1,1055 @@
+//! The semaphore against real servers: concurrency bounds under load (with
+//! the old `limits` recipe shown over-admitting), crashed and paused
+//! holders, weights, bad input, script flushes, a full server, foreign data,
+//! and a model-based property test.
+
+mod support;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use nolock::fence::Backoff;
+use nolock::semaphore::{self, Acquire, Extend, Permit, PermitLease, Release, TryAcquire};
+use nolock::{Batch, Error};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, FileFailurePersistence, TestRunner};
+use redis::aio::MultiplexedConnection;
+use support::{command_calls, keys, prefix, raw, RedisServer};
+
+const MINUTE: Duration = Duration::from_secs(60);
+const MS: Duration = Duration::from_millis(1);
+
+fn permit(outcome: Acquire) -> Permit {
+    match outcome {
+        Acquire::Acquired(permit) => permit,
+        full => panic!("expected a permit, got {full:?}"),
+    }
+}
+
+/// Running holders as the workers see them: counted up after a grant's
+/// reply, down before the release is sent, so always within the server's
+/// holding window: a peak above the limit here is a real over-admission.
+#[derive(Default)]
+struct Gauge {
+    now: AtomicU64,
+    peak: AtomicU64,
+}
+
+impl Gauge {
+    fn enter(&self) {
+        let now = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+        self.peak.fetch_max(now, Ordering::SeqCst);
+    }
+    fn leave(&self) {
+        self.now.fetch_sub(1, Ordering::SeqCst);
+    }
+    fn peak(&self) -> u64 {
+        self.peak.load(Ordering::SeqCst)
+    }
+}
+
+const WORKERS: usize = 12;
+const PERMITS: u64 = 2;
+const JOB: Duration = Duration::from_millis(600);
+const TTL: Duration = Duration::from_secs(1);
+const RUN: Duration = Duration::from_secs(5);
+
+/// The scenario of issue 12: 12 workers, 2 permits, 600 ms jobs, a 1 s ttl
+/// (longer than a job, as the old docs asked), for 5 s.
+#[tokio::test]
+async fn twelve_workers_on_two_permits_never_run_more_than_two() {
+    let server = RedisServer::start();
+    let conn = server.conn().await;
+    let key = format!("{}exports", prefix("pool"));
+    let gauge = Arc::new(Gauge::default());
+    let jobs = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let wait = Backoff {
+        max_delay: Duration::from_millis(100),
+        ..Backoff::new(RUN)
+    };
+    let mut workers = Vec::new();
+    for _ in 0..WORKERS {
+        let (mut conn, key, gauge, jobs) = (conn.clone(), key.clone(), gauge.clone(), jobs.clone());
+        workers.push(tokio::spawn(async move {
+            while start.elapsed() < RUN {
+                let outcome = semaphore::acquire_with_retry(&mut conn, &key, PERMITS, TTL, &wait)
+                    .await
+                    .unwrap();
+                let Acquire::Acquired(permit) = outcome else {
+                    continue;
+                };
+                gauge.enter();
+                tokio::time::sleep(JOB).await;
+                gauge.leave();
+                let released = semaphore::release(&mut conn, &key, &permit).await.unwrap();
+                assert_eq!(released, Release::Released, "a job shorter than the ttl");
+                jobs.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    for w in workers {
+        w.await.unwrap();
+    }
+    let jobs = jobs.load(Ordering::Relaxed);
+    eprintln!(
+        "semaphore: peak {} running, {jobs} jobs in {RUN:?}",
+        gauge.peak()
+    );
+    assert_eq!(gauge.peak(), PERMITS);
+    // 2 permits × 5 s / 0.6 s: about 16 jobs; backoff costs a few.
+    assert!(jobs >= 10, "{jobs} jobs");
+    let mut conn = conn;
+    assert_eq!(
+        keys(&mut conn, &format!("{key}*")).await,
+        Vec::<String>::new()
+    );
+}
+
+/// The same scenario with the recipe the docs used to give (try_increment
+/// when work starts, limits::release when it ends): the counter expires one
+/// window after the *first* holder while later holders still run, and their
+/// releases then decrement the fresh counter. It over-admits.
+#[tokio::test]
+#[allow(deprecated)]
+async fn the_old_limits_recipe_over_admits_in_the_same_scenario() {
+    let server = RedisServer::start();
+    let conn = server.conn().await;
+    let key = format!("{}exports", prefix("old_recipe"));
+    let gauge = Arc::new(Gauge::default());
+    let start = Instant::now();
+    let mut workers = Vec::new();
+    for _ in 0..WORKERS {
+        let (mut conn, key, gauge) = (conn.clone(), key.clone(), gauge.clone());
+        workers.push(tokio::spawn(async move {
+            while start.elapsed() < RUN {
+                let slot = nolock::limits::try_increment(&mut conn, &key, PERMITS, TTL)
+                    .await
+                    .unwrap();
+                if !slot.admitted {
+                    tokio::time::sleep(Duration::from_millis(fastrand::u64(5..50))).await;
+                    continue;
+                }
+                gauge.enter();
+                tokio::time::sleep(JOB).await;
+                gauge.leave();
+                nolock::limits::release(&mut conn, &key, 1).await.unwrap();
+            }
+        }));
+    }
+    for w in workers {
+        w.await.unwrap();
+    }
+    eprintln!(
+        "limits recipe: peak {} running with a limit of {PERMITS}",
+        gauge.peak()
+    );
+    assert!(gauge.peak() > PERMITS, "peak {}", gauge.peak());
+}
+
+#[tokio::test]
+async fn a_crashed_holder_frees_exactly_its_own_permit_after_its_ttl() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let key = format!("{}s", prefix("crash"));
+    let crashed = permit(
+        semaphore::acquire(&mut conn, &key, 3, 300 * MS)
+            .await
+            .unwrap(),
+    );
+    let b = permit(
+        semaphore::acquire(&mut conn, &key, 3, MINUTE)
+            .await
+            .unwrap(),
+    );
+    let c = permit(
+        semaphore::acquire(&mut conn, &key, 3, MINUTE)
+            .await
+            .unwrap(),
+    );
+
+    // Full, until the crashed holder's permit expires (it never releases).
+    let Acquire::Full {
+        retry_after,
+        in_use,
+    } = semaphore::acquire(&mut conn, &key, 3, MINUTE)
+        .await
+        .unwrap()
+    else {
+        panic!("3 of 3 held");
+    };
+    assert_eq!(in_use, 3);
+    assert!(
+        retry_after <= 300 * MS && retry_after > 200 * MS,
+        "{retry_after:?}"
+    );
+    tokio::time::sleep(retry_after + 5 * MS).await;
+    let d = permit(
+        semaphore::acquire(&mut conn, &key, 3, MINUTE)
+            .await
+            .unwrap(),
+    );
+
+    // Exactly the crashed permit came back: b and c still hold theirs.
+    let members: Vec<String> = raw(&mut conn, &["ZRANGE", &key, "0", "-1"]).await;
+    let mut want: Vec<String> = [&b, &c, &d].iter().map(|p| format!("{}:1", p.id)).collect();
+    let mut got = members.clone();
+    want.sort();
+    got.sort();
+    assert_eq!(got, want);
+    for p in [&b, &c] {
+        assert!(matches!(
+            semaphore::extend(&mut conn, &key, p, MINUTE).await.unwrap(),
+            Extend::Extended { .. }
+        ));
+    }
+    assert_eq!(
+        semaphore::release(&mut conn, &key, &crashed).await.unwrap(),
+        Release::Lost
+    );
+    let usage = semaphore::peek(&mut conn, &key).await.unwrap();
+    assert_eq!((usage.in_use, usage.holders), (3, 3));
+    for p in [&b, &c, &d] {
+        assert_eq!(
+            semaphore::release(&mut conn, &key, p).await.unwrap(),
+            Release::Released
+        );
+    }
+    assert_eq!(
+        keys(&mut conn, &key).await,
+        Vec::<String>::new(),
+        "gone with its last permit"
+    );
+}
+
+#[tokio::test]
+async fn a_holder_paused_past_its_ttl_finds_its_permit_lost_and_taken() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let key = format!("{}s", prefix("paused"));
+    let paused = permit(
+        semaphore::acquire(&mut conn, &key, 1, 200 * MS)
+            .await
+            .unwrap(),
+    );
+    // The holder stalls (a GC pause, a stuck VM) past its ttl...
+    tokio::time::sleep(250 * MS).await;
+    // ...and another holder takes the only permit.
+    let other = permit(
+        semaphore::acquire(&mut conn, &key, 1, MINUTE)
+            .await
+            .unwrap(),
+    );
+    assert_eq!(
+        semaphore::extend(&mut conn, &key, &paused, MINUTE)
+            .await
+            .unwrap(),
+        Extend::Lost
+    );
+    assert_eq!(
+        semaphore::release(&mut conn, &key, &paused).await.unwrap(),
+        Release::Lost
+    );
+    // The late release left the new holder alone.
+    let usage = semaphore::peek(&mut conn, &key).await.unwrap();
+    assert_eq!((usage.in_use, usage.holders), (1, 1));
+    assert!(!semaphore::acquire(&mut conn, &key, 1, MINUTE)
+        .await
+        .unwrap()
+        .is_acquired());
+    assert_eq!(
+        semaphore::release(&mut conn, &key, &other).await.unwrap(),
+        Release::Released
+    );
+}
+
+/// 200 tasks on a semaphore of 10 for 3 s: never more than 10 holders, by
+/// the grant and release times the tasks record and by the server's count.
+#[tokio::test]
+async fn two_hundred_tasks_on_ten_permits_never_exceed_ten() {
+    const TASKS: usize = 200;
+    const SIZE: u64 = 10;
+    let server = RedisServer::start();
+    let conn = server.conn().await;
+    let key = format!("{}s", prefix("two_hundred"));
+    let run = Duration::from_secs(3);
+    let start = Instant::now();
+    // (granted, release sent) per job, on the local clock.
+    let spans = Arc::new(Mutex::new(Vec::<(Instant, Instant)>::new()));
+    let gauge = Arc::new(Gauge::default());
+    let wait = Backoff {
+        initial_delay: 2 * MS,
+        max_delay: 50 * MS,
+        ..Backoff::new(run)
+    };
+
+    let sampler = {
+        let (mut conn, key) = (conn.clone(), key.clone());
+        tokio::spawn(async move {
+            let (mut reads, mut peak) = (0u64, 0u64);
+            while start.elapsed() < run {
+                let usage = semaphore::peek(&mut conn, &key).await.unwrap();
+                assert!(usage.in_use <= SIZE, "server holds {}", usage.in_use);
+                peak = peak.max(usage.in_use);
+                reads += 1;
+                tokio::time::sleep(5 * MS).await;
+            }
+            (reads, peak)
+        })
+    };
+    let mut tasks = Vec::new();
+    for _ in 0..TASKS {
+        let (mut conn, key, spans, gauge) =
+            (conn.clone(), key.clone(), spans.clone(), gauge.clone());
+        tasks.push(tokio::spawn(async move {
+            while start.elapsed() < run {
+                let outcome = semaphore::acquire_with_retry(&mut conn, &key, SIZE, 2 * TTL, &wait)
+                    .await
+                    .unwrap();
+                let Acquire::Acquired(permit) = outcome else {
+                    continue;
+                };
+                let granted = Instant::now();
+                gauge.enter();
+                tokio::time::sleep(Duration::from_millis(fastrand::u64(5..30))).await;
+                gauge.leave();
+                let sent = Instant::now();
+                let released = semaphore::release(&mut conn, &key, &permit).await.unwrap();
+                assert_eq!(released, Release::Released);
+                spans.lock().unwrap().push((granted, sent));
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let (reads, server_peak) = sampler.await.unwrap();
+
+    let spans = std::mem::take(&mut *spans.lock().unwrap());
+    let mut events: Vec<(Instant, i64)> =
+        spans.iter().flat_map(|&(a, b)| [(a, 1), (b, -1)]).collect();
+    // At equal instants, count ends first (a release sent before the grant seen).
+    events.sort();
+    let (mut now, mut peak) = (0i64, 0i64);
+    for (_, delta) in events {
+        now += delta;
+        peak = peak.max(now);
+    }
+    eprintln!(
+        "{} jobs, peak {peak} by grant/release times, {} by the gauge, {server_peak} in {reads} server reads",
+        spans.len(),
+        gauge.peak()
+    );
+    assert!(peak <= SIZE as i64 && gauge.peak() <= SIZE);
+    // Loose floors: a loaded machine runs fewer jobs and reads, never more holders.
+    assert!(spans.len() >= 100, "{} jobs", spans.len());
+    assert!(reads >= 10, "{reads} server reads");
+    let mut conn = conn;
+    assert_eq!(semaphore::peek(&mut conn, &key).await.unwrap().in_use, 0);
+    assert_eq!(
+        keys(&mut conn, &key).await,
+        Vec::<String>::new(),
+        "every permit released"
+    );
+}
+
+#[tokio::test]
+async fn a_weighted_acquire_is_all_or_nothing() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let key = format!("{}s", prefix("weighted"));
+    let big = permit(
+        semaphore::acquire_weighted(&mut conn, &key, 5, 3, MINUTE)
+            .await
+            .unwrap(),
+    );
+    assert_eq!(big.weight, 3);
+    let full = semaphore::acquire_weighted(&mut conn, &key, 5, 3, MINUTE)
+        .await
+        .unwrap();
+    assert!(matches!(full, Acquire::Full { in_use: 3, .. }), "{full:?}");
+    let card: u64 = raw(&mut conn, &["ZCARD", &key]).await;
+    assert_eq!(card, 3, "nothing taken by the refused request");
+    let small = permit(
+        semaphore::acquire_weighted(&mut conn, &key, 5, 2, MINUTE)
+            .await
+            .unwrap(),
+    );
+    let usage = semaphore::peek(&mut conn, &key).await.unwrap();
+    assert_eq!((usage.in_use, usage.holders, usage.free(5)), (5, 2, 0));
+    let one = semaphore::acquire(&mut conn, &key, 5, MINUTE)
+        .await
+        .unwrap();
+    assert!(matches!(one, Acquire::Full { .. }));
+
+    assert!(matches!(
+        semaphore::extend(&mut conn, &key, &big, MINUTE * 2)
+            .await
+            .unwrap(),
+        Extend::Extended { .. }
+    ));
+    assert_eq!(
+        semaphore::release(&mut conn, &key, &big).await.unwrap(),
+        Release::Released
+    );
+    assert_eq!(semaphore::peek(&mut conn, &key).await.unwrap().in_use, 2);
+    let again = permit(
+        semaphore::acquire_weighted(&mut conn, &key, 5, 3, MINUTE)
+            .await
+            .unwrap(),
+    );
+    for p in [&small, &again] {
+        assert_eq!(
+            semaphore::release(&mut conn, &key, p).await.unwrap(),
+            Release::Released
+        );
+    }
+    assert_eq!(keys(&mut conn, &key).await, Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn a_retry_with_the_same_id_gets_the_same_permit_not_a_second() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let key = format!("{}s", prefix("same_id"));
+    let id = semaphore::PermitId::random().unwrap();
+    let op = TryAcquire::with_id(&key, &id, 2, 2, MINUTE).unwrap();
+    let mut batch = Batch::new();
+    batch.push(op.clone()).push(op);
+    let results = batch.run(&mut conn).await;
+    for r in results {
+        assert!(r.unwrap().is_acquired());
+    }
+    assert_eq!(semaphore::peek(&mut conn, &key).await.unwrap().in_use, 2);
+    // A different weight under the same id is refused, with nothing written.
+    let err = nolock::Batch::from_iter([TryAcquire::with_id(&key, &id, 3, 1, MINUTE).unwrap()])
+        .run(&mut conn)
+        .await
+        .remove(0)
+        .unwrap_err();
+    assert!(matches!(err, Error::Redis(_)), "{err}");
+}
+
+#[tokio::test]
+async fn bad_input_is_rejected_before_anything_is_sent() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    // Loaded first: the valid acquire below is then one EVALSHA (a miss
+    // would add the EVALSHA of the SCRIPT LOAD + EVALSHA fallback).
+    nolock::Scripts::load(&mut conn).await.unwrap();
+    let before = command_calls(&mut conn, "evalsha").await;
+    let s = Duration::from_secs(1);
+    let too_long = semaphore::MAX_PERMIT_TTL + MS;
+    let cases: Vec<(Error, &str)> = vec![
+        (
+            semaphore::acquire(&mut conn, "k", 0, s).await.unwrap_err(),
+            "ZeroLimit",
+        ),
+        (
+            semaphore::acquire_weighted(&mut conn, "k", 2, 3, s)
+                .await
+                .unwrap_err(),
+            "InsufficientCapacity",
+        ),
+        (
+            semaphore::acquire_weighted(&mut conn, "k", 2, 0, s)
+                .await
+                .unwrap_err(),
+            "ZeroLimit",
+        ),
+        (
+            semaphore::acquire(&mut conn, "k", 10_001, s)
+                .await
+                .unwrap_err(),
+            "OutOfRange",
+        ),
+        (
+            semaphore::acquire(&mut conn, "k", 1, Duration::ZERO)
+                .await
+                .unwrap_err(),
+            "ZeroDuration",
+        ),
+        (
+            semaphore::acquire(&mut conn, "k", 1, too_long)
+                .await
+                .unwrap_err(),
+            "DurationTooLong",
+        ),
+        (
+            semaphore::acquire(&mut conn, "", 1, s).await.unwrap_err(),
+            "EmptyKey",
+        ),
+        (
+            semaphore::peek(&mut conn, "").await.unwrap_err(),
+            "EmptyKey",
+        ),
+        (
+            semaphore::acquire_with_retry(&mut conn, "k", 0, s, &Backoff::none())
+                .await
+                .unwrap_err(),
+            "ZeroLimit",
+        ),
+        (
+            semaphore::with_permit(
+                conn.clone(),
+                "k",
+                1,
+                Duration::ZERO,
+                &Backoff::none(),
+                |_| async {},
+            )
+            .await
+            .unwrap_err(),
+            "ZeroDuration",
+        ),
+    ];
+    for (err, kind) in cases {
+        assert!(
+            format!("{err:?}").starts_with(kind),
+            "{err:?} is not {kind}"
+        );
+        assert!(err.is_invalid_input(), "{err}");
+    }
+    let p = permit(semaphore::acquire(&mut conn, "k", 1, s).await.unwrap());
+    assert!(matches!(
+        semaphore::extend(&mut conn, "k", &p, Duration::ZERO).await,
+        Err(Error::ZeroDuration { .. })
+    ));
+    assert!(matches!(
+        semaphore::release(&mut conn, "", &p).await,
+        Err(Error::EmptyKey)
+    ));
+    assert_eq!(
+        command_calls(&mut conn, "evalsha").await,
+        before + 1,
+        "only the valid acquire"
+    );
+}
+
+#[tokio::test]
+async fn every_call_recovers_a_script_flush() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let key = format!("{}s", prefix("flush"));
+    let flush = || async {
+        let mut c = server.conn().await;
+        let _: () = raw(&mut c, &["SCRIPT", "FLUSH"]).await;
+    };
+    flush().await;
+    let p = permit(
+        semaphore::acquire(&mut conn, &key, 2, MINUTE)
+            .await
+            .unwrap(),
+    );
+    flush().await;
+    assert!(matches!(
+        semaphore::extend(&mut conn, &key, &p, MINUTE)
+            .await
+            .unwrap(),
+        Extend::Extended { .. }
+    ));
+    flush().await;
+    assert_eq!(semaphore::peek(&mut conn, &key).await.unwrap().in_use, 1);
+    flush().await;
+    assert_eq!(
+        semaphore::release(&mut conn, &key, &p).await.unwrap(),
+        Release::Released
+    );
+    // Each flushed script came back through SCRIPT LOAD + EVALSHA, never
+    // EVAL / EVAL_RO (which the EVAL LRU of Redis >= 7.4 could evict).
+    assert_eq!(command_calls(&mut conn, "script|load").await, 4);
+    assert_eq!(command_calls(&mut conn, "eval").await, 0);
+    assert_eq!(command_calls(&mut conn, "eval_ro").await, 0);
+}
+
+#[tokio::test]
+async fn release_and_extend_still_work_on_a_full_server() {
+    let server =
+        RedisServer::start_with(&["--maxmemory", "2mb", "--maxmemory-policy", "noeviction"]);
+    let mut conn = server.conn().await;
+    let p = prefix("oom");
+    let key = format!("{p}s");
+    let held = permit(
+        semaphore::acquire(&mut conn, &key, 3, MINUTE)
+            .await
+            .unwrap(),
+    );
+
+    let mut full = false;
+    let mut i = 0;
+    for size in [16 * 1024, 1024, 64] {
+        let blob = "x".repeat(size);
+        for _ in 0..2_000 {
+            i += 1;
+            let set: redis::RedisResult<()> = redis::cmd("SET")
+                .arg(format!("{p}fill:{i}"))
+                .arg(&blob)
+                .query_async(&mut conn)
+                .await;
+            if let Err(e) = set {
+                assert!(e.to_string().contains("OOM"), "{e}");
+                full = size == 64;
+                break;
+            }
+        }
+    }
+    assert!(full, "the server never filled up");
+
+    // A new permit needs memory: refused, definitely, nothing written.
+    let err = semaphore::acquire(&mut conn, &key, 3, MINUTE)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::Redis(_)) && err.to_string().contains("OOM"),
+        "{err}"
+    );
+    let card: u64 = raw(&mut conn, &["ZCARD", &key]).await;
+    assert_eq!(card, 1);
+
+    // The holder keeps and gives back its permit (allow-oom), also through EVAL.
+    let _: () = raw(&mut conn, &["SCRIPT", "FLUSH"]).await;
+    assert!(matches!(
+        semaphore::extend(&mut conn, &key, &held, MINUTE)
+            .await
+            .unwrap(),
+        Extend::Extended { .. }
+    ));
+    assert_eq!(
+        semaphore::release(&mut conn, &key, &held).await.unwrap(),
+        Release::Released
+    );
+    assert_eq!(keys(&mut conn, &key).await, Vec::<String>::new());
+}
+
+/// Keys nolock did not write: every call refuses them with a definite error
+/// naming the key, and writes nothing (not even a TTL).
+#[tokio::test]
+async fn foreign_data_is_refused_with_nothing_written() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let p = prefix("foreign");
+    let id = "0123456789abcdef0123456789abcdef";
+    let far = "9000000000000";
+    let setups: Vec<(&str, Vec<Vec<String>>)> = vec![
+        ("string", vec![vec!["SET".into(), "{k}".into(), "3".into()]]),
+        (
+            "list",
+            vec![vec!["RPUSH".into(), "{k}".into(), format!("{id}:1")]],
+        ),
+        (
+            "hash",
+            vec![vec!["HSET".into(), "{k}".into(), "a".into(), "1".into()]],
+        ),
+        (
+            "zset, foreign member",
+            vec![vec![
+                "ZADD".into(),
+                "{k}".into(),
+                far.into(),
+                "worker-1".into(),
+            ]],
+        ),
+        (
+            "zset, uppercase id",
+            vec![vec![
+                "ZADD".into(),
+                "{k}".into(),
+                far.into(),
+                format!("{}:1", id.to_uppercase()),
+            ]],
+        ),
+        (
+            "zset, index 0",
+            vec![vec![
+                "ZADD".into(),
+                "{k}".into(),
+                far.into(),
+                format!("{id}:0"),
+            ]],
+        ),
+        (
+            "zset, fractional score",
+            vec![vec![
+                "ZADD".into(),
+                "{k}".into(),
+                "9000000000000.5".into(),
+                format!("{id}:1"),
+            ]],
+        ),
+        (
+            "zset, negative score",
+            vec![vec![
+                "ZADD".into(),
+                "{k}".into(),
+                "-5".into(),
+                format!("{id}:1"),
+            ]],
+        ),
+        (
+            "zset, infinite score",
+            vec![vec![
+                "ZADD".into(),
+                "{k}".into(),
+                "+inf".into(),
+                format!("{id}:1"),
+            ]],
+        ),
+        (
+            "zset, foreign highest member",
+            vec![
+                vec!["ZADD".into(), "{k}".into(), far.into(), format!("{id}:1")],
+                vec![
+                    "ZADD".into(),
+                    "{k}".into(),
+                    "9000000000001".into(),
+                    "x".into(),
+                ],
+            ],
+        ),
+    ];
+    let other = semaphore::PermitId::random().unwrap();
+    for (n, (what, commands)) in setups.iter().enumerate() {
+        let key = format!("{p}{n}");
+        for command in commands {
+            let args: Vec<String> = command.iter().map(|a| a.replace("{k}", &key)).collect();
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let _: redis::Value = raw(&mut conn, &args).await;
+        }
+        let dump = || async {
+            let mut c = server.conn().await;
+            let dump: Option<Vec<u8>> = raw(&mut c, &["DUMP", &key]).await;
+            let pttl: i64 = raw(&mut c, &["PTTL", &key]).await;
+            (dump, pttl)
+        };
+        let before = dump().await;
+        assert_eq!(before.1, -1, "{what}");
+
+        let stranger = permit(
+            nolock::Batch::from_iter([TryAcquire::with_id(
+                &format!("{p}fresh{n}"),
+                &other,
+                1,
+                1,
+                MINUTE,
+            )
+            .unwrap()])
+            .run(&mut conn)
+            .await
+            .remove(0)
+            .unwrap(),
+        );
+        let results = [
+            semaphore::acquire(&mut conn, &key, 5, MINUTE)
+                .await
+                .map(|_| ()),
+            semaphore::acquire_weighted(&mut conn, &key, 5, 2, MINUTE)
+                .await
+                .map(|_| ()),
+            semaphore::release(&mut conn, &key, &stranger)
+                .await
+                .map(|_| ()),
+            semaphore::extend(&mut conn, &key, &stranger, MINUTE)
+                .await
+                .map(|_| ()),
+            semaphore::peek(&mut conn, &key).await.map(|_| ()),
+        ];
+        for (call, result) in ["acquire", "weighted", "release", "extend", "peek"]
+            .iter()
+            .zip(results)
+        {
+            let err = result.expect_err(&format!("{what}: {call} must refuse"));
+            assert!(
+                matches!(err, Error::Redis(_)) && err.is_definite(),
+                "{what}: {call}: {err}"
+            );
+            let text = err.to_string();
+            assert!(
+                text.contains("nolock semaphore/") || text.contains("WRONGTYPE"),
+                "{what}: {call}: {text}"
+            );
+        }
+        assert_eq!(dump().await, before, "{what}: nothing written");
+    }
+}
+
+// ------------------------------------------------------------ model
+
+#[derive(Debug, Clone)]
+enum Step {
+    Acquire {
+        slot: usize,
+        weight: u64,
+    },
+    Release {
+        slot: usize,
+    },
+    Extend {
+        slot: usize,
+    },
+    /// The holder's permits reach their expiry (scores set in the past, as
+    /// if the holder had stalled past its ttl).
+    Expire {
+        slot: usize,
+    },
+    Peek,
+}
+
+fn steps() -> impl Strategy<Value = (u64, Vec<Step>)> {
+    (1u64..6).prop_flat_map(|permits| {
+        let step = prop_oneof![
+            3 => (0usize..4, 1..=permits).prop_map(|(slot, weight)| Step::Acquire { slot, weight }),
+            2 => (0usize..4).prop_map(|slot| Step::Release { slot }),
+            1 => (0usize..4).prop_map(|slot| Step::Extend { slot }),
+            1 => (0usize..4).prop_map(|slot| Step::Expire { slot }),
+            1 => Just(Step::Peek),
+        ];
+        (Just(permits), prop::collection::vec(step, 1..30))
+    })
+}
+
+/// The model: per slot, a permit held (its weight) and whether it expired.
+#[derive(Default, Clone, Copy)]
+struct Slot {
+    weight: u64,
+    expired: bool,
+}
+
+#[test]
+fn the_semaphore_conforms_to_a_model() {
+    let server = RedisServer::start();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let conn = rt.block_on(server.conn());
+    let config = Config {
+        cases: 48,
+        source_file: Some(file!()),
+        failure_persistence: Some(Box::new(FileFailurePersistence::SourceParallel(
+            "proptest-regressions",
+        ))),
+        ..Config::default()
+    };
+    TestRunner::new(config)
+        .run(&steps(), |(permits, steps)| {
+            let key = format!("{}s", prefix("model"));
+            let mut conn: MultiplexedConnection = conn.clone();
+            rt.block_on(async {
+                let mut model: [Option<Slot>; 4] = [None; 4];
+                let mut held: [Option<Permit>; 4] = Default::default();
+                for (i, step) in steps.iter().enumerate() {
+                    let live = |m: &[Option<Slot>; 4]| -> (u64, u64) {
+                        m.iter()
+                            .flatten()
+                            .filter(|s| !s.expired)
+                            .fold((0, 0), |(w, h), s| (w + s.weight, h + 1))
+                    };
+                    match *step {
+                        Step::Acquire { slot, weight } => {
+                            if held[slot].is_some() {
+                                continue;
+                            }
+                            let outcome = semaphore::acquire_weighted(
+                                &mut conn, &key, permits, weight, MINUTE,
+                            )
+                            .await
+                            .unwrap();
+                            let (in_use, _) = live(&model);
+                            let fits = in_use + weight <= permits;
+                            prop_assert_eq!(outcome.is_acquired(), fits, "step {}: {:?}", i, step);
+                            match outcome {
+                                Acquire::Acquired(p) => {
+                                    // Expired permits were reclaimed by this call.
+                                    for s in model.iter_mut() {
+                                        if s.is_some_and(|s| s.expired) {
+                                            *s = None;
+                                        }
+                                    }
+                                    model[slot] = Some(Slot {
+                                        weight,
+                                        expired: false,
+                                    });
+                                    held[slot] = Some(p);
+                                }
+                                Acquire::Full { in_use: got, .. } => prop_assert_eq!(got, in_use),
+                            }
+                        }
+                        Step::Release { slot } => {
+                            let Some(p) = held[slot].take() else { continue };
+                            let r = semaphore::release(&mut conn, &key, &p).await.unwrap();
+                            let want = if model[slot].is_some_and(|s| !s.expired) {
+                                Release::Released
+                            } else {
+                                Release::Lost
+                            };
+                            prop_assert_eq!(r, want, "step {}", i);
+                            model[slot] = None;
+                        }
+                        Step::Extend { slot } => {
+                            let Some(p) = &held[slot] else { continue };
+                            let e = semaphore::extend(&mut conn, &key, p, MINUTE).await.unwrap();
+                            let live_slot = model[slot].is_some_and(|s| !s.expired);
+                            prop_assert_eq!(
+                                matches!(e, Extend::Extended { .. }),
+                                live_slot,
+                                "step {}",
+                                i
+                            );
+                        }
+                        Step::Expire { slot } => {
+                            let Some(p) = &held[slot] else { continue };
+                            if let Some(s) = model[slot].as_mut() {
+                                for n in 1..=p.weight {
+                                    let _: redis::Value = raw(
+                                        &mut conn,
+                                        &["ZADD", &key, "XX", "1000", &format!("{}:{n}", p.id)],
+                                    )
+                                    .await;
+                                }
+                                s.expired = true;
+                            }
+                        }
+                        Step::Peek => {
+                            let u = semaphore::peek(&mut conn, &key).await.unwrap();
+                            prop_assert_eq!((u.in_use, u.holders), live(&model), "step {}", i);
+                        }
+                    }
+                    let card: u64 = raw(&mut conn, &["ZCARD", &key]).await;
+                    let (in_use, _) = live(&model);
+                    prop_assert!(in_use <= permits);
+                    prop_assert!(
+                        card >= in_use,
+                        "step {}: {} members for {} in use",
+                        i,
+                        card,
+                        in_use
+                    );
+                }
+                Ok(())
+            })
+        })
+        .unwrap();
+}
+
+#[tokio::test]
+async fn with_permit_runs_the_work_and_a_lease_outlives_its_ttl() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let key = format!("{}s", prefix("lease"));
+    let out = semaphore::with_permit(
+        conn.clone(),
+        &key,
+        1,
+        300 * MS,
+        &Backoff::none(),
+        |p| async move {
+            // Three ttls of work: the renewals keep the permit.
+            tokio::time::sleep(900 * MS).await;
+            p.weight
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(out, Some(1));
+    assert_eq!(
+        keys(&mut conn, &key).await,
+        Vec::<String>::new(),
+        "released after the work"
+    );
+
+    // A full semaphore: None after the backoff.
+    let holder = permit(
+        semaphore::acquire(&mut conn, &key, 1, MINUTE)
+            .await
+            .unwrap(),
+    );
+    let none = semaphore::with_permit(
+        conn.clone(),
+        &key,
+        1,
+        MINUTE,
+        &Backoff::new(50 * MS),
+        |_| async {},
+    )
+    .await
+    .unwrap();
+    assert!(none.is_none());
+
+    // A lease whose permit is taken away is lost, and the work is cancelled.
+    let _ = semaphore::release(&mut conn, &key, &holder).await.unwrap();
+    let lease = PermitLease::acquire(conn.clone(), &key, 1, 300 * MS, &Backoff::none())
+        .await
+        .unwrap()
+        .acquired()
+        .unwrap();
+    let _: () = raw(&mut conn, &["DEL", &key]).await;
+    let loss = tokio::time::timeout(Duration::from_secs(1), lease.lost())
+        .await
+        .unwrap();
+    assert_eq!(loss, semaphore::Loss::NotHeld);
+    assert_eq!(lease.release().await.unwrap(), Release::Lost);
+}
+
+#[tokio::test]
+async fn a_permit_lease_survives_a_busy_server_and_a_restored_permit_releases() {
+    // Past 20 ms of script, the server answers other clients BUSY.
+    let server = RedisServer::start_with(&["--busy-reply-threshold", "20"]);
+    let mut conn = server.conn().await;
+    let key = format!("{}s", prefix("busy"));
+    let ttl = Duration::from_millis(1500);
+    let lease = PermitLease::acquire(conn.clone(), &key, 1, ttl, &Backoff::none())
+        .await
+        .unwrap()
+        .acquired()
+        .unwrap();
+    // The first renewal is due at 500 ms; the server is busy from 100 to 800 ms.
+    tokio::time::sleep(100 * MS).await;
+    let client = server.client();
+    let busy = tokio::spawn(async move {
+        let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
+        let mut conn = client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .unwrap();
+        let script = "local t = redis.call('TIME') local s = t[1] * 1000000 + t[2] \
+            while true do local n = redis.call('TIME') \
+            if n[1] * 1000000 + n[2] - s > 700000 then return 1 end end";
+        let _: i64 = redis::cmd("EVAL")
+            .arg(script)
+            .arg(0)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    });
+    tokio::time::sleep(1400 * MS).await;
+    busy.await.unwrap();
+    assert_eq!(lease.loss(), None, "a BUSY blip does not end the permit");
+    assert!(lease.deadline() > Instant::now() + ttl / 3, "renewed since");
+
+    // A process that kept only the id and weight can still give it back.
+    let stored = (lease.permit().id.to_string(), lease.permit().weight);
+    let restored = Permit::restore(
+        semaphore::PermitId::parse(&stored.0).unwrap(),
+        stored.1,
+        ttl,
+    )
+    .unwrap();
+    assert!(matches!(
+        semaphore::extend(&mut conn, &key, &restored, ttl)
+            .await
+            .unwrap(),
+        Extend::Extended { .. }
+    ));
+    assert_eq!(
+        semaphore::release(&mut conn, &key, &restored)
+            .await
+            .unwrap(),
+        Release::Released
+    );
+    assert_eq!(
+        lease.release().await.unwrap(),
+        Release::Lost,
+        "already given back"
+    );
+}
