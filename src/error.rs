@@ -275,7 +275,8 @@ impl Error {
     /// Classify a redis-rs error by whether the request surely did not run.
     ///
     /// A reply from the server (any server error) is definite. So is a refused
-    /// connection: nothing was sent. Everything else on the I/O path (timeout,
+    /// connection, or a connection found closed before the request was
+    /// handed to it: nothing was sent. Everything else on the I/O path (timeout,
     /// reset, broken pipe, a parse failure mid-stream) is indeterminate.
     pub(crate) fn from_redis(err: RedisError) -> Self {
         let definite = match err.kind() {
@@ -287,8 +288,9 @@ impl Error {
             // redis-rs also uses `Client` for failures after a request was
             // handed to the connection (the cluster connection's "request
             // wasn't handled due to internal failure"), so it cannot promise
-            // the script did not run.
-            ErrorKind::Io => err.is_connection_refusal(),
+            // the script did not run. A call refused by `Tracked` after its
+            // connection dropped is marked as never sent.
+            ErrorKind::Io => err.is_connection_refusal() || crate::script::is_never_sent(&err),
             _ => false,
         };
         if definite {

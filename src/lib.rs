@@ -61,11 +61,12 @@
 //! is a second execution nobody asked for: one call, two increments (the test
 //! `tests/cluster_failover.rs` shows it). With `retries(0)` such a call fails
 //! with [`Error::Indeterminate`] instead. What the redis-rs retries would
-//! also have done safely, nolock does itself: a call answered `MOVED` or
-//! `READONLY` (the slot moved, e.g. in a failover; nothing ran) is sent
-//! again, up to 4 times within about 150 ms, each after redis-rs has
-//! refreshed its slot map. Other commands of your application may want the
-//! default retries: give nolock its own cluster client.
+//! also have done safely, nolock does itself: a call answered `MOVED`,
+//! `READONLY`, `ASK`, `TRYAGAIN`, `CLUSTERDOWN`, `LOADING` or `MASTERDOWN`
+//! (the slot moved or is moving, the node is not ready; nothing ran) is sent
+//! again, up to 8 times within about 1.3 s. Other commands of your
+//! application may want the default retries: give nolock its own cluster
+//! client.
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -108,6 +109,9 @@
 //!   for axum, hyper and tower.
 //! * [`keys`]: cluster slots and hash tags for scripts that touch several keys.
 //! * [`acl`]: the Redis ACL permissions nolock needs.
+//! * [`Tracked`] and [`Proxied`]: connection wrappers that sharpen what an
+//!   error says (calls after a dropped connection were never sent; behind a
+//!   proxy an error reply may hide a script that ran).
 //! * [`Error`]: bad input (before I/O), definite and indeterminate Redis failures.
 //!
 //! # Features
@@ -151,15 +155,19 @@ pub mod layer;
 pub mod limits;
 mod observe;
 pub mod policy;
+mod proxied;
 pub mod rate;
 mod renew;
 pub mod script;
 pub mod semaphore;
 mod timer;
+mod tracked;
 mod validate;
 
 pub use error::{Error, Result};
+pub use proxied::Proxied;
 pub use script::{stats, Batch, BatchConnection, Operation, Script, Scripts, Stats};
+pub use tracked::Tracked;
 pub use validate::{MAX_INTEGER, MAX_TTL, MAX_VALUE_LEN};
 
 #[cfg(feature = "tracing")]

@@ -10,17 +10,24 @@ pub(super) static CALLS: AtomicU64 = AtomicU64::new(0);
 pub(super) static FALLBACKS: AtomicU64 = AtomicU64::new(0);
 pub(super) static BATCHES: AtomicU64 = AtomicU64::new(0);
 static REDIRECTS: AtomicU64 = AtomicU64::new(0);
+static RETRIES: AtomicU64 = AtomicU64::new(0);
+static NEVER_SENT: AtomicU64 = AtomicU64::new(0);
 
-/// How long to wait before each resend of a call that the cluster refused
-/// because the key's slot lives elsewhere now (`MOVED`, or `READONLY` from a
-/// demoted primary). The first resend goes at once; the later ones give the
-/// nodes time to agree on the new owner, since redis-rs refreshes its slot
-/// map from whichever node it asks first.
-const REDIRECT_DELAYS: [Duration; 4] = [
+/// How long to wait before each resend of a call that a server refused
+/// without running anything ([`is_resendable`]). The first resend goes at
+/// once (a `MOVED` usually needs only the refreshed slot map); the later ones
+/// give the nodes time to agree on a new owner, a slot migration time to end,
+/// or a restarted server time to load its data. About 1.3 s in all: longer
+/// outages reach the caller as a definite [`Error::Redis`].
+const RESEND_DELAYS: [Duration; 8] = [
     Duration::ZERO,
     Duration::from_millis(10),
+    Duration::from_millis(20),
     Duration::from_millis(40),
-    Duration::from_millis(100),
+    Duration::from_millis(80),
+    Duration::from_millis(160),
+    Duration::from_millis(320),
+    Duration::from_millis(640),
 ];
 
 /// Process-wide counters of script calls, for metrics and tests.
@@ -43,6 +50,15 @@ pub struct Stats {
     /// (the key's slot moved, typically in a failover): the server refused
     /// them without running anything.
     pub redirects: u64,
+    /// Calls sent again after a short wait because the server refused them
+    /// without running anything: `ASK` or `TRYAGAIN` (a slot migration in
+    /// progress), `CLUSTERDOWN`, `LOADING` (a restarted server reading its
+    /// data) or `MASTERDOWN`.
+    pub retries: u64,
+    /// Calls refused by a [`crate::Tracked`] connection that had already
+    /// dropped, before anything was sent: reported as a definite
+    /// [`Error::Redis`], not [`Error::Indeterminate`].
+    pub never_sent: u64,
 }
 
 /// A snapshot of the process-wide [`Stats`].
@@ -57,6 +73,8 @@ pub fn stats() -> Stats {
         noscript_fallbacks: FALLBACKS.load(Relaxed),
         batches: BATCHES.load(Relaxed),
         redirects: REDIRECTS.load(Relaxed),
+        retries: RETRIES.load(Relaxed),
+        never_sent: NEVER_SENT.load(Relaxed),
     }
 }
 
@@ -163,10 +181,11 @@ impl Invocation {
     /// Run the script: one round trip, or two when the server answers `NOSCRIPT`.
     ///
     /// Only replies in which the server promises that the script did not run
-    /// are followed by another send: `NOSCRIPT`, and on a cluster `MOVED` or
-    /// `READONLY` (up to 4 times within about 150 ms, [`REDIRECT_DELAYS`];
-    /// the cluster connection refreshes its slot map before each). Every
-    /// other failure, above all a lost reply, is returned as it is. A resend
+    /// are followed by another send: `NOSCRIPT`, and `MOVED`, `READONLY`,
+    /// `ASK`, `TRYAGAIN`, `CLUSTERDOWN`, `LOADING` or `MASTERDOWN` (up to 8
+    /// times within about 1.3 s, [`RESEND_DELAYS`]; the cluster connection
+    /// refreshes its slot map after `MOVED` and `READONLY`). Every other
+    /// failure, above all a lost reply, is returned as it is. A resend
     /// that must wait on a runtime without timers returns [`Error::NoTimer`]
     /// (nothing ran) instead of panicking.
     ///
@@ -186,7 +205,7 @@ impl Invocation {
         CALLS.fetch_add(1, Relaxed);
         let mut observed = observe::Call::start(self.script.name(), || self.first_key());
         let mut fallback = Fallback::None;
-        let mut redirects = 0;
+        let mut resends = 0;
         loop {
             let sent = match fallback {
                 Fallback::None => send(conn, &self.cmd).await,
@@ -201,15 +220,19 @@ impl Invocation {
                     }
                     fallback = fallback.next();
                 }
-                Err(err) if is_redirect(&err) && redirects < REDIRECT_DELAYS.len() => {
-                    REDIRECTS.fetch_add(1, Relaxed);
+                Err(err) if is_resendable(&err) && resends < RESEND_DELAYS.len() => {
+                    if is_redirect(&err) {
+                        REDIRECTS.fetch_add(1, Relaxed);
+                    } else {
+                        RETRIES.fetch_add(1, Relaxed);
+                    }
                     observed.redirect();
-                    let delay = REDIRECT_DELAYS[redirects];
+                    let delay = RESEND_DELAYS[resends];
                     if !delay.is_zero() {
-                        // Nothing ran (MOVED/READONLY), so NoTimer is definite.
+                        // Nothing ran (a resendable reply), so NoTimer is definite.
                         crate::timer::sleep(delay)?.await;
                     }
-                    redirects += 1;
+                    resends += 1;
                 }
                 result => {
                     let result = result.map_err(Error::from_redis);
@@ -286,6 +309,48 @@ where
     conn.req_packed_command(cmd).await?.extract_error()
 }
 
+/// Marks an I/O error raised before the request could reach the connection
+/// ([`crate::Tracked`] raises it); [`Error::from_redis`] reports it as
+/// definite.
+///
+/// redis-rs 1.8 cannot raise it itself: its multiplexed connection fails a
+/// request sent after its I/O task ended with `io::Error::from(BrokenPipe)`,
+/// the very error it gives a request whose reply was lost when the
+/// connection died under it (`closed_connection_error`, on both paths).
+#[derive(Debug)]
+pub(crate) struct NeverSent;
+
+impl std::fmt::Display for NeverSent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the connection was already closed; the request was not sent")
+    }
+}
+
+impl std::error::Error for NeverSent {}
+
+pub(crate) fn never_sent() -> redis::RedisError {
+    NEVER_SENT.fetch_add(1, Relaxed);
+    std::io::Error::new(std::io::ErrorKind::NotConnected, NeverSent).into()
+}
+
+/// True when `err` is [`never_sent`]'s mark.
+pub(crate) fn is_never_sent(err: &redis::RedisError) -> bool {
+    io_error(err)
+        .and_then(|io| io.get_ref())
+        .is_some_and(|inner| inner.is::<NeverSent>())
+}
+
+/// The `std::io::Error` inside a redis-rs I/O error. redis-rs keeps it in
+/// an `Arc<dyn Error>` that `source()` hands out as it is.
+fn io_error(err: &redis::RedisError) -> Option<&std::io::Error> {
+    type Shared = std::sync::Arc<dyn std::error::Error + Send + Sync>;
+    let source = std::error::Error::source(err)?;
+    match source.downcast_ref::<Shared>() {
+        Some(shared) => shared.downcast_ref(),
+        None => source.downcast_ref(),
+    }
+}
+
 pub(crate) fn is_noscript(err: &redis::RedisError) -> bool {
     err.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
 }
@@ -294,14 +359,40 @@ pub(crate) fn is_noscript(err: &redis::RedisError) -> bool {
 /// another owner) or `READONLY` (the node was demoted to replica; scripts
 /// check their input before the first write, so the refused write was the
 /// first). redis-rs refreshes its slot map on both before sending anything
-/// else, so sending again goes to the new owner. `ASK`, `TRYAGAIN` and
-/// `CLUSTERDOWN` need a redirect or a wait that a plain resend cannot give,
-/// and are returned to the caller.
+/// else, so sending again goes to the new owner.
 fn is_redirect(err: &redis::RedisError) -> bool {
     matches!(
         err.kind(),
         ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::ReadOnly)
     )
+}
+
+/// A reply in which the server promises that nothing ran and that the same
+/// request may succeed a moment later: a redirect ([`is_redirect`]), or
+///
+/// * `ASK`: the key's slot is being migrated and the key is not (or no
+///   longer) on this node. nolock waits for the migration to end rather
+///   than sending `ASKING` and the script to the named node, because every
+///   operation takes any `ConnectionLike`, through which redis-rs's cluster
+///   connection cannot be told to route one request to a given node. Once
+///   the slot has moved, the old owner answers `MOVED` and the call follows.
+/// * `TRYAGAIN`: a multi-key script whose keys are split by a migration.
+/// * `CLUSTERDOWN`, `LOADING`, `MASTERDOWN`: the node cannot serve right now.
+///
+/// `BUSY` (another script is running) is not resent: it may last until an
+/// operator runs `SCRIPT KILL`, so the caller decides.
+fn is_resendable(err: &redis::RedisError) -> bool {
+    is_redirect(err)
+        || matches!(
+            err.kind(),
+            ErrorKind::Server(
+                ServerErrorKind::Ask
+                    | ServerErrorKind::TryAgain
+                    | ServerErrorKind::ClusterDown
+                    | ServerErrorKind::BusyLoading
+                    | ServerErrorKind::MasterDown
+            )
+        )
 }
 
 /// The words of a command, for tests that check exactly what is sent.
@@ -501,22 +592,75 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn only_moved_and_readonly_are_resent() {
+    fn only_nothing_ran_replies_are_resent() {
         let server = |kind| redis::RedisError::from((ErrorKind::Server(kind), "x"));
         assert!(is_redirect(&server(ServerErrorKind::Moved)));
         assert!(is_redirect(&server(ServerErrorKind::ReadOnly)));
         for kind in [
+            ServerErrorKind::Moved,
+            ServerErrorKind::ReadOnly,
             ServerErrorKind::Ask,
             ServerErrorKind::TryAgain,
             ServerErrorKind::ClusterDown,
+            ServerErrorKind::BusyLoading,
+            ServerErrorKind::MasterDown,
+        ] {
+            assert!(is_resendable(&server(kind)), "{kind:?}");
+        }
+        for kind in [
             ServerErrorKind::NoScript,
             ServerErrorKind::ResponseError,
+            ServerErrorKind::CrossSlot,
+            ServerErrorKind::ExecAbort,
         ] {
-            assert!(!is_redirect(&server(kind)), "{kind:?}");
+            assert!(!is_resendable(&server(kind)), "{kind:?}");
         }
         let lost =
             redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
-        assert!(!is_redirect(&lost) && !is_noscript(&lost));
+        assert!(!is_resendable(&lost) && !is_noscript(&lost));
+    }
+
+    /// A connection that answers every request with one fixed error.
+    struct Fixed {
+        error: fn() -> redis::RedisError,
+        sent: usize,
+    }
+
+    impl ConnectionLike for Fixed {
+        fn req_packed_command<'a>(&'a mut self, _: &'a Cmd) -> redis::RedisFuture<'a, Value> {
+            self.sent += 1;
+            let error = self.error;
+            Box::pin(async move { Err(error()) })
+        }
+
+        fn req_packed_commands<'a>(
+            &'a mut self,
+            _: &'a redis::Pipeline,
+            _: usize,
+            _: usize,
+        ) -> redis::RedisFuture<'a, Vec<Value>> {
+            Box::pin(async { Err((ErrorKind::Client, "unused").into()) })
+        }
+
+        fn get_db(&self) -> i64 {
+            0
+        }
+    }
+
+    #[tokio::test]
+    async fn nothing_ran_replies_are_resent_within_the_budget() {
+        let call = Invocation::new(&ECHO, &["k"]);
+        let mut conn = Fixed {
+            error: || (ErrorKind::Server(ServerErrorKind::TryAgain), "x").into(),
+            sent: 0,
+        };
+        let started = std::time::Instant::now();
+        let err = call.run(&mut conn).await.unwrap_err();
+        assert!(err.is_definite(), "{err:?}");
+        assert_eq!(conn.sent, 1 + RESEND_DELAYS.len());
+        let waited: Duration = RESEND_DELAYS.iter().sum();
+        assert!(started.elapsed() >= waited);
+        assert!(waited < Duration::from_millis(1500));
     }
 
     #[test]

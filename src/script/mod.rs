@@ -46,9 +46,13 @@
 //! `NOSCRIPT` by whichever node served it is loaded and run again there: the
 //! `SCRIPT LOAD` + `EVALSHA` pipeline is routed by the `EVALSHA`'s key. A call
 //! answered `MOVED` or `READONLY`, which a node sends without running
-//! anything when the slot has a new owner, is sent again (up to 4 times
-//! within about 150 ms) once redis-rs has refreshed its slot map;
-//! [`Stats::redirects`] counts these. Nothing else is ever sent twice, which is why the cluster client
+//! anything when the slot has a new owner, is sent again once redis-rs has
+//! refreshed its slot map ([`Stats::redirects`]). A call answered `ASK` or
+//! `TRYAGAIN` (its slot is being migrated), `CLUSTERDOWN`, `LOADING` or
+//! `MASTERDOWN` is sent again after a short wait ([`Stats::retries`]): nolock
+//! waits out a migration rather than sending `ASKING` to the importing node,
+//! which the generic `ConnectionLike` API gives no way to address. All
+//! resends share one budget: 8 within about 1.3 s. Nothing else is ever sent twice, which is why the cluster client
 //! must be built with `retries(0)` (see the crate docs).
 //!
 //! **What a failover keeps.** `CLUSTER FAILOVER` on a replica, without
@@ -115,7 +119,7 @@ pub use user::ScriptDir;
 pub(crate) use batch::run_one;
 #[cfg(test)]
 pub(crate) use invoke::words;
-pub(crate) use invoke::Invocation;
+pub(crate) use invoke::{is_never_sent, never_sent, Invocation};
 pub(crate) use reply::Reply;
 
 /// A `static` [`Script`] for `lua/<name>.lua`.

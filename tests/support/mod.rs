@@ -9,7 +9,11 @@
 
 pub mod cluster;
 pub mod deployment;
+pub mod faults;
+pub mod history;
+pub mod proxy;
 pub mod server;
+pub mod torture;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 

@@ -1,0 +1,153 @@
+//! A slot migration under load, on a cluster of its own (it changes the
+//! topology): calls that meet `ASK`, `TRYAGAIN` or `MOVED` are resent by
+//! nolock, so the callers see no error but `Indeterminate` for lost replies,
+//! and every counter is exact.
+
+mod support;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use nolock::{fence, limits, Scripts};
+use support::cluster::RedisCluster;
+use support::faults::migrate_slot;
+use support::history::{
+    check_counter, check_fences, FenceOp, FenceReply, Increment, Outcome, Recorder,
+};
+
+const LONG: Duration = Duration::from_secs(600);
+const LIMIT: u64 = 1_000_000;
+
+type Counters = Recorder<Increment, limits::Admission>;
+
+/// 4 clients increment 4 counters of one slot (single-key scripts) and
+/// take a fenced lock of the same slot (a two-key script), while the slot
+/// is moved to another primary two keys at a time, then moved back. The
+/// batches are 30 ms apart, so the slot stays half-moved for a while: a key
+/// already moved draws `ASK` from the source, a lock whose two keys are
+/// split draws `TRYAGAIN`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_moves_under_load_without_errors_and_counts_stay_exact() {
+    let cluster = RedisCluster::start();
+    let mut setup = cluster.conn().await;
+    Scripts::load(&mut setup).await.expect("load scripts");
+    let tag = "{migrating}";
+    let slot = nolock::keys::slot(tag);
+    let keys: Vec<String> = (0..4).map(|i| format!("{tag}:counter:{i}")).collect();
+    // Some keys exist before the move, so MIGRATE has work to do; the lock
+    // and its fence counter are created during it.
+    for key in &keys {
+        let first = limits::try_increment(&mut setup, key, LIMIT, LONG).await;
+        assert!(first.expect("first increment").admitted);
+    }
+    let before = nolock::stats();
+
+    let counters = Arc::new(Counters::new());
+    let fences = Arc::new(Recorder::<FenceOp, FenceReply>::new());
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for (process, key) in keys.iter().enumerate() {
+        let (counters, fences, stop, key) =
+            (counters.clone(), fences.clone(), stop.clone(), key.clone());
+        let mut conn = cluster.conn().await;
+        let resource = format!("{tag}:lock");
+        tasks.push(tokio::spawn(async move {
+            let mut round = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                counters
+                    .record(
+                        process,
+                        Increment {
+                            n: 1,
+                            key: process as u32,
+                        },
+                        limits::try_increment(&mut conn, &key, LIMIT, LONG),
+                    )
+                    .await;
+                round += 1;
+                if round % 4 == process as u64 {
+                    fences
+                        .record(process, FenceOp::Acquire, async {
+                            fence::acquire(&mut conn, &resource, Duration::from_millis(50))
+                                .await
+                                .map(|a| match a.acquired() {
+                                    Some(g) => FenceReply::Granted(g.fence),
+                                    None => FenceReply::Held,
+                                })
+                        })
+                        .await;
+                }
+            }
+        }));
+    }
+
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let home = cluster.shard_of(tag).await.primary;
+    let away = cluster
+        .shards()
+        .await
+        .into_iter()
+        .map(|s| s.primary)
+        .find(|&p| p != home)
+        .expect("another primary");
+    let pause = Duration::from_millis(30);
+    assert_eq!(migrate_slot(&cluster, slot, away, pause).await, home);
+    assert_eq!(cluster.shard_of(tag).await.primary, away);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(migrate_slot(&cluster, slot, home, pause).await, away);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stop.store(true, Ordering::Relaxed);
+    for task in tasks {
+        task.await.expect("client task");
+    }
+
+    let events = counters.events();
+    let refused: Vec<_> = events
+        .iter()
+        .filter(|e| matches!(e.outcome, Outcome::Definite(_)))
+        .collect();
+    assert!(
+        refused.is_empty(),
+        "definite errors reached callers: {refused:?}"
+    );
+    let fence_events = fences.events();
+    let fence_refused: Vec<_> = fence_events
+        .iter()
+        .filter(|e| matches!(e.outcome, Outcome::Definite(_)))
+        .collect();
+    assert!(
+        fence_refused.is_empty(),
+        "definite errors reached callers: {fence_refused:?}"
+    );
+    for (process, key) in keys.iter().enumerate() {
+        let mine: Vec<_> = events
+            .iter()
+            .filter(|e| e.process == process)
+            .cloned()
+            .collect();
+        let mut owner = cluster.node(cluster.shard_of(key).await.primary).await;
+        let stored: u64 = redis::cmd("GET")
+            .arg(key)
+            .query_async(&mut owner)
+            .await
+            .expect("read the counter");
+        // The first increment before the run counts as admitted.
+        let verdict = check_counter(&mine, stored - 1, LIMIT);
+        assert!(verdict.is_ok(), "{key}: {verdict:?}");
+    }
+    let verdict = check_fences(&fence_events, None);
+    assert!(verdict.is_ok(), "{verdict:?}");
+    let after = nolock::stats();
+    let resent = (after.retries - before.retries) + (after.redirects - before.redirects);
+    eprintln!(
+        "{} calls, {} resent after ASK/TRYAGAIN/MOVED, {} indeterminate",
+        events.len() + fence_events.len(),
+        resent,
+        events
+            .iter()
+            .filter(|e| e.outcome.is_indeterminate())
+            .count()
+    );
+    assert!(resent > 0, "the migration never redirected a call");
+}

@@ -1,0 +1,570 @@
+//! Histories of concurrent nolock calls, and the invariant each module keeps
+//! over a whole history, faults included.
+//!
+//! A [`Recorder`] stores every call of a run as an [`Event`]: who made it,
+//! what it asked, when it was invoked and when it completed (monotonic and
+//! wall-clock), and its [`Outcome`]: a value, a definite error (nothing
+//! happened) or an indeterminate one (it may have happened). Replies that
+//! carry the server's clock ([`nolock::rate::RateLimit::at`]) keep it in the
+//! value.
+//!
+//! The checkers below take the events of one module and the state read back
+//! at the end, and return a one-line verdict or the first violation. Each
+//! states its invariant in its doc comment; in all of them an indeterminate
+//! call counts as "applied or not, whichever the final state needs" (a
+//! subset), and a definite error as "not applied".
+//!
+//! Wall-clock times are compared with the server's `TIME`: the tests run
+//! Redis on the same host, so both read the same clock.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::sync::Mutex;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// How one call ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome<T> {
+    /// The call returned a value.
+    Ok(T),
+    /// A definite error: the operation did not take effect.
+    Definite(String),
+    /// The operation may or may not have taken effect.
+    Indeterminate(String),
+}
+
+impl<T> Outcome<T> {
+    pub fn from_result(result: &nolock::Result<T>) -> Self
+    where
+        T: Clone,
+    {
+        match result {
+            Ok(v) => Outcome::Ok(v.clone()),
+            Err(e) if e.is_definite() => Outcome::Definite(e.to_string()),
+            Err(e) => Outcome::Indeterminate(e.to_string()),
+        }
+    }
+
+    pub fn ok(&self) -> Option<&T> {
+        match self {
+            Outcome::Ok(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    pub fn is_indeterminate(&self) -> bool {
+        matches!(self, Outcome::Indeterminate(_))
+    }
+
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Outcome::Ok(_) => "ok",
+            Outcome::Definite(_) => "definite",
+            Outcome::Indeterminate(_) => "indeterminate",
+        }
+    }
+}
+
+/// One recorded call.
+#[derive(Debug, Clone)]
+pub struct Event<Op, T> {
+    pub process: usize,
+    pub op: Op,
+    /// Monotonic times since the recorder was made.
+    pub invoked: Duration,
+    pub completed: Duration,
+    /// The same instants on the wall clock, in microseconds since the epoch.
+    pub invoked_us: u64,
+    pub completed_us: u64,
+    pub outcome: Outcome<T>,
+}
+
+/// Microseconds since the Unix epoch of a wall-clock time.
+pub fn micros(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+/// A thread-safe log of events of one module.
+pub struct Recorder<Op, T> {
+    start: Instant,
+    events: Mutex<Vec<Event<Op, T>>>,
+}
+
+impl<Op: Clone, T: Clone> Default for Recorder<Op, T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<Op: Clone, T: Clone> Recorder<Op, T> {
+    pub fn new() -> Self {
+        Recorder {
+            start: Instant::now(),
+            events: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Run `call`, record it, and return its outcome.
+    pub async fn record<F>(&self, process: usize, op: Op, call: F) -> Outcome<T>
+    where
+        F: std::future::Future<Output = nolock::Result<T>>,
+    {
+        let invoked = self.start.elapsed();
+        let invoked_us = micros(SystemTime::now());
+        let result = call.await;
+        let completed = self.start.elapsed();
+        let completed_us = micros(SystemTime::now());
+        let outcome = Outcome::from_result(&result);
+        self.events
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Event {
+                process,
+                op,
+                invoked,
+                completed,
+                invoked_us,
+                completed_us,
+                outcome: outcome.clone(),
+            });
+        outcome
+    }
+
+    pub fn events(&self) -> Vec<Event<Op, T>> {
+        self.events
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+}
+
+/// Calls per operation kind and outcome kind: `(op, outcome) -> n`.
+pub fn tally<Op, T>(events: &[Event<Op, T>], op_kind: impl Fn(&Op) -> &'static str) -> Tally {
+    let mut tally = Tally::default();
+    for e in events {
+        *tally
+            .0
+            .entry((op_kind(&e.op), e.outcome.kind()))
+            .or_default() += 1;
+    }
+    tally
+}
+
+/// Counts keyed by `(operation, outcome)`.
+#[derive(Debug, Default, Clone)]
+pub struct Tally(pub BTreeMap<(&'static str, &'static str), u64>);
+
+impl Tally {
+    pub fn get(&self, op: &str, outcome: &str) -> u64 {
+        self.0
+            .iter()
+            .filter(|((o, k), _)| *o == op && *k == outcome)
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    pub fn merge(&mut self, other: &Tally) {
+        for (k, n) in &other.0 {
+            *self.0.entry(*k).or_default() += n;
+        }
+    }
+}
+
+/// The signed sums reachable by adding any subset of `deltas` (each small).
+/// The checkers use it for "plus some subset of the indeterminate calls".
+pub fn subset_sums(deltas: &[i64]) -> std::collections::BTreeSet<i64> {
+    let mut sums = std::collections::BTreeSet::from([0i64]);
+    for &d in deltas {
+        let next: Vec<i64> = sums.iter().map(|s| s + d).collect();
+        sums.extend(next);
+    }
+    sums
+}
+
+// ---------------------------------------------------------------------------
+// Counters: limits::try_increment_by on one key, one window for the run.
+
+#[derive(Debug, Clone)]
+pub struct Increment {
+    pub n: u64,
+    /// Which counter, when a run uses several (check each on its own).
+    pub key: u32,
+}
+
+/// **Counter invariant.** With one window for the whole run, the final
+/// count equals the sum of the admitted increments plus the increments of
+/// some subset of the indeterminate calls, and never exceeds the limit.
+/// Every admitted reply's count is at most the limit, and no two admitted
+/// replies report the same count (each admission moved the counter to a
+/// count of its own).
+pub fn check_counter(
+    events: &[Event<Increment, nolock::limits::Admission>],
+    final_count: u64,
+    limit: u64,
+) -> Result<String, String> {
+    let mut admitted = 0u64;
+    let mut seen = std::collections::BTreeSet::new();
+    let mut unknown = Vec::new();
+    for e in events {
+        match &e.outcome {
+            Outcome::Ok(a) if a.admitted => {
+                admitted += e.op.n;
+                if a.count > limit {
+                    return Err(format!(
+                        "admitted with count {} > limit {limit}: {e:?}",
+                        a.count
+                    ));
+                }
+                if !seen.insert(a.count) {
+                    return Err(format!("two admissions report count {}: {e:?}", a.count));
+                }
+            }
+            Outcome::Indeterminate(_) => unknown.push(e.op.n as i64),
+            _ => {}
+        }
+    }
+    if final_count > limit {
+        return Err(format!("final count {final_count} > limit {limit}"));
+    }
+    let extra = final_count as i64 - admitted as i64;
+    if !subset_sums(&unknown).contains(&extra) {
+        return Err(format!(
+            "final count {final_count} is not {admitted} admitted plus a subset of {} indeterminate increments {unknown:?}",
+            unknown.len()
+        ));
+    }
+    Ok(format!(
+        "counter ok: final {final_count} = {admitted} admitted + {extra} of {} indeterminate",
+        unknown.len()
+    ))
+}
+
+// ---------------------------------------------------------------------------
+// Holders: a limit used as a concurrency limit (acquire = try_increment,
+// release = limits::release). The semaphore's checker hooks in here.
+
+/// One holding as the client saw it: from the moment its acquire returned
+/// admitted to the moment its release was invoked (monotonic times). The
+/// server's holding starts earlier and ends later, so client-side
+/// intervals overlap no more than the server's.
+#[derive(Debug, Clone, Copy)]
+pub struct Holding {
+    pub from: Duration,
+    pub until: Duration,
+}
+
+/// **Holders invariant** (concurrency limits, and the semaphore when it
+/// lands: feed it the intervals between an acquire's reply and its
+/// release's invocation): at no instant do more than `permits` holdings
+/// overlap.
+pub fn check_holders(holdings: &[Holding], permits: u64) -> Result<String, String> {
+    let mut edges: Vec<(Duration, i64)> = Vec::new();
+    for h in holdings {
+        edges.push((h.from, 1));
+        edges.push((h.until, -1));
+    }
+    // At equal instants, releases first: a release invoked before an acquire
+    // returned freed its permit before that acquire ran.
+    edges.sort_by_key(|&(t, d)| (t, d));
+    let (mut now, mut most) = (0i64, 0i64);
+    for (t, d) in edges {
+        now += d;
+        if now > permits as i64 {
+            return Err(format!("{now} holders at {t:?}, permits {permits}"));
+        }
+        most = most.max(now);
+    }
+    Ok(format!(
+        "holders ok: at most {most} of {permits} permits held at once, {} holdings",
+        holdings.len()
+    ))
+}
+
+// ---------------------------------------------------------------------------
+// Rate limiters: GCRA (and token bucket, which decides the same) on one key.
+
+#[derive(Debug, Clone)]
+pub enum RateOp {
+    Check { cost: u64 },
+    Refund { amount: u64 },
+}
+
+#[derive(Debug, Clone)]
+pub enum RateReply {
+    Decision(nolock::rate::RateLimit),
+    /// Units given back.
+    Refunded(u64),
+}
+
+/// **Rate invariant** (GCRA / token bucket with burst `b` and emission
+/// interval `T`): for any two admitted decisions at server times
+/// `t1 <= t2` (checked for every window up to `(b + 400) * T` long), the
+/// units admitted at server times in `[t1, t2]`, minus the
+/// units refunded by refunds that may have run in that span, are at most
+/// `b + (t2 - t1) / T`. Exact in microseconds: the script's theoretical
+/// arrival time rises by `cost * T` per admission, falls by at most
+/// `credited * T` per refund (never below the server clock), and admits
+/// only while it is at most `b * T` ahead of the server clock. An
+/// indeterminate refund counts as possibly run, for its full amount, from
+/// its invocation on.
+pub fn check_rate(
+    events: &[Event<RateOp, RateReply>],
+    burst: u64,
+    interval: Duration,
+) -> Result<String, String> {
+    let t = interval.as_micros() as i128;
+    let mut admitted: Vec<(u64, u64)> = events
+        .iter()
+        .filter_map(|e| match (&e.op, &e.outcome) {
+            (RateOp::Check { cost }, Outcome::Ok(RateReply::Decision(d))) if d.allowed => {
+                Some((micros(d.at), *cost))
+            }
+            _ => None,
+        })
+        .collect();
+    admitted.sort();
+    // Refunds that may have run in [t1, t2]: a completed one whose
+    // [invoked, completed] meets it, an indeterminate one invoked by t2.
+    // Sums by prefix over sorted ends, so each window costs O(log n).
+    let mut by_from = Vec::new();
+    let mut by_until = Vec::new();
+    let mut unknown = Vec::new();
+    for e in events {
+        match (&e.op, &e.outcome) {
+            (RateOp::Refund { .. }, Outcome::Ok(RateReply::Refunded(credited))) => {
+                by_from.push((e.invoked_us, *credited));
+                by_until.push((e.completed_us, *credited));
+            }
+            (RateOp::Refund { amount }, Outcome::Indeterminate(_)) => {
+                unknown.push((e.invoked_us, *amount))
+            }
+            _ => {}
+        }
+    }
+    let prefix = |mut v: Vec<(u64, u64)>| {
+        v.sort();
+        let mut sums = Vec::with_capacity(v.len() + 1);
+        sums.push(0i128);
+        for &(_, a) in &v {
+            let last = *sums.last().unwrap_or(&0);
+            sums.push(last + a as i128);
+        }
+        (v, sums)
+    };
+    let (by_from, from_sums) = prefix(by_from);
+    let (by_until, until_sums) = prefix(by_until);
+    let (unknown, unknown_sums) = prefix(unknown);
+    let refunded_in = |t1: u64, t2: u64| -> i128 {
+        let started = from_sums[by_from.partition_point(|r| r.0 <= t2)];
+        let ended_before = until_sums[by_until.partition_point(|r| r.0 < t1)];
+        started - ended_before + unknown_sums[unknown.partition_point(|r| r.0 <= t2)]
+    };
+    // Windows up to this long are checked (every pair of admissions in them).
+    let horizon = (burst as i128 + 400) * t;
+    let mut tightest = i128::MIN;
+    for i in 0..admitted.len() {
+        let t1 = admitted[i].0;
+        let mut units: i128 = 0;
+        for &(t2, cost) in &admitted[i..] {
+            if (t2 - t1) as i128 > horizon {
+                break;
+            }
+            units += cost as i128;
+            let refunded = refunded_in(t1, t2);
+            // (units - refunded - b) * T <= t2 - t1
+            let excess = (units - refunded - burst as i128) * t - (t2 - t1) as i128;
+            tightest = tightest.max(excess);
+            if excess > 0 {
+                return Err(format!(
+                    "{units} units admitted (minus {refunded} refunded) in [{t1}, {t2}] us: \
+                     above burst {burst} + {} us / {t} us",
+                    t2 - t1
+                ));
+            }
+        }
+    }
+    Ok(format!(
+        "rate ok: {} admissions, {} refunds ({} indeterminate), closest approach to the bound {} us",
+        admitted.len(),
+        by_from.len() + unknown.len(),
+        unknown.len(),
+        -tightest.max(i128::MIN + 1)
+    ))
+}
+
+// ---------------------------------------------------------------------------
+// Fences: fence::acquire on one resource, fence::write to one fenced key.
+
+#[derive(Debug, Clone)]
+pub enum FenceOp {
+    Acquire,
+    Write { fence: u64, value: String },
+    Release,
+}
+
+#[derive(Debug, Clone)]
+pub enum FenceReply {
+    Granted(u64),
+    Held,
+    Applied,
+    Stale(u64),
+    /// The write's fence was never granted (refused, nothing written).
+    NotGranted,
+    Released,
+}
+
+/// **Fence invariant.** (1) Grants are strictly increasing in grant order:
+/// when one acquire returned fence `a` before another was invoked, and that
+/// one returned fence `b`, then `a < b`; no fence is granted twice. This
+/// holds across restarts with `appendfsync always` and coordinated
+/// failovers. (2) A write with a stale fence is never applied: when a write
+/// with fence `a` was applied before a write with fence `b` was invoked,
+/// and that one was applied too, `a <= b`; and the fence stored at the end
+/// is the greatest applied one, or that of an indeterminate write above it,
+/// with that write's value.
+pub fn check_fences(
+    events: &[Event<FenceOp, FenceReply>],
+    stored: Option<(u64, String)>,
+) -> Result<String, String> {
+    // (1) grants in real-time order.
+    let mut grants: Vec<(Duration, Duration, u64)> = events
+        .iter()
+        .filter_map(|e| match e.outcome {
+            Outcome::Ok(FenceReply::Granted(f)) => Some((e.invoked, e.completed, f)),
+            _ => None,
+        })
+        .collect();
+    let mut fences: Vec<u64> = grants.iter().map(|g| g.2).collect();
+    fences.sort_unstable();
+    if let Some(w) = fences.windows(2).find(|w| w[0] == w[1]) {
+        return Err(format!("fence {} granted twice", w[0]));
+    }
+    grants.sort_by_key(|g| g.1);
+    let mut prefix_max = Vec::with_capacity(grants.len());
+    let mut most = 0;
+    for g in &grants {
+        most = most.max(g.2);
+        prefix_max.push(most);
+    }
+    for g in &grants {
+        // Grants that completed before this one was invoked.
+        let before = grants.partition_point(|h| h.1 < g.0);
+        if before > 0 && prefix_max[before - 1] >= g.2 {
+            return Err(format!(
+                "fence {} granted after a grant of fence {} had returned",
+                g.2,
+                prefix_max[before - 1]
+            ));
+        }
+    }
+    // (2) applied writes never go back.
+    let mut applied: Vec<(Duration, Duration, u64)> = events
+        .iter()
+        .filter_map(|e| match (&e.op, &e.outcome) {
+            (FenceOp::Write { fence, .. }, Outcome::Ok(FenceReply::Applied)) => {
+                Some((e.invoked, e.completed, *fence))
+            }
+            _ => None,
+        })
+        .collect();
+    applied.sort_by_key(|w| w.1);
+    let mut prefix = Vec::with_capacity(applied.len());
+    let mut most_applied = 0;
+    for w in &applied {
+        most_applied = most_applied.max(w.2);
+        prefix.push(most_applied);
+    }
+    for w in &applied {
+        let before = applied.partition_point(|v| v.1 < w.0);
+        if before > 0 && prefix[before - 1] > w.2 {
+            return Err(format!(
+                "stale write with fence {} applied after fence {} was",
+                w.2,
+                prefix[before - 1]
+            ));
+        }
+    }
+    match stored {
+        None if applied.is_empty() => {}
+        None => return Err("writes were applied but the fenced key is gone".into()),
+        Some((fence, value)) => {
+            if fence < most_applied {
+                return Err(format!(
+                    "stored fence {fence} < applied fence {most_applied}"
+                ));
+            }
+            let candidate = events.iter().any(|e| match (&e.op, &e.outcome) {
+                (FenceOp::Write { fence: f, value: v }, Outcome::Ok(FenceReply::Applied))
+                | (FenceOp::Write { fence: f, value: v }, Outcome::Indeterminate(_)) => {
+                    *f == fence && *v == value
+                }
+                _ => false,
+            });
+            if !candidate {
+                return Err(format!(
+                    "stored ({fence}, {value:?}) is no applied or indeterminate write"
+                ));
+            }
+        }
+    }
+    Ok(format!(
+        "fences ok: {} grants strictly increasing, {} applied writes never stale",
+        grants.len(),
+        applied.len()
+    ))
+}
+
+// ---------------------------------------------------------------------------
+// Balances: cas::debit / cas::credit on one key.
+
+#[derive(Debug, Clone)]
+pub enum BalanceOp {
+    Debit(u64),
+    Credit(u64),
+}
+
+/// **Balance invariant.** final = initial − applied debits + applied
+/// credits ± the amounts of some subset of the indeterminate calls; a
+/// refused debit or a definite error is never applied; no reply and no
+/// final balance is below zero.
+pub fn check_balance(
+    events: &[Event<BalanceOp, nolock::cas::Adjustment>],
+    initial: i64,
+    final_balance: i64,
+) -> Result<String, String> {
+    let mut known = initial;
+    let mut unknown = Vec::new();
+    for e in events {
+        let delta = match e.op {
+            BalanceOp::Debit(a) => -(a as i64),
+            BalanceOp::Credit(a) => a as i64,
+        };
+        match &e.outcome {
+            Outcome::Ok(nolock::cas::Adjustment::Applied { balance }) => {
+                if *balance < 0 {
+                    return Err(format!("balance {balance} below zero: {e:?}"));
+                }
+                known += delta;
+            }
+            Outcome::Indeterminate(_) => unknown.push(delta),
+            _ => {}
+        }
+    }
+    if final_balance < 0 {
+        return Err(format!("final balance {final_balance} below zero"));
+    }
+    if !subset_sums(&unknown).contains(&(final_balance - known)) {
+        return Err(format!(
+            "final balance {final_balance} is not {known} plus a subset of {} indeterminate deltas {unknown:?}",
+            unknown.len()
+        ));
+    }
+    Ok(format!(
+        "balance ok: final {final_balance} = {known} known {:+} of {} indeterminate",
+        final_balance - known,
+        unknown.len()
+    ))
+}

@@ -1,0 +1,793 @@
+//! Randomised, seeded runs: client tasks issue random operations of every
+//! module while a fault task injects random faults; at the end the state is
+//! read back and every module's checker ([`super::history`]) judges the
+//! whole history.
+//!
+//! The seed fixes every random choice (operations, amounts, faults, their
+//! timing); the interleaving of tasks is the scheduler's, so a failing seed
+//! reproduces the same mix of operations and faults, not the same
+//! schedule. `tests/histories.rs` runs short versions in CI;
+//! `examples/torture.rs` runs long ones.
+//!
+//! On one server, clients connect through a [`FaultProxy`] (1 s reply
+//! timeout) to a server started with [`DURABLE`] (`appendfsync always`).
+//! On the cluster (a fresh 3×2 one: the faults change its topology) they
+//! use cluster connections with `retries(0)`; the proxy faults do not apply
+//! there (redirects name the nodes themselves).
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use nolock::rate::{Algorithm, Limiter, Quota};
+use nolock::{cas, fence, limits};
+use redis::aio::MultiplexedConnection;
+
+use super::cluster::RedisCluster;
+use super::deployment::AnyConn;
+use super::faults::{self, DURABLE};
+use super::history::*;
+use super::proxy::FaultProxy;
+use super::RedisServer;
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub seed: u64,
+    pub duration: Duration,
+    pub clients: usize,
+    pub cluster: bool,
+}
+
+/// Permits of the concurrency limit (holders check).
+const PERMITS: u64 = 3;
+/// The counter's limit per key; a new key every [`EPOCH`].
+const COUNTER_LIMIT: u64 = 150;
+const EPOCH: Duration = Duration::from_secs(2);
+const LONG: Duration = Duration::from_secs(3600);
+const INITIAL_BALANCE: i64 = 1000;
+const FENCE_TTL: Duration = Duration::from_millis(100);
+/// GCRA: 200 per second (one unit per 5 ms), burst 10.
+const RATE_PER_SECOND: u64 = 200;
+const RATE_BURST: u64 = 10;
+
+/// An operation on the concurrency limit (one key per [`EPOCH`]).
+#[derive(Debug, Clone)]
+pub enum Permit {
+    Acquire { key: u32 },
+    Release { key: u32 },
+}
+
+/// The recorders of one run.
+struct Histories {
+    counters: Recorder<Increment, limits::Admission>,
+    holders: Recorder<Permit, bool>,
+    rate: Recorder<RateOp, RateReply>,
+    fences: Recorder<FenceOp, FenceReply>,
+    balance: Recorder<BalanceOp, cas::Adjustment>,
+}
+
+struct Keys {
+    prefix: String,
+}
+
+impl Keys {
+    fn counter(&self, epoch: u32) -> String {
+        format!("{{{}ctr{epoch}}}", self.prefix)
+    }
+    fn holders(&self, epoch: u32) -> String {
+        format!("{{{}sem{epoch}}}", self.prefix)
+    }
+    fn rate(&self) -> String {
+        format!("{{{}rate}}", self.prefix)
+    }
+    fn lock(&self) -> String {
+        format!("{{{}lock}}", self.prefix)
+    }
+    fn fenced(&self) -> String {
+        format!("{{{}lock}}:data", self.prefix)
+    }
+    fn balance(&self) -> String {
+        format!("{{{}bal}}", self.prefix)
+    }
+    fn all_fixed(&self) -> Vec<String> {
+        vec![self.rate(), self.lock(), self.balance(), self.counter(0)]
+    }
+}
+
+/// Where the run happens.
+enum Target {
+    Single {
+        server: Arc<Mutex<RedisServer>>,
+        url: String,
+        proxy: FaultProxy,
+    },
+    Cluster(RedisCluster),
+}
+
+impl Target {
+    async fn client_conn(&self) -> Option<AnyConn> {
+        match self {
+            Target::Single { proxy, .. } => {
+                let config = redis::AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(Duration::from_millis(500)))
+                    .set_response_timeout(Some(Duration::from_secs(1)));
+                let client = redis::Client::open(proxy.url()).ok()?;
+                client
+                    .get_multiplexed_async_connection_with_config(&config)
+                    .await
+                    .ok()
+                    .map(AnyConn::Single)
+            }
+            Target::Cluster(cluster) => cluster
+                .client()
+                .get_async_connection()
+                .await
+                .ok()
+                .map(AnyConn::Cluster),
+        }
+    }
+
+    /// A direct connection for reading the final state (after healing).
+    async fn reader(&self) -> AnyConn {
+        match self {
+            Target::Single { url, .. } => AnyConn::Single(
+                redis::Client::open(url.as_str())
+                    .expect("url")
+                    .get_multiplexed_async_connection()
+                    .await
+                    .expect("connect to the server"),
+            ),
+            Target::Cluster(cluster) => AnyConn::Cluster(cluster.conn().await),
+        }
+    }
+}
+
+/// The outcome of one run: what was done, what was injected, and the
+/// verdict of each checker.
+#[derive(Debug, Default)]
+pub struct Report {
+    pub seed: u64,
+    pub cluster: bool,
+    pub elapsed: Duration,
+    pub ops: Tally,
+    pub faults: BTreeMap<&'static str, u64>,
+    pub verdicts: Vec<(&'static str, Result<String, String>)>,
+    pub stats: (u64, u64, u64, u64, u64),
+}
+
+impl Report {
+    pub fn passed(&self) -> bool {
+        self.verdicts.iter().all(|(_, v)| v.is_ok())
+    }
+
+    /// The summary table: operations by outcome, faults by kind, verdicts.
+    pub fn table(&self) -> String {
+        let mut out = format!(
+            "seed {} on {} for {:.1} s\n\n| operation | ok | definite | indeterminate |\n|---|---:|---:|---:|\n",
+            self.seed,
+            if self.cluster { "the 3x2 cluster" } else { "one server (through the fault proxy)" },
+            self.elapsed.as_secs_f64()
+        );
+        let mut ops: Vec<&str> = self.ops.0.keys().map(|(op, _)| *op).collect();
+        ops.dedup();
+        for op in ops {
+            out.push_str(&format!(
+                "| {op} | {} | {} | {} |\n",
+                self.ops.get(op, "ok"),
+                self.ops.get(op, "definite"),
+                self.ops.get(op, "indeterminate")
+            ));
+        }
+        out.push_str("\n| fault | injected |\n|---|---:|\n");
+        for (fault, n) in &self.faults {
+            out.push_str(&format!("| {fault} | {n} |\n"));
+        }
+        let (calls, fallbacks, redirects, retries, never_sent) = self.stats;
+        out.push_str(&format!(
+            "\nengine: {calls} script calls, {fallbacks} NOSCRIPT fallbacks, {redirects} MOVED/READONLY resends, \
+             {retries} ASK/TRYAGAIN/CLUSTERDOWN/LOADING/MASTERDOWN resends, {never_sent} never-sent (definite)\n\n"
+        ));
+        out.push_str("| checker | verdict |\n|---|---|\n");
+        for (name, verdict) in &self.verdicts {
+            match verdict {
+                Ok(v) => out.push_str(&format!("| {name} | PASS: {v} |\n")),
+                Err(v) => out.push_str(&format!("| {name} | **FAIL**: {v} |\n")),
+            }
+        }
+        out
+    }
+}
+
+fn epoch_of(start: Instant) -> u32 {
+    (start.elapsed().as_millis() / EPOCH.as_millis()) as u32
+}
+
+/// Run one scenario. Panics only on harness failures (a server that does
+/// not come back); checker failures are in the report.
+pub async fn run(config: Config) -> Report {
+    let target = if config.cluster {
+        Target::Cluster(RedisCluster::start())
+    } else {
+        let server = RedisServer::start_with(&DURABLE);
+        let url = server.url();
+        let proxy = FaultProxy::start(server.port).await;
+        Target::Single {
+            server: Arc::new(Mutex::new(server)),
+            url,
+            proxy,
+        }
+    };
+    let target = Arc::new(target);
+    let keys = Arc::new(Keys {
+        prefix: format!("t{}:", config.seed),
+    });
+    {
+        let mut conn = target.reader().await;
+        nolock::Scripts::load(&mut conn)
+            .await
+            .expect("load scripts");
+        let credit = cas::credit(&mut conn, &keys.balance(), INITIAL_BALANCE as u64, None).await;
+        assert!(credit.expect("initial balance").is_applied());
+    }
+    let limiter = Arc::new(
+        Quota::per_second(RATE_PER_SECOND)
+            .and_then(|q| q.with_burst(RATE_BURST))
+            .and_then(|q| Limiter::new(Algorithm::Gcra, q))
+            .expect("a valid quota"),
+    );
+    let histories = Arc::new(Histories {
+        counters: Recorder::new(),
+        holders: Recorder::new(),
+        rate: Recorder::new(),
+        fences: Recorder::new(),
+        balance: Recorder::new(),
+    });
+    let before = nolock::stats();
+    let start = Instant::now();
+    let stop = Arc::new(AtomicBool::new(false));
+
+    let mut clients = Vec::new();
+    for process in 0..config.clients {
+        let (target, keys, histories, stop, limiter) = (
+            target.clone(),
+            keys.clone(),
+            histories.clone(),
+            stop.clone(),
+            limiter.clone(),
+        );
+        let seed = config.seed.wrapping_add(process as u64 + 1);
+        clients.push(tokio::spawn(async move {
+            client(
+                process, seed, &target, &keys, &histories, &limiter, &stop, start,
+            )
+            .await
+        }));
+    }
+    let fault_task = {
+        let (target, keys, stop) = (target.clone(), keys.clone(), stop.clone());
+        let seed = config.seed;
+        tokio::spawn(async move { inject(seed, &target, &keys, &stop).await })
+    };
+
+    tokio::time::sleep(config.duration).await;
+    stop.store(true, Relaxed);
+    let faults = fault_task.await.expect("fault task");
+    for c in clients {
+        c.await.expect("client task");
+    }
+    if let Target::Single { proxy, .. } = &*target {
+        proxy.heal();
+    }
+    let elapsed = start.elapsed();
+
+    // Read back.
+    let conn = target.reader().await;
+    let h = &histories;
+    let mut verdicts = Vec::new();
+
+    let counter_events = h.counters.events();
+    let mut by_key: BTreeMap<u32, Vec<_>> = BTreeMap::new();
+    for e in counter_events.iter().cloned() {
+        by_key.entry(e.op.key).or_default().push(e);
+    }
+    let mut counter_verdict = Ok(format!("{} keys", by_key.len()));
+    for (epoch, events) in &by_key {
+        let usage = read_retrying(|| {
+            let key = keys.counter(*epoch);
+            let mut conn = conn.clone();
+            async move { limits::peek(&mut conn, &key).await }
+        })
+        .await;
+        if let Err(e) = check_counter(events, usage.count, COUNTER_LIMIT) {
+            counter_verdict = Err(format!("key {}: {e}", keys.counter(*epoch)));
+            break;
+        }
+    }
+    if let Ok(summary) = &mut counter_verdict {
+        let admitted = counter_events
+            .iter()
+            .filter(|e| e.outcome.ok().is_some_and(|a| a.admitted))
+            .count();
+        *summary = format!(
+            "counters ok: {} keys, {admitted} admitted, every final count = admitted + a subset of the indeterminate, <= {COUNTER_LIMIT}",
+            by_key.len()
+        );
+    }
+    verdicts.push(("counters (limits)", counter_verdict));
+
+    verdicts.push((
+        "holders (limits as a concurrency limit)",
+        holders_verdict(&h.holders.events()),
+    ));
+
+    verdicts.push((
+        "rate (GCRA)",
+        check_rate(
+            &h.rate.events(),
+            RATE_BURST,
+            limiter.quota().emission_interval(),
+        ),
+    ));
+
+    let stored = read_retrying(|| {
+        let key = keys.fenced();
+        let mut conn = conn.clone();
+        async move { fence::read(&mut conn, &key).await }
+    })
+    .await
+    .map(|f| (f.fence, String::from_utf8_lossy(&f.value).into_owned()));
+    verdicts.push(("fences", check_fences(&h.fences.events(), stored)));
+
+    let balance: i64 = read_retrying(|| {
+        let key = keys.balance();
+        let mut conn = conn.clone();
+        async move {
+            let v: i64 = redis::cmd("GET")
+                .arg(&key)
+                .query_async(&mut conn)
+                .await
+                .map_err(nolock::Error::Redis)?;
+            Ok(v)
+        }
+    })
+    .await;
+    verdicts.push((
+        "balance (cas)",
+        check_balance(&h.balance.events(), INITIAL_BALANCE, balance),
+    ));
+
+    let mut ops = Tally::default();
+    ops.merge(&tally(&counter_events, |_| "limits::try_increment"));
+    ops.merge(&tally(&h.holders.events(), |op| match op {
+        Permit::Acquire { .. } => "limits (acquire a permit)",
+        Permit::Release { .. } => "limits::release",
+    }));
+    ops.merge(&tally(&h.rate.events(), |op| match op {
+        RateOp::Check { .. } => "rate check",
+        RateOp::Refund { .. } => "rate refund",
+    }));
+    ops.merge(&tally(&h.fences.events(), |op| match op {
+        FenceOp::Acquire => "fence::acquire",
+        FenceOp::Write { .. } => "fence::write",
+        FenceOp::Release => "fence::release",
+    }));
+    ops.merge(&tally(&h.balance.events(), |op| match op {
+        BalanceOp::Debit(_) => "cas::debit",
+        BalanceOp::Credit(_) => "cas::credit",
+    }));
+    let after = nolock::stats();
+    Report {
+        seed: config.seed,
+        cluster: config.cluster,
+        elapsed,
+        ops,
+        faults,
+        verdicts,
+        stats: (
+            after.calls - before.calls,
+            after.noscript_fallbacks - before.noscript_fallbacks,
+            after.redirects - before.redirects,
+            after.retries - before.retries,
+            after.never_sent - before.never_sent,
+        ),
+    }
+}
+
+/// Read the final state, waiting out a server still loading or a cluster
+/// still settling.
+async fn read_retrying<T, F, Fut>(mut read: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = nolock::Result<T>>,
+{
+    let mut last = None;
+    for _ in 0..100 {
+        match read().await {
+            Ok(v) => return v,
+            Err(e) => last = Some(e),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("could not read the final state: {last:?}");
+}
+
+fn holders_verdict(events: &[Event<Permit, bool>]) -> Result<String, String> {
+    // Pair each admitted acquire with the same process's next release of
+    // the same key; an acquire without one holds until the end.
+    let end = events.iter().map(|e| e.completed).max().unwrap_or_default() + Duration::from_secs(1);
+    let mut by_key: BTreeMap<u32, Vec<Holding>> = BTreeMap::new();
+    let mut sorted: Vec<_> = events.iter().collect();
+    sorted.sort_by_key(|e| e.invoked);
+    let mut open: BTreeMap<(usize, u32), Duration> = BTreeMap::new();
+    for e in sorted {
+        match (&e.op, &e.outcome) {
+            (Permit::Acquire { key }, Outcome::Ok(true)) => {
+                open.insert((e.process, *key), e.completed);
+            }
+            (Permit::Release { key }, _) => {
+                if let Some(from) = open.remove(&(e.process, *key)) {
+                    by_key.entry(*key).or_default().push(Holding {
+                        from,
+                        until: e.invoked,
+                    });
+                }
+            }
+            _ => {}
+        }
+    }
+    for ((_, key), from) in open {
+        by_key
+            .entry(key)
+            .or_default()
+            .push(Holding { from, until: end });
+    }
+    let mut total = 0;
+    for (key, holdings) in &by_key {
+        total += holdings.len();
+        check_holders(holdings, PERMITS).map_err(|e| format!("key {key}: {e}"))?;
+    }
+    Ok(format!(
+        "holders ok: {total} holdings over {} keys, never more than {PERMITS} at once",
+        by_key.len()
+    ))
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn client(
+    process: usize,
+    seed: u64,
+    target: &Target,
+    keys: &Keys,
+    h: &Histories,
+    limiter: &Limiter,
+    stop: &AtomicBool,
+    start: Instant,
+) {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut conn: Option<AnyConn> = None;
+    while !stop.load(Relaxed) {
+        let Some(c) = conn.as_mut() else {
+            conn = target.client_conn().await;
+            if conn.is_none() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            continue;
+        };
+        // One random operation (or a short sequence of one module).
+        let dead = match rng.u32(0..100) {
+            0..=29 => {
+                let epoch = epoch_of(start);
+                let n = rng.u64(1..=3);
+                let key = keys.counter(epoch);
+                let o = h
+                    .counters
+                    .record(
+                        process,
+                        Increment { n, key: epoch },
+                        limits::try_increment_by(c, &key, n, COUNTER_LIMIT, LONG),
+                    )
+                    .await;
+                lost(&o)
+            }
+            30..=44 => {
+                let epoch = epoch_of(start);
+                let key = keys.holders(epoch);
+                let o = h
+                    .holders
+                    .record(process, Permit::Acquire { key: epoch }, async {
+                        limits::try_increment(c, &key, PERMITS, LONG)
+                            .await
+                            .map(|a| a.admitted)
+                    })
+                    .await;
+                if o == Outcome::Ok(true) {
+                    tokio::time::sleep(Duration::from_millis(rng.u64(0..10))).await;
+                    let r = h
+                        .holders
+                        .record(process, Permit::Release { key: epoch }, async {
+                            // One window per key for the whole run, so the
+                            // count is the number of holders (see history::check_holders).
+                            #[allow(deprecated)]
+                            limits::release(c, &key, 1).await.map(|r| r.released > 0)
+                        })
+                        .await;
+                    lost(&r)
+                } else {
+                    lost(&o)
+                }
+            }
+            45..=64 => {
+                let cost = rng.u64(1..=3);
+                let key = keys.rate();
+                let o = h
+                    .rate
+                    .record(process, RateOp::Check { cost }, async {
+                        limiter.check(c, &key, cost).await.map(RateReply::Decision)
+                    })
+                    .await;
+                match o {
+                    Outcome::Ok(RateReply::Decision(mut d)) if d.allowed && rng.u32(0..5) == 0 => {
+                        let r = h
+                            .rate
+                            .record(process, RateOp::Refund { amount: cost }, async {
+                                limiter
+                                    .refund(c, &key, &mut d, cost)
+                                    .await
+                                    .map(|r| RateReply::Refunded(r.credited))
+                            })
+                            .await;
+                        lost(&r)
+                    }
+                    o => lost(&o),
+                }
+            }
+            65..=79 => {
+                let (lock, data) = (keys.lock(), keys.fenced());
+                let o = h
+                    .fences
+                    .record(process, FenceOp::Acquire, async {
+                        fence::acquire(c, &lock, FENCE_TTL)
+                            .await
+                            .map(|a| match a.acquired() {
+                                Some(g) => FenceReply::Granted(g.fence),
+                                None => FenceReply::Held,
+                            })
+                    })
+                    .await;
+                let mut dead = lost(&o);
+                if let Outcome::Ok(FenceReply::Granted(f)) = o {
+                    // Sometimes pause past the TTL, so a newer grant overtakes.
+                    if rng.u32(0..4) == 0 {
+                        tokio::time::sleep(FENCE_TTL + Duration::from_millis(20)).await;
+                    }
+                    let value = format!("p{process}:f{f}");
+                    let w = h
+                        .fences
+                        .record(
+                            process,
+                            FenceOp::Write {
+                                fence: f,
+                                value: value.clone(),
+                            },
+                            async {
+                                fence::write(c, &data, f, &value).await.map(|w| match w {
+                                    fence::Write::Applied => FenceReply::Applied,
+                                    fence::Write::Stale { current_fence } => {
+                                        FenceReply::Stale(current_fence)
+                                    }
+                                    fence::Write::NotGranted { .. } => FenceReply::NotGranted,
+                                })
+                            },
+                        )
+                        .await;
+                    dead = lost(&w);
+                }
+                dead
+            }
+            _ => {
+                let amount = rng.u64(1..=5);
+                let key = keys.balance();
+                let o = if rng.bool() {
+                    h.balance
+                        .record(
+                            process,
+                            BalanceOp::Debit(amount),
+                            cas::debit(c, &key, amount),
+                        )
+                        .await
+                } else {
+                    h.balance
+                        .record(
+                            process,
+                            BalanceOp::Credit(amount),
+                            cas::credit(c, &key, amount, None),
+                        )
+                        .await
+                };
+                lost(&o)
+            }
+        };
+        if dead && matches!(target, Target::Single { .. }) {
+            // A multiplexed connection does not come back: make a new one.
+            conn = None;
+        }
+        if conn.is_some() && rng.u32(0..10) == 0 {
+            tokio::time::sleep(Duration::from_millis(rng.u64(0..3))).await;
+        }
+    }
+}
+
+/// True when the call's connection may be dead: an indeterminate outcome,
+/// or a definite error raised because the connection had closed.
+fn lost<T>(o: &Outcome<T>) -> bool {
+    match o {
+        Outcome::Indeterminate(_) => true,
+        Outcome::Definite(e) => e.contains("not sent"),
+        Outcome::Ok(_) => false,
+    }
+}
+
+/// The fault task: a random fault every 100-400 ms until `stop`.
+async fn inject(
+    seed: u64,
+    target: &Target,
+    keys: &Keys,
+    stop: &AtomicBool,
+) -> BTreeMap<&'static str, u64> {
+    let mut rng = fastrand::Rng::with_seed(seed ^ 0x5eed_fa17);
+    let mut done: BTreeMap<&'static str, u64> = BTreeMap::new();
+    while !stop.load(Relaxed) {
+        tokio::time::sleep(Duration::from_millis(rng.u64(100..400))).await;
+        if stop.load(Relaxed) {
+            break;
+        }
+        let name = match target {
+            Target::Single { server, url, proxy } => {
+                single_fault(&mut rng, server, url, proxy).await
+            }
+            Target::Cluster(cluster) => cluster_fault(&mut rng, cluster, keys).await,
+        };
+        *done.entry(name).or_default() += 1;
+    }
+    done
+}
+
+async fn direct(url: &str) -> Option<MultiplexedConnection> {
+    redis::Client::open(url)
+        .ok()?
+        .get_multiplexed_async_connection()
+        .await
+        .ok()
+}
+
+async fn single_fault(
+    rng: &mut fastrand::Rng,
+    server: &Arc<Mutex<RedisServer>>,
+    url: &str,
+    proxy: &FaultProxy,
+) -> &'static str {
+    let short = Duration::from_millis(rng.u64(50..300));
+    match rng.u32(0..100) {
+        0..=11 => {
+            proxy.lose_replies(rng.u64(1..=3));
+            "proxy: lose a reply (cut after the request)"
+        }
+        12..=21 => {
+            proxy.set_delay(Duration::from_millis(rng.u64(5..100)));
+            tokio::time::sleep(short).await;
+            proxy.set_delay(Duration::ZERO);
+            "proxy: delay replies"
+        }
+        22..=29 => {
+            proxy.hold();
+            tokio::time::sleep(Duration::from_millis(rng.u64(200..1500))).await;
+            proxy.release();
+            "proxy: hold replies (past the 1 s timeout at times)"
+        }
+        30..=37 => {
+            proxy.refuse();
+            proxy.cut_all();
+            tokio::time::sleep(short).await;
+            proxy.accept();
+            "proxy: cut all + refuse connections"
+        }
+        38..=45 => {
+            proxy.cut_all();
+            "proxy: cut all connections"
+        }
+        46..=55 => {
+            if let Some(mut c) = direct(url).await {
+                let _ = faults::script_flush(&mut c).await;
+            }
+            "SCRIPT FLUSH"
+        }
+        56..=65 => {
+            if let Some(mut c) = direct(url).await {
+                let _ = faults::client_kill(&mut c).await;
+            }
+            "CLIENT KILL"
+        }
+        66..=73 => {
+            if let Some(mut c) = direct(url).await {
+                let _ = faults::client_pause(&mut c, short).await;
+            }
+            tokio::time::sleep(short).await;
+            "CLIENT PAUSE WRITE"
+        }
+        74..=81 => {
+            let _ = faults::busy(url, short).await;
+            "BUSY (a long script)"
+        }
+        82..=89 => {
+            if let Some(mut c) = direct(url).await {
+                let _ = faults::oom(&mut c, short).await;
+            }
+            "OOM (maxmemory 1)"
+        }
+        _ => {
+            let server = server.clone();
+            tokio::task::spawn_blocking(move || {
+                let mut s = server.lock().unwrap_or_else(|e| e.into_inner());
+                faults::kill_and_restart(&mut s);
+            })
+            .await
+            .expect("restart task");
+            "kill -9 + restart (appendfsync always)"
+        }
+    }
+}
+
+async fn cluster_fault(
+    rng: &mut fastrand::Rng,
+    cluster: &RedisCluster,
+    keys: &Keys,
+) -> &'static str {
+    let fixed = keys.all_fixed();
+    let key = &fixed[rng.usize(0..fixed.len())];
+    let short = Duration::from_millis(rng.u64(50..300));
+    let owner = cluster.shard_of(key).await.primary;
+    let url = format!("redis://127.0.0.1:{owner}/");
+    match rng.u32(0..100) {
+        0..=19 => {
+            cluster.flush_scripts_everywhere().await;
+            "SCRIPT FLUSH (every node)"
+        }
+        20..=39 => {
+            if let Some(mut c) = direct(&url).await {
+                let _ = faults::client_kill(&mut c).await;
+            }
+            "CLIENT KILL (a primary)"
+        }
+        40..=54 => {
+            if let Some(mut c) = direct(&url).await {
+                let _ = faults::client_pause(&mut c, short).await;
+            }
+            tokio::time::sleep(short).await;
+            "CLIENT PAUSE WRITE (a primary)"
+        }
+        55..=64 => {
+            let _ = faults::busy(&url, short).await;
+            "BUSY (a primary)"
+        }
+        65..=84 => {
+            let slot = nolock::keys::slot(key);
+            let others: Vec<u16> = cluster
+                .shards()
+                .await
+                .into_iter()
+                .map(|s| s.primary)
+                .filter(|&p| p != owner)
+                .collect();
+            let to = others[rng.usize(0..others.len())];
+            faults::migrate_slot(cluster, slot, to, Duration::from_millis(rng.u64(0..50))).await;
+            "slot migration"
+        }
+        _ => match faults::try_failover(cluster, key).await {
+            Ok(_) => "CLUSTER FAILOVER",
+            Err(_) => "CLUSTER FAILOVER (timed out, no switch)",
+        },
+    }
+}
