@@ -313,3 +313,25 @@ async fn at_most_n_requests_in_flight_per_key() {
         "the slot came back"
     );
 }
+
+/// A builder call on a layer that was already cloned applies to that layer
+/// and leaves the clone as it was (it used to be dropped silently).
+#[tokio::test]
+async fn a_builder_call_after_a_clone_is_not_lost() {
+    let server = RedisServer::start();
+    let conn = server.conn().await;
+    let limiter = Limiter::new(Algorithm::Gcra, Quota::per_second(10).unwrap()).unwrap();
+    let layer = nolock::layer::RateLimitLayer::new(conn.clone(), limiter, |_| "k".into());
+    let kept = layer.clone();
+    let open = layer.guard(Guard::new(Duration::from_millis(40), OnFailure::Open).unwrap());
+    let (open, kept) = (format!("{open:?}"), format!("{kept:?}"));
+    assert!(open.contains("Open") && open.contains("40ms"), "{open}");
+    assert!(kept.contains("Closed") && !kept.contains("40ms"), "{kept}");
+
+    let layer = ConcurrencyLimitLayer::new(conn, 2, Duration::from_secs(1), |_| "k".into());
+    let kept = layer.clone();
+    let open = layer.on_failure(Duration::from_millis(40), OnFailure::Open);
+    let (open, kept) = (format!("{open:?}"), format!("{kept:?}"));
+    assert!(open.contains("Open") && open.contains("40ms"), "{open}");
+    assert!(kept.contains("Closed") && !kept.contains("40ms"), "{kept}");
+}

@@ -61,7 +61,7 @@ struct Shared<C> {
     conn: C,
     permits: u64,
     ttl: Duration,
-    key: Box<KeyFn>,
+    key: Arc<KeyFn>,
     timeout: Duration,
     on_failure: OnFailure,
     /// In-flight requests per key admitted by `OnFailure::Local`.
@@ -106,7 +106,7 @@ where
                 conn,
                 permits,
                 ttl,
-                key: Box::new(key),
+                key: Arc::new(key),
                 timeout: DEFAULT_TIMEOUT,
                 on_failure: OnFailure::Closed,
                 local: Mutex::new(HashMap::new()),
@@ -116,16 +116,23 @@ where
 
     /// Wait at most `timeout` for Redis, then act by `on_failure`.
     pub fn on_failure(self, timeout: Duration, on_failure: OnFailure) -> Self {
-        match Arc::try_unwrap(self.shared) {
-            Ok(mut shared) => {
-                shared.timeout = timeout;
-                shared.on_failure = on_failure;
-                ConcurrencyLimitLayer {
-                    shared: Arc::new(shared),
-                }
-            }
-            // Only after the layer was cloned; a clone keeps its settings.
-            Err(shared) => ConcurrencyLimitLayer { shared },
+        // A layer already cloned shares its settings: change a copy (with
+        // its own local fallback counts), so the call is never lost.
+        let shared = Arc::try_unwrap(self.shared).unwrap_or_else(|s| Shared {
+            conn: s.conn.clone(),
+            permits: s.permits,
+            ttl: s.ttl,
+            key: Arc::clone(&s.key),
+            timeout: s.timeout,
+            on_failure: s.on_failure,
+            local: Mutex::new(HashMap::new()),
+        });
+        ConcurrencyLimitLayer {
+            shared: Arc::new(Shared {
+                timeout,
+                on_failure,
+                ..shared
+            }),
         }
     }
 }

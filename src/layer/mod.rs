@@ -73,16 +73,20 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
 type KeyFn = dyn Fn(&Parts) -> String + Send + Sync;
 type CostFn = dyn Fn(&Parts) -> u64 + Send + Sync;
 
+#[derive(Clone)]
 enum Limits {
     One(Limiter),
     Multi(MultiLimiter, Vec<String>),
 }
 
+/// Cloned only by a builder call on a layer that was already cloned, so that
+/// the call applies to that copy instead of being lost.
+#[derive(Clone)]
 struct Shared<C> {
     conn: C,
     limits: Limits,
-    key: Box<KeyFn>,
-    cost: Option<Box<CostFn>>,
+    key: Arc<KeyFn>,
+    cost: Option<Arc<CostFn>>,
     guard: Guard,
 }
 
@@ -124,7 +128,7 @@ where
         limiter: Limiter,
         key: impl Fn(&Parts) -> String + Send + Sync + 'static,
     ) -> Self {
-        Self::build(conn, Limits::One(limiter), Box::new(key))
+        Self::build(conn, Limits::One(limiter), Arc::new(key))
     }
 
     /// Limit each request with every limit of `limiter` at once, all or
@@ -138,10 +142,10 @@ where
         shared_keys: Vec<String>,
         key: impl Fn(&Parts) -> String + Send + Sync + 'static,
     ) -> Self {
-        Self::build(conn, Limits::Multi(limiter, shared_keys), Box::new(key))
+        Self::build(conn, Limits::Multi(limiter, shared_keys), Arc::new(key))
     }
 
-    fn build(conn: C, limits: Limits, key: Box<KeyFn>) -> Self {
+    fn build(conn: C, limits: Limits, key: Arc<KeyFn>) -> Self {
         RateLimitLayer {
             shared: Arc::new(Shared {
                 conn,
@@ -155,7 +159,7 @@ where
 
     /// Charge `cost(request)` units per request instead of 1.
     pub fn cost(self, cost: impl Fn(&Parts) -> u64 + Send + Sync + 'static) -> Self {
-        self.map(|s| s.cost = Some(Box::new(cost)))
+        self.map(|s| s.cost = Some(Arc::new(cost)))
     }
 
     /// Decide under `guard` (timeout and failure policy) instead of the
@@ -165,16 +169,12 @@ where
     }
 
     fn map(self, f: impl FnOnce(&mut Shared<C>)) -> Self {
-        match Arc::try_unwrap(self.shared) {
-            Ok(mut shared) => {
-                f(&mut shared);
-                RateLimitLayer {
-                    shared: Arc::new(shared),
-                }
-            }
-            // Only reachable after the layer was cloned; builders are used
-            // before that, and a clone keeps the settings it had.
-            Err(shared) => RateLimitLayer { shared },
+        // A layer already cloned shares its settings: change a copy, so the
+        // call is never lost and the other clones keep what they had.
+        let mut shared = Arc::try_unwrap(self.shared).unwrap_or_else(|s| (*s).clone());
+        f(&mut shared);
+        RateLimitLayer {
+            shared: Arc::new(shared),
         }
     }
 }
