@@ -23,45 +23,70 @@
 -- returned, without a new increment.
 -- All arguments and the counter are checked before the first write: a counter
 -- that is not exactly a canonical decimal in [1, 2^63-1] (the only form
--- nolock writes) is an error naming the key, and INCR refuses to pass 2^63-1
--- before anything is set.
+-- nolock writes) is an error naming the key, and so is a counter at 2^63-1,
+-- which INCR could not pass: both before anything is set.
 --
 -- Example: a free lock, counter at 41, token "ab..", ttl 30000:
 --   {1, "42"}; the same call by another token: {0, 29998}.
 
 --@include lib/fail
---@include lib/args
---@include lib/decimal
 
 local token = ARGV[1]
 if token == nil or token == '' then
   return fail('empty token')
 end
-local ttl = arg_int(2, 1, 9007199254740991)
-if ttl == nil then
+local ttl = tonumber(ARGV[2])
+if not ttl or ttl % 1 ~= 0 or ttl < 1 or ttl > 9007199254740991 then
   return fail('bad ttl: ' .. tostring(ARGV[2]))
 end
 
-local holder = redis.call('GET', KEYS[1])
+-- The counter is read first, so that one SET ... NX GET both takes a free
+-- lock and tells who holds a taken one: three commands for a grant, where
+-- reading the lock first would take five.
+local counter = redis.call('GET', KEYS[2])
+-- Incrementable: a canonical decimal in [1, 2^63 - 2] (lib/decimal's
+-- dec_canonical, below I64_MAX; written in place, as a helper costs a
+-- closure per call). A 19-digit counter is compared in two exact halves.
+local incrementable = not counter
+  or #counter <= 19 and string.find(counter, '^[1-9]%d*$') ~= nil
+if counter and incrementable and #counter == 19 then
+  local high = tonumber(string.sub(counter, 1, 10))
+  incrementable = high < 9223372036
+    or high == 9223372036 and tonumber(string.sub(counter, 11)) < 854775807
+end
+if not incrementable then
+  -- Refused before any write (INCR could not pass it, or nolock did not
+  -- write it), unless the lock is held; then the answer is the one the
+  -- lock gives, as when the counter is not read.
+  local holder = redis.call('GET', KEYS[1])
+  if holder == token then
+    redis.call('PEXPIRE', KEYS[1], ttl)
+    return {1, counter}
+  end
+  if holder then return {0, redis.call('PTTL', KEYS[1])} end
+  if counter == '9223372036854775807' then
+    return fail(KEYS[2] .. ': fence counter at 2^63 - 1')
+  end
+  return fail(KEYS[2] .. ': fence counter holds a non-counter value')
+end
+
+local holder = redis.call('SET', KEYS[1], token, 'NX', 'PX', ttl, 'GET')
 if holder == token then
-  -- Our own earlier grant: the counter has not moved since (only a grant or
-  -- fence/advance moves it).
-  local fence = redis.call('GET', KEYS[2])
-  if not fence then
+  -- Our own earlier grant (the SET did nothing): the counter has not moved
+  -- since (only a grant or fence/advance moves it).
+  if not counter then
     return fail('lock held without a fence counter')
   end
   redis.call('PEXPIRE', KEYS[1], ttl)
-  return {1, fence}
+  return {1, counter}
 end
 if holder then
   return {0, redis.call('PTTL', KEYS[1])}
 end
 
-local counter = redis.call('GET', KEYS[2])
-if counter and not dec_canonical(counter, I64_MAX) then
-  return fail(KEYS[2] .. ': fence counter holds a non-counter value')
-end
-redis.call('INCR', KEYS[2])
-redis.call('SET', KEYS[1], token, 'PX', ttl)
--- INCR's reply would arrive in Lua as a double; GET returns the exact digits.
+-- Granted. INCR's reply arrives in Lua as a double: exact below 2^53, and
+-- printed exactly by tostring (%.14g) below 10^14; past that the digits
+-- are read back.
+local fence = redis.call('INCR', KEYS[2])
+if fence < 100000000000000 then return {1, tostring(fence)} end
 return {1, redis.call('GET', KEYS[2])}

@@ -1,15 +1,19 @@
--- lib/div: exact integer division of non-negative integers below 2^53.
+-- lib/div: exact integer division of integers below 2^53.
 --
--- floor_div(a, b) -> floor(a / b); ceil_div(a, b) -> ceil(a / b), b >= 1.
--- The double quotient a / b may round across an integer; one correction
--- step each way makes the result exact.
+-- floor_div(a, b) -> floor(a / b); ceil_div(a, b) -> ceil(a / b), for
+-- integers |a| < 2^53 and b >= 1.
+--
+-- The rounded double quotient is enough: when a / b is an integer it is
+-- exact (it is at most |a| < 2^53); otherwise it lies at least 1/b from
+-- either integer neighbour, and rounding moves it by at most
+-- |a / b| x 2^-53 < 1/b, so it stays strictly between them. Hot scripts
+-- write math.floor(a / b) in place (a call costs more than the division);
+-- every such place keeps |a| < 2^53.
 
 local function floor_div(a, b)
-  local q = math.floor(a / b)
-  if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
-  return q
+  return math.floor(a / b)
 end
 
 local function ceil_div(a, b)
-  return floor_div(a + b - 1, b)
+  return math.ceil(a / b)
 end

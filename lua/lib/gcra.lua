@@ -9,7 +9,6 @@
 -- 2^51 us). A key of another type raises WRONGTYPE before any write.
 
 --@include lib/args
---@include lib/div
 --@include lib/stored
 
 local function gcra_tat(key, now)
@@ -35,10 +34,12 @@ end
 --   remaining    floor((b x T - (t - now)) / T), never below 0
 --   retry_after  ms (rounded up) until cost fits; -1 when it fits
 --   reset_after  ms (rounded up) until the limit is full
+-- Every dividend is below 2^53 (t - now <= 2^52), so the divisions are
+-- exact (see lib/div).
 local function gcra_answer(t, now, cost, step, b, fits)
   local room = b * step - (t - now)
-  local remaining, retry = 0, -1
-  if room > 0 then remaining = floor_div(room, step) end
-  if not fits then retry = ceil_div(cost * step - room, 1000) end
-  return fits and 1 or 0, remaining, retry, ceil_div(t - now, 1000)
+  local remaining = 0
+  if room > 0 then remaining = math.floor(room / step) end
+  if fits then return 1, remaining, -1, math.ceil((t - now) / 1000) end
+  return 0, remaining, math.ceil((cost * step - room) / 1000), math.ceil((t - now) / 1000)
 end

@@ -23,15 +23,19 @@
 --   {1, 1, 60000}  {1, 2, 59998}  {1, 3, 59997}  {0, 3, 59996} ... until expiry.
 
 --@include lib/fail
---@include lib/args
---@include lib/stored
 
 local MAX = 9007199254740991
 
-local limit, window, n = arg_int(1, 1, MAX), arg_int(2, 1, MAX), arg_int(3, 1, MAX)
-if not limit then return fail('bad limit: ' .. tostring(ARGV[1])) end
-if not window then return fail('bad window: ' .. tostring(ARGV[2])) end
-if not n then return fail('bad n: ' .. tostring(ARGV[3])) end
+-- The checks of lib/args and lib/stored, written in place: a helper costs
+-- a closure and a call on every increment, on the hottest script there is.
+local limit, window, n = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+if not limit or limit % 1 ~= 0 or limit < 1 or limit > MAX then
+  return fail('bad limit: ' .. tostring(ARGV[1]))
+end
+if not window or window % 1 ~= 0 or window < 1 or window > MAX then
+  return fail('bad window: ' .. tostring(ARGV[2]))
+end
+if not n or n % 1 ~= 0 or n < 1 or n > MAX then return fail('bad n: ' .. tostring(ARGV[3])) end
 if n > limit then return fail('n is above limit') end
 
 local stored = redis.call('GET', KEYS[1])
@@ -40,8 +44,9 @@ if not stored then
   redis.call('SET', KEYS[1], n, 'PX', window)
   return {1, n, window}
 end
-local count = stored_int(stored, 0, MAX)
-if not count then
+-- Only a canonical integer in [0, 2^53 - 1], as INCRBY writes it.
+local count = #stored <= 16 and (stored == '0' or string.find(stored, '^[1-9]%d*$')) and tonumber(stored)
+if not count or count > MAX then
   return fail('key ' .. KEYS[1] .. ' holds a non-counter value')
 end
 

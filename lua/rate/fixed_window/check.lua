@@ -43,58 +43,81 @@
 -- {0, N + 2000, 0, 0, 59998, 59998}.
 
 --@include lib/fail
---@include lib/args
---@include lib/time
---@include lib/fixed
 
 local MAX = 9007199254740991
+
+-- The checks of lib/args and lib/fixed, written in place (see
+-- rate/gcra/check): no helper calls, no table but the reply, whose slots
+-- 4i-1 .. 4i+2 keep limit i's count, window end, w and L between the
+-- decision and the writes.
 
 local n = #KEYS
 if n < 1 or #ARGV ~= 1 + 2 * n then
   return fail('expected 1 + 2 arguments per key, got ' .. #ARGV .. ' for ' .. n .. ' keys')
 end
-local cost = arg_int(1, 1, MAX)
-if not cost then return fail('bad cost: ' .. tostring(ARGV[1])) end
-local window, limit = {}, {}
+local cost = tonumber(ARGV[1])
+if not cost or cost % 1 ~= 0 or cost < 1 or cost > MAX then
+  return fail('bad cost: ' .. tostring(ARGV[1]))
+end
+
+local time = redis.call('TIME')
+local micros = tonumber(time[1]) * 1000000 + tonumber(time[2])
+local now = math.floor(micros / 1000) -- exact: micros < 2^53 (lib/div)
+
+-- A limit's end is stored as 0 when there is no window (missing key, or
+-- ended by now), and negated when the counter was found without an expiry
+-- and must be given one.
+local reply, admitted = {0, micros, 0, 0, 0, 0}, 1
 for i = 1, n do
-  local w, l = arg_int(2 * i, 1, MAX), arg_int(2 * i + 1, 1, MAX)
-  if not w or not l then return fail('bad window or limit for key ' .. i) end
+  local w, l = tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
+  if not w or not l or w % 1 ~= 0 or l % 1 ~= 0 or w < 1 or l < 1 or w > MAX or l > MAX then
+    return fail('bad window or limit for key ' .. i)
+  end
   if cost > l then return fail('cost is above the limit of key ' .. i) end
-  window[i], limit[i] = w, l
-end
-
-local micros = now_us()
-local now = math.floor(micros / 1000) -- exact: micros < 2^53
-
-local count, ends, repair, fits, admitted = {}, {}, {}, {}, 1
-for i = 1, n do
-  local c, e = fixed_read(KEYS[i], now)
-  if not c then return fail('key ' .. KEYS[i] .. ' does not hold a counter') end
-  if e == -1 then e, repair[i] = now + window[i], true end
-  count[i], ends[i] = c, e
+  -- The state: a canonical integer in [0, 2^53 - 1], as INCRBY writes it
+  -- (as lib/fixed reads it); missing, or past its end, is empty.
+  local c, e = 0, 0
+  local stored = redis.call('GET', KEYS[i])
+  if stored then
+    c = #stored <= 16 and (stored == '0' or string.find(stored, '^[1-9]%d*$')) and tonumber(stored)
+    if not c or c > MAX then
+      return fail('key ' .. KEYS[i] .. ' does not hold a counter')
+    end
+    e = redis.call('PEXPIRETIME', KEYS[i])
+    if e == -1 then
+      e = -(now + w)
+    elseif now >= e then
+      c, e = 0, 0
+    end
+  end
   -- Compared as cost > L - count so that no intermediate passes 2^53.
-  fits[i] = cost <= limit[i] - c
-  if not fits[i] then admitted = 0 end
+  if cost > l - c then admitted = 0 end
+  local j = 4 * i - 1
+  reply[j], reply[j + 1], reply[j + 2], reply[j + 3] = c, e, w, l
 end
+reply[1] = admitted
 
 -- Numbers are passed to Redis as they are: integers below 2^53 are sent
 -- exactly (Redis prints them with %.17g, or as integers since 7.2).
-local reply = {admitted, micros}
 for i = 1, n do
-  local c, e = count[i], ends[i]
-  if admitted == 1 and e == nil then
-    c, e = cost, now + window[i]
+  local j = 4 * i - 1
+  local c, e, w, l = reply[j], reply[j + 1], reply[j + 2], reply[j + 3]
+  local fits = cost <= l - c
+  if admitted == 1 and e == 0 then
+    c, e = cost, now + w
     redis.call('SET', KEYS[i], c, 'PXAT', e)
   else
     if admitted == 1 then c = redis.call('INCRBY', KEYS[i], cost) end
-    if repair[i] then redis.call('PEXPIREAT', KEYS[i], e) end
+    if e < 0 then
+      e = -e
+      redis.call('PEXPIREAT', KEYS[i], e)
+    end
   end
   local retry, reset = -1, 0
-  if e ~= nil and c > 0 then reset = e - now end
-  if not fits[i] then retry = e - now end
-  reply[#reply + 1] = fits[i] and 1 or 0
-  reply[#reply + 1] = math.max(0, limit[i] - c)
-  reply[#reply + 1] = retry
-  reply[#reply + 1] = reset
+  if e ~= 0 and c > 0 then reset = e - now end
+  if not fits then retry = e - now end
+  local remaining = l - c
+  if remaining < 0 then remaining = 0 end
+  reply[j], reply[j + 1], reply[j + 2], reply[j + 3] = fits and 1 or 0, remaining, retry, reset
 end
 return reply

@@ -41,50 +41,71 @@
 -- an eleventh at N + 2000 gets {0, N + 2000, 0, 0, 98, 998}.
 
 --@include lib/fail
---@include lib/args
---@include lib/div
---@include lib/time
---@include lib/gcra
 
 local MAX = 9007199254740991      -- 2^53 - 1: Lua numbers are doubles
+local MAX_FILL = 2251799813685248 -- 2^51 microseconds, about 71 years
+
+-- The checks of lib/args, lib/stored and lib/gcra, written in place: on a
+-- hot key the server's time per call is the ceiling, and a helper costs a
+-- closure and a call per check. No table is built but the reply, which
+-- also keeps each limit's state between the decision and the writes.
 
 local n = #KEYS
 if n < 1 or #ARGV ~= 1 + 2 * n then
   return fail('expected 1 + 2 arguments per key, got ' .. #ARGV .. ' for ' .. n .. ' keys')
 end
-local cost = arg_int(1, 1, MAX)
-if not cost then return fail('bad cost: ' .. tostring(ARGV[1])) end
+local cost = tonumber(ARGV[1])
+if not cost or cost % 1 ~= 0 or cost < 1 or cost > MAX then
+  return fail('bad cost: ' .. tostring(ARGV[1]))
+end
+
+local floor, ceil = math.floor, math.ceil
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+
+-- Decide every limit before any write. Slots 4i-1 .. 4i+2 of the reply hold
+-- limit i's fits, TAT, T and b until its answer replaces them.
+local reply, admitted = {0, now, 0, 0, 0, 0}, 1
+for i = 1, n do
+  local step, b = tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
+  if not step or not b or step % 1 ~= 0 or b % 1 ~= 0 or step < 1 or b < 1
+    or b * step > MAX_FILL or cost > b then
+    return fail('bad interval or burst, or cost above the burst, for key ' .. i)
+  end
+  local tat = now
+  local stored = redis.call('GET', KEYS[i])
+  if stored then
+    -- A canonical integer (no sign, no leading zero, at most 16 digits)
+    -- no later than now + 2^51, as this script writes it.
+    local v = #stored <= 16 and (stored == '0' or string.find(stored, '^[1-9]%d*$')) and tonumber(stored)
+    if not v or v > now + MAX_FILL then
+      return fail('key ' .. KEYS[i] .. ' does not hold a GCRA state')
+    end
+    if v > now then tat = v end
+  end
+  local fits = (tat - now) + cost * step <= b * step
+  if not fits then admitted = 0 end
+  local j = 4 * i - 1
+  reply[j], reply[j + 1], reply[j + 2], reply[j + 3] = fits, tat, step, b
+end
+reply[1] = admitted
 
 -- Numbers are passed to Redis as they are: integers below 2^53 are sent
--- exactly (Redis prints them with %.17g, or as integers since 7.2).
-
-local interval, burst = {}, {}
+-- exactly (Redis prints them with %.17g, or as integers since 7.2). Every
+-- dividend below is under 2^53 (a TAT is at most now + 2^52), so
+-- math.floor and math.ceil of the quotients are exact (see lib/div).
 for i = 1, n do
-  local step, b = gcra_limit(i, cost)
-  if not step then return fail('bad interval or burst, or cost above the burst, for key ' .. i) end
-  interval[i], burst[i] = step, b
-end
-
-local now = now_us()
-
-local tat, fits, admitted = {}, {}, 1
-for i = 1, n do
-  local t = gcra_tat(KEYS[i], now)
-  if not t then return fail('key ' .. KEYS[i] .. ' does not hold a GCRA state') end
-  tat[i] = t
-  fits[i] = (t - now) + cost * interval[i] <= burst[i] * interval[i]
-  if not fits[i] then admitted = 0 end
-end
-
-local reply = {admitted, now}
-for i = 1, n do
-  local t, step = tat[i], interval[i]
+  local j = 4 * i - 1
+  local fits, t, step, b = reply[j], reply[j + 1], reply[j + 2], reply[j + 3]
   if admitted == 1 then
     t = t + cost * step
-    redis.call('SET', KEYS[i], t, 'PXAT', ceil_div(t, 1000))
+    redis.call('SET', KEYS[i], t, 'PXAT', ceil(t / 1000))
   end
-  local j = 4 * i - 1
+  local room = b * step - (t - now)
+  local remaining, retry = 0, -1
+  if room > 0 then remaining = floor(room / step) end
+  if not fits then retry = ceil((cost * step - room) / 1000) end
   reply[j], reply[j + 1], reply[j + 2], reply[j + 3] =
-    gcra_answer(t, now, cost, step, burst[i], fits[i])
+    fits and 1 or 0, remaining, retry, ceil((t - now) / 1000)
 end
 return reply

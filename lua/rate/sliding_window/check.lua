@@ -46,76 +46,110 @@
 -- estimate is 7, so cost 3 fits and cost 4 waits until e = 400 (retry 100).
 
 --@include lib/fail
---@include lib/args
---@include lib/div
---@include lib/time
---@include lib/window
 
 local MAX = 9007199254740991
+
+-- The checks of lib/args and lib/window, written in place (see
+-- rate/gcra/check): no helper calls, no table but the reply. Between the
+-- decision and the writes, its slots 4i-1 .. 4i+1 keep limit i's start,
+-- count and previous, and two slots past the answers its w and L (cleared
+-- before the reply is sent).
 
 local n = #KEYS
 if n < 1 or #ARGV ~= 1 + 2 * n then
   return fail('expected 1 + 2 arguments per key, got ' .. #ARGV .. ' for ' .. n .. ' keys')
 end
-local cost = arg_int(1, 1, MAX)
-if not cost then return fail('bad cost: ' .. tostring(ARGV[1])) end
-local window, limit = {}, {}
+local cost = tonumber(ARGV[1])
+if not cost or cost % 1 ~= 0 or cost < 1 or cost > MAX then
+  return fail('bad cost: ' .. tostring(ARGV[1]))
+end
+
+local floor, ceil = math.floor, math.ceil
+local time = redis.call('TIME')
+local micros = tonumber(time[1]) * 1000000 + tonumber(time[2])
+local now = floor(micros / 1000) -- exact: micros < 2^53 (lib/div)
+
+local reply, admitted, extra = {0, micros, 0, 0, 0, 0, 0, 0}, 1, 4 * n + 1
 for i = 1, n do
-  local w, l = arg_int(2 * i, 1, MAX), arg_int(2 * i + 1, 1, MAX)
-  if not w or not l or l * w > MAX then
+  local w, l = tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
+  if not w or not l or w % 1 ~= 0 or l % 1 ~= 0 or w < 1 or l < 1 or l * w > MAX then
     return fail('bad window or limit for key ' .. i)
   end
   if cost > l then return fail('cost is above the limit of key ' .. i) end
-  window[i], limit[i] = w, l
-end
-
-local micros = now_us()
-local now = floor_div(micros, 1000)
-
--- Milliseconds from e (in the current window) until cost fits, when it does not now.
-local function retry_ms(c, p, e, w, l)
-  local x = l - c - cost
-  if x >= 0 and p > 0 then
-    -- Still in this window, once previous x (w - e') <= x x w.
-    local e1 = w - floor_div(x * w, p)
-    if e1 < w then return e1 - e end
+  -- The state: exactly the fields start, count and previous, canonical
+  -- integers in [0, 2^53 - 1], rolled to the window holding now (as
+  -- lib/window reads it); missing is an empty window.
+  local cur, c, p = floor(now / w) * w, 0, 0
+  local all = redis.call('HGETALL', KEYS[i])
+  if #all > 0 then
+    local s
+    c, p = nil, nil
+    if #all == 6 then
+      for f = 1, 5, 2 do
+        local raw = all[f + 1]
+        local v = #raw <= 16 and (raw == '0' or string.find(raw, '^[1-9]%d*$')) and tonumber(raw)
+        if v and v <= MAX then
+          local name = all[f]
+          if name == 'start' then s = v elseif name == 'count' then c = v elseif name == 'previous' then p = v end
+        end
+      end
+    end
+    if not (s and c and p) then
+      return fail('key ' .. KEYS[i] .. ' does not hold a sliding window')
+    end
+    if s >= cur then cur = s -- this window, or the clock stepped back
+    elseif s == cur - w then c, p = 0, c
+    else c, p = 0, 0 end
   end
-  -- In the next window, where previous = c and count = 0.
-  if c == 0 then return w - e end
-  local e2 = math.max(0, w - floor_div((l - cost) * w, c))
-  return w - e + e2
-end
-
-local start, count, previous, elapsed, fits, admitted = {}, {}, {}, {}, {}, 1
-for i = 1, n do
-  local w, l = window[i], limit[i]
-  local cur, c, p = window_read(KEYS[i], now, w)
-  if not cur then return fail('key ' .. KEYS[i] .. ' does not hold a sliding window') end
   -- A lowered limit: clamp so that the products below stay exact.
-  c, p = math.min(c, l), math.min(p, l)
-  local e = math.max(0, now - cur)
-  start[i], count[i], previous[i], elapsed[i] = cur, c, p, e
-  fits[i] = c + cost <= l and p * (w - e) <= (l - c - cost) * w
-  if not fits[i] then admitted = 0 end
+  if c > l then c = l end
+  if p > l then p = l end
+  local e = now - cur
+  if e < 0 then e = 0 end
+  if not (c + cost <= l and p * (w - e) <= (l - c - cost) * w) then admitted = 0 end
+  local j = 4 * i - 1
+  reply[j], reply[j + 1], reply[j + 2] = cur, c, p
+  reply[extra + 2 * i], reply[extra + 2 * i + 1] = w, l
 end
+reply[1] = admitted
 
 -- Numbers are passed to Redis as they are: integers below 2^53 are sent
--- exactly (Redis prints them with %.17g, or as integers since 7.2).
-local reply = {admitted, micros}
+-- exactly (Redis prints them with %.17g, or as integers since 7.2). Every
+-- product and dividend below is at most L x w <= 2^53 - 1, so the divisions
+-- are exact (lib/div).
 for i = 1, n do
-  local w, l, cur, c, p, e = window[i], limit[i], start[i], count[i], previous[i], elapsed[i]
+  local j = 4 * i - 1
+  local cur, c, p = reply[j], reply[j + 1], reply[j + 2]
+  local w, l = reply[extra + 2 * i], reply[extra + 2 * i + 1]
+  local e = now - cur
+  if e < 0 then e = 0 end
+  local fits = c + cost <= l and p * (w - e) <= (l - c - cost) * w
   if admitted == 1 then
     c = c + cost
     redis.call('HSET', KEYS[i], 'start', cur, 'count', c, 'previous', p)
     redis.call('PEXPIREAT', KEYS[i], cur + 2 * w)
   end
-  local remaining = math.max(0, l - c - ceil_div(p * (w - e), w))
+  local remaining = l - c - ceil(p * (w - e) / w)
+  if remaining < 0 then remaining = 0 end
   local retry, reset = -1, 0
-  if not fits[i] then retry = retry_ms(c, p, e, w, l) end
+  if not fits then
+    -- Still in this window, once previous x (w - e') <= x x w; else in the
+    -- next one, where previous = count and count = 0.
+    local x = l - c - cost
+    local e1 = w
+    if x >= 0 and p > 0 then e1 = w - floor(x * w / p) end
+    if e1 < w then
+      retry = e1 - e
+    elseif c == 0 then
+      retry = w - e
+    else
+      local e2 = w - floor((l - cost) * w / c)
+      if e2 < 0 then e2 = 0 end
+      retry = w - e + e2
+    end
+  end
   if c > 0 then reset = cur + 2 * w - now elseif p > 0 then reset = cur + w - now end
-  reply[#reply + 1] = fits[i] and 1 or 0
-  reply[#reply + 1] = remaining
-  reply[#reply + 1] = retry
-  reply[#reply + 1] = reset
+  reply[j], reply[j + 1], reply[j + 2], reply[j + 3] = fits and 1 or 0, remaining, retry, reset
 end
+for k = extra + 2, extra + 2 * n + 1 do reply[k] = nil end
 return reply

@@ -41,58 +41,84 @@
 -- {1, N, 1, 9, -1, 100}, state {tokens = 9, at = N}.
 
 --@include lib/fail
---@include lib/args
---@include lib/div
---@include lib/time
---@include lib/bucket
 
 local MAX = 9007199254740991
 local MAX_FILL = 2251799813685248
+
+-- The checks of lib/args and lib/bucket, written in place (see
+-- rate/gcra/check): no helper calls, no table but the reply, whose slots
+-- 4i-1 .. 4i+2 keep bucket i's tokens, at, T and C between the decision and
+-- the writes.
 
 local n = #KEYS
 if n < 1 or #ARGV ~= 1 + 2 * n then
   return fail('expected 1 + 2 arguments per key, got ' .. #ARGV .. ' for ' .. n .. ' keys')
 end
-local cost = arg_int(1, 1, MAX)
-if not cost then return fail('bad cost: ' .. tostring(ARGV[1])) end
-local interval, capacity = {}, {}
+local cost = tonumber(ARGV[1])
+if not cost or cost % 1 ~= 0 or cost < 1 or cost > MAX then
+  return fail('bad cost: ' .. tostring(ARGV[1]))
+end
+
+local floor, ceil = math.floor, math.ceil
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+
+local reply, admitted = {0, now, 0, 0, 0, 0}, 1
 for i = 1, n do
-  local t, c = arg_int(2 * i, 1, MAX_FILL), arg_int(2 * i + 1, 1, MAX)
-  if not t or not c or c * t > MAX_FILL then
+  local step, cap = tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
+  if not step or not cap or step % 1 ~= 0 or cap % 1 ~= 0 or step < 1 or cap < 1
+    or cap * step > MAX_FILL then
     return fail('bad interval or capacity for key ' .. i)
   end
-  if cost > c then return fail('cost is above the capacity of key ' .. i) end
-  interval[i], capacity[i] = t, c
+  if cost > cap then return fail('cost is above the capacity of key ' .. i) end
+  -- The state: exactly the fields tokens and at, canonical integers in
+  -- [0, 2^53 - 1] (as lib/bucket reads it); missing is a full bucket.
+  local k, a = cap, now
+  local all = redis.call('HGETALL', KEYS[i])
+  if #all > 0 then
+    k, a = nil, nil
+    if #all == 4 then
+      for f = 1, 3, 2 do
+        local s = all[f + 1]
+        local v = #s <= 16 and (s == '0' or string.find(s, '^[1-9]%d*$')) and tonumber(s)
+        if v and v <= MAX then
+          if all[f] == 'tokens' then k = v elseif all[f] == 'at' then a = v end
+        end
+      end
+    end
+    if not k or not a then
+      return fail('key ' .. KEYS[i] .. ' does not hold a token bucket')
+    end
+    -- Refill up to now, one token per T; a lowered capacity clamps.
+    if now > a then
+      local add = floor((now - a) / step)
+      if k + add >= cap then k, a = cap, now else k, a = k + add, a + add * step end
+    end
+    if k > cap then k = cap end
+  end
+  if cost > k then admitted = 0 end
+  local j = 4 * i - 1
+  reply[j], reply[j + 1], reply[j + 2], reply[j + 3] = k, a, step, cap
 end
-
-local now = now_us()
-
-local tokens, at, fits, admitted = {}, {}, {}, 1
-for i = 1, n do
-  local cap, step = capacity[i], interval[i]
-  local k, a = bucket_read(KEYS[i], now, step, cap)
-  if not k then return fail('key ' .. KEYS[i] .. ' does not hold a token bucket') end
-  tokens[i], at[i] = k, a
-  fits[i] = cost <= k
-  if not fits[i] then admitted = 0 end
-end
+reply[1] = admitted
 
 -- Numbers are passed to Redis as they are: integers below 2^53 are sent
 -- exactly (Redis prints them with %.17g, or as integers since 7.2).
-local reply = {admitted, now}
 for i = 1, n do
-  local k, a, step, cap = tokens[i], at[i], interval[i], capacity[i]
+  local j = 4 * i - 1
+  local k, a, step, cap = reply[j], reply[j + 1], reply[j + 2], reply[j + 3]
+  local fits = cost <= k
   if admitted == 1 then
     k = k - cost
     redis.call('HSET', KEYS[i], 'tokens', k, 'at', a)
-    redis.call('PEXPIREAT', KEYS[i], ceil_div(a + (cap - k) * step, 1000))
+    redis.call('PEXPIREAT', KEYS[i], ceil((a + (cap - k) * step) / 1000))
   end
   local retry, reset = -1, 0
-  if not fits[i] then retry = ceil_div(a + (cost - k) * step - now, 1000) end
-  if k < cap then reset = ceil_div(math.max(0, a + (cap - k) * step - now), 1000) end
-  reply[#reply + 1] = fits[i] and 1 or 0
-  reply[#reply + 1] = k
-  reply[#reply + 1] = retry
-  reply[#reply + 1] = reset
+  if not fits then retry = ceil((a + (cost - k) * step - now) / 1000) end
+  if k < cap then
+    local full = a + (cap - k) * step - now
+    if full > 0 then reset = ceil(full / 1000) end
+  end
+  reply[j], reply[j + 1], reply[j + 2], reply[j + 3] = fits and 1 or 0, k, retry, reset
 end
 return reply
