@@ -23,8 +23,8 @@
 -- returned, without a new increment.
 -- All arguments and the counter are checked before the first write: a counter
 -- that is not exactly a canonical decimal in [1, 2^63-1] (the only form
--- nolock writes) is an error naming the key, and so is a counter at 2^63-1,
--- which INCR could not pass: both before anything is set.
+-- nolock writes) is an error naming the key, and INCR refuses to pass 2^63-1
+-- before anything is set.
 --
 -- Example: a free lock, counter at 41, token "ab..", ttl 30000:
 --   {1, "42"}; the same call by another token: {0, 29998}.
@@ -43,29 +43,33 @@ end
 -- The counter is read first, so that one SET ... NX GET both takes a free
 -- lock and tells who holds a taken one: three commands for a grant, where
 -- reading the lock first would take five.
-local counter = redis.call('GET', KEYS[2])
+-- (pcall: a counter of another type is answered for below, as the lock
+-- decides.)
+local counter = redis.pcall('GET', KEYS[2])
 -- Incrementable: a canonical decimal in [1, 2^63 - 2] (lib/decimal's
 -- dec_canonical, below I64_MAX; written in place, as a helper costs a
 -- closure per call). A 19-digit counter is compared in two exact halves.
-local incrementable = not counter
-  or #counter <= 19 and string.find(counter, '^[1-9]%d*$') ~= nil
-if counter and incrementable and #counter == 19 then
+local incrementable = not counter or type(counter) == 'string' and #counter <= 19
+  and string.find(counter, '^[1-9]%d*$') ~= nil
+if incrementable and counter and #counter == 19 then
   local high = tonumber(string.sub(counter, 1, 10))
   incrementable = high < 9223372036
     or high == 9223372036 and tonumber(string.sub(counter, 11)) < 854775807
 end
 if not incrementable then
-  -- Refused before any write (INCR could not pass it, or nolock did not
-  -- write it), unless the lock is held; then the answer is the one the
-  -- lock gives, as when the counter is not read.
+  -- Refused before any write, unless the lock is held: then the answer is
+  -- the one the lock gives, as when the lock is read first.
   local holder = redis.call('GET', KEYS[1])
-  if holder == token then
+  if holder and holder ~= token then return {0, redis.call('PTTL', KEYS[1])} end
+  if type(counter) ~= 'string' then
+    return redis.call('GET', KEYS[2]) -- raises the WRONGTYPE error
+  end
+  if holder then
     redis.call('PEXPIRE', KEYS[1], ttl)
     return {1, counter}
   end
-  if holder then return {0, redis.call('PTTL', KEYS[1])} end
   if counter == '9223372036854775807' then
-    return fail(KEYS[2] .. ': fence counter at 2^63 - 1')
+    return redis.call('INCR', KEYS[2]) -- raises the overflow error, writes nothing
   end
   return fail(KEYS[2] .. ': fence counter holds a non-counter value')
 end
