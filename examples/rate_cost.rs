@@ -1,4 +1,5 @@
-//! Server time per call of each rate script, beside a bare `INCR`.
+//! Server time per call of each hot script, beside a bare `INCR` and beside
+//! minimal reference scripts written for this table.
 //!
 //! Each row is measured as: `CONFIG RESETSTAT`, 10 000 calls (16 tasks on one
 //! multiplexed connection), then `usec_per_call` of its command from
@@ -14,6 +15,13 @@
 //!
 //! "admit" rows use a quota no call reaches (every call writes); "deny" rows
 //! use an exhausted limiter (every call reads and decides, writes nothing).
+//!
+//! The second table holds nolock to the targets of issue 10, each as a ratio
+//! to a reference script measured in the same run. The references do the
+//! least that gives the same decision, and no more: no argument checks, no
+//! check of what is stored, a two-field reply (see [`REF_GCRA`],
+//! [`REF_COUNTER`], [`REF_ACQUIRE`], [`REF_RELEASE`]). A fence "pair" row is
+//! one acquire and one release, and its figure is the server time per pair.
 
 #[path = "../tests/support/server.rs"]
 mod server;
@@ -23,6 +31,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use nolock::fence;
 use nolock::rate::{Algorithm, Limiter, MultiLimiter, Quota};
 use redis::aio::MultiplexedConnection;
 
@@ -32,16 +41,18 @@ const ROUNDS: usize = 5;
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 type Call = Arc<
-    dyn Fn(MultiplexedConnection) -> Pin<Box<dyn Future<Output = Result<(), Error>> + Send>>
+    dyn Fn(MultiplexedConnection, usize) -> Pin<Box<dyn Future<Output = Result<(), Error>> + Send>>
         + Send
         + Sync,
 >;
 
 /// One line of the table: what is measured, the command it shows up as in
-/// `INFO commandstats`, and one call of it.
+/// `INFO commandstats`, how many of those one call sends, and one call of it
+/// (given the task that makes it).
 struct Row {
     label: String,
     command: &'static str,
+    per_call: usize,
     call: Call,
 }
 
@@ -50,10 +61,20 @@ where
     F: Fn(MultiplexedConnection) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<(), Error>> + Send + 'static,
 {
+    pair(label, command, 1, move |conn, _| call(conn))
+}
+
+/// A row whose call sends `per_call` commands; its figure is per call.
+fn pair<F, Fut>(label: impl Into<String>, command: &'static str, per_call: usize, call: F) -> Row
+where
+    F: Fn(MultiplexedConnection, usize) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), Error>> + Send + 'static,
+{
     Row {
         label: label.into(),
         command,
-        call: Arc::new(move |conn| Box::pin(call(conn))),
+        per_call,
+        call: Arc::new(move |conn, task| Box::pin(call(conn, task))),
     }
 }
 
@@ -65,11 +86,11 @@ async fn measure(conn: &MultiplexedConnection, row: &Row) -> Result<f64, Error> 
         .query_async::<()>(&mut admin)
         .await?;
     let mut tasks = Vec::new();
-    for _ in 0..TASKS {
+    for task in 0..TASKS {
         let (conn, call) = (conn.clone(), row.call.clone());
         tasks.push(tokio::spawn(async move {
             for _ in 0..CALLS / TASKS {
-                call(conn.clone()).await?;
+                call(conn.clone(), task).await?;
             }
             Ok::<(), Error>(())
         }));
@@ -87,10 +108,11 @@ async fn measure(conn: &MultiplexedConnection, row: &Row) -> Result<f64, Error> 
         .find(|l| l.starts_with(&needle))
         .ok_or_else(|| format!("no {} in INFO commandstats", row.command))?;
     let calls: usize = field(line, "calls=").parse()?;
-    if calls != CALLS / TASKS * TASKS {
+    if calls != CALLS / TASKS * TASKS * row.per_call {
         return Err(format!("{}: {calls} calls counted", row.label).into());
     }
-    Ok(field(line, "usec_per_call=").parse()?)
+    let usec: f64 = field(line, "usec_per_call=").parse()?;
+    Ok(usec * row.per_call as f64)
 }
 
 fn field<'a>(line: &'a str, name: &str) -> &'a str {
@@ -149,6 +171,8 @@ fn rows() -> Result<Vec<Row>, Error> {
             Ok(())
         }
     }));
+    rows.extend(reference_rows());
+    rows.extend(fence_rows());
     for algorithm in [Algorithm::Gcra, Algorithm::SlidingWindow] {
         let limits = MultiLimiter::new(algorithm)
             .limit("second", Quota::per(1_000_000, Duration::from_secs(1))?)?
@@ -169,6 +193,185 @@ fn rows() -> Result<Vec<Row>, Error> {
     }
     Ok(rows)
 }
+
+/// Reference: a minimal GCRA, as a user would first write it. It reads the
+/// server clock, decides with the same arithmetic as `rate/gcra/check` and
+/// stores the TAT with its expiry in one `SET ... PXAT`, but checks nothing
+/// and answers only `{allowed, retry_after_ms}`.
+const REF_GCRA: &str = r"
+local t = redis.call('TIME')
+local now = t[1] * 1000000 + t[2]
+local cost, step, burst = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local tat = tonumber(redis.call('GET', KEYS[1]) or now)
+if tat < now then tat = now end
+local after = tat + cost * step
+if after - now > burst * step then
+  return {0, math.ceil((after - now - burst * step) / 1000)}
+end
+redis.call('SET', KEYS[1], after, 'PXAT', math.ceil(after / 1000))
+return {1, -1}
+";
+
+/// Reference: the ten-line bounded counter (GET, compare, INCRBY, and
+/// PEXPIRE when the increment created the key), answering `{admitted, count}`.
+const REF_COUNTER: &str = r"
+local limit, window, n = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local count = tonumber(redis.call('GET', KEYS[1]) or '0')
+if count + n > limit then
+  return {0, count}
+end
+count = redis.call('INCRBY', KEYS[1], n)
+if count == n then
+  redis.call('PEXPIRE', KEYS[1], window)
+end
+return {1, count}
+";
+
+/// Reference: a lock taken with `SET NX PX` and a counter bumped with `INCR`
+/// (the fence), in one script.
+const REF_ACQUIRE: &str = r"
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return {1, redis.call('INCR', KEYS[2])}
+end
+return {0, redis.call('PTTL', KEYS[1])}
+";
+
+/// Reference: the token-checked release (GET, compare, DEL).
+const REF_RELEASE: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+";
+
+/// Labels of the rows the targets compare.
+const GCRA_ADMIT: &str = "gcra check, admit";
+const GCRA_DENY: &str = "gcra check, deny";
+const REF_GCRA_ADMIT: &str = "reference: minimal GCRA script, admit";
+const REF_GCRA_DENY: &str = "reference: minimal GCRA script, deny";
+const TRY_INCREMENT: &str = "limits::try_increment (bounded counter)";
+const REF_BOUNDED: &str = "reference: 10-line bounded counter script";
+const FENCE_PAIR: &str = "fence::acquire + fence::release (per pair)";
+const REF_PAIR: &str = "reference: SET NX PX + INCR, token-checked release (per pair)";
+
+fn reference_rows() -> Vec<Row> {
+    let gcra = redis::Script::new(REF_GCRA);
+    let counter = redis::Script::new(REF_COUNTER);
+    let mut rows = Vec::new();
+    // The arguments nolock sends for the roomy and the exhausted quota.
+    for (label, interval, burst) in [
+        (REF_GCRA_ADMIT, 1u64, 1_000_000u64),
+        (REF_GCRA_DENY, 3_600_000_000, 1),
+    ] {
+        let (gcra, key) = (gcra.clone(), format!("rate_cost:{label}"));
+        rows.push(row(label, "evalsha", move |mut c| {
+            let (gcra, key) = (gcra.clone(), key.clone());
+            async move {
+                let _: (i64, i64) = gcra
+                    .key(key)
+                    .arg(1)
+                    .arg(interval)
+                    .arg(burst)
+                    .invoke_async(&mut c)
+                    .await?;
+                Ok(())
+            }
+        }));
+    }
+    rows.push(row(REF_BOUNDED, "evalsha", move |mut c| {
+        let counter = counter.clone();
+        async move {
+            let _: (i64, i64) = counter
+                .key("rate_cost:ref_counter")
+                .arg(1u64 << 50)
+                .arg(3_600_000)
+                .arg(1)
+                .invoke_async(&mut c)
+                .await?;
+            Ok(())
+        }
+    }));
+    rows
+}
+
+/// One acquire and one release per call, on a lock of the calling task's own
+/// (so every acquire is granted).
+fn fence_rows() -> Vec<Row> {
+    let ttl = Duration::from_secs(30);
+    let nolock = pair(FENCE_PAIR, "evalsha", 2, move |mut c, task| async move {
+        let resource = format!("rate_cost:fence:{task}");
+        match fence::acquire(&mut c, &resource, ttl).await? {
+            fence::Acquire::Acquired(grant) => {
+                match fence::release(&mut c, &resource, &grant.token).await? {
+                    fence::Release::Released => Ok(()),
+                    lost => Err(format!("{resource}: {lost:?}").into()),
+                }
+            }
+            held => Err(format!("{resource}: {held:?}").into()),
+        }
+    });
+    let (acquire, release) = (
+        redis::Script::new(REF_ACQUIRE),
+        redis::Script::new(REF_RELEASE),
+    );
+    let reference = pair(REF_PAIR, "evalsha", 2, move |mut c, task| {
+        let (acquire, release) = (acquire.clone(), release.clone());
+        async move {
+            let (lock, token) = (format!("{{rate_cost:ref:{task}}}"), format!("{task:032x}"));
+            let (granted, _fence): (i64, i64) = acquire
+                .key(&lock)
+                .key(format!("{lock}:fence"))
+                .arg(&token)
+                .arg(30_000)
+                .invoke_async(&mut c)
+                .await?;
+            let released: i64 = release.key(&lock).arg(&token).invoke_async(&mut c).await?;
+            if (granted, released) != (1, 1) {
+                return Err(format!("{lock}: granted {granted}, released {released}").into());
+            }
+            Ok(())
+        }
+    });
+    vec![nolock, reference]
+}
+
+/// The targets of issue 10: (what, ours, reference, at most this ratio).
+const TARGETS: [(&str, &str, &str, f64); 9] = [
+    ("GCRA check, admit", GCRA_ADMIT, REF_GCRA_ADMIT, 1.0),
+    ("GCRA check, deny", GCRA_DENY, REF_GCRA_DENY, 1.0),
+    (
+        "token-bucket check, admit",
+        "token_bucket check, admit",
+        REF_GCRA_ADMIT,
+        1.0,
+    ),
+    (
+        "token-bucket check, deny",
+        "token_bucket check, deny",
+        REF_GCRA_DENY,
+        1.0,
+    ),
+    (
+        "sliding-window check, admit",
+        "sliding_window check, admit",
+        REF_GCRA_ADMIT,
+        1.0,
+    ),
+    (
+        "sliding-window check, deny",
+        "sliding_window check, deny",
+        REF_GCRA_DENY,
+        1.0,
+    ),
+    (
+        "fixed-window check, admit (no target)",
+        "fixed_window check, admit",
+        REF_GCRA_ADMIT,
+        f64::NAN,
+    ),
+    ("try_increment", TRY_INCREMENT, REF_BOUNDED, 1.3),
+    ("fenced acquire + release", FENCE_PAIR, REF_PAIR, 1.5),
+];
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
@@ -196,7 +399,7 @@ async fn main() -> Result<(), Error> {
     let rows = rows()?;
     // Warm up: create the limiters' state (and exhaust the "deny" ones).
     for row in &rows {
-        (row.call)(conn.clone()).await?;
+        (row.call)(conn.clone(), 0).await?;
     }
     let mut samples = vec![Vec::new(); rows.len()];
     for _ in 0..ROUNDS {
@@ -211,14 +414,29 @@ async fn main() -> Result<(), Error> {
     );
     println!("| operation | min µs/call | median µs/call |");
     println!("|---|---:|---:|");
+    let mut medians = std::collections::HashMap::new();
     for (row, mut samples) in rows.iter().zip(samples) {
         samples.sort_by(f64::total_cmp);
-        println!(
-            "| {} | {:.2} | {:.2} |",
-            row.label,
-            samples[0],
-            samples[samples.len() / 2]
-        );
+        let median = samples[samples.len() / 2];
+        println!("| {} | {:.2} | {median:.2} |", row.label, samples[0]);
+        medians.insert(row.label.clone(), median);
+    }
+
+    println!();
+    println!("| target (issue 10) | nolock µs | reference µs | ratio | at most | met |");
+    println!("|---|---:|---:|---:|---:|---|");
+    for (what, ours, reference, most) in TARGETS {
+        let (ours, reference) = (medians[ours], medians[reference]);
+        let ratio = ours / reference;
+        let (most, met) = if most.is_nan() {
+            ("—".to_owned(), "—")
+        } else {
+            (
+                format!("{most:.1}"),
+                if ratio <= most { "yes" } else { "no" },
+            )
+        };
+        println!("| {what} | {ours:.2} | {reference:.2} | {ratio:.2} | {most} | {met} |");
     }
     Ok(())
 }
