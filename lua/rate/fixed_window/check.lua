@@ -43,6 +43,7 @@
 -- {0, N + 2000, 0, 0, 59998, 59998}.
 
 --@include lib/fail
+--@include lib/rate
 
 local MAX = 9007199254740991
 
@@ -51,17 +52,8 @@ local MAX = 9007199254740991
 -- 4i-1 .. 4i+2 keep limit i's count, window end, w and L between the
 -- decision and the writes.
 
-local n = #KEYS
-if n < 1 or #ARGV ~= 1 + 2 * n then
-  return fail('expected 1 + 2 arguments per key, got ' .. #ARGV .. ' for ' .. n .. ' keys')
-end
-local cost = tonumber(ARGV[1])
-if not cost or cost % 1 ~= 0 or cost < 1 or cost > MAX then
-  return fail('bad cost: ' .. tostring(ARGV[1]))
-end
-
-local time = redis.call('TIME')
-local micros = tonumber(time[1]) * 1000000 + tonumber(time[2])
+local n, cost, micros = rate_begin()
+if not n then return fail(cost) end
 local now = math.floor(micros / 1000) -- exact: micros < 2^53 (lib/div)
 
 -- A limit's end is stored as 0 when there is no window (missing key, or

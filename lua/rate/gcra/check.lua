@@ -41,6 +41,7 @@
 -- an eleventh at N + 2000 gets {0, N + 2000, 0, 0, 98, 998}.
 
 --@include lib/fail
+--@include lib/rate
 
 local MAX = 9007199254740991      -- 2^53 - 1: Lua numbers are doubles
 local MAX_FILL = 2251799813685248 -- 2^51 microseconds, about 71 years
@@ -50,18 +51,9 @@ local MAX_FILL = 2251799813685248 -- 2^51 microseconds, about 71 years
 -- closure and a call per check. No table is built but the reply, which
 -- also keeps each limit's state between the decision and the writes.
 
-local n = #KEYS
-if n < 1 or #ARGV ~= 1 + 2 * n then
-  return fail('expected 1 + 2 arguments per key, got ' .. #ARGV .. ' for ' .. n .. ' keys')
-end
-local cost = tonumber(ARGV[1])
-if not cost or cost % 1 ~= 0 or cost < 1 or cost > MAX then
-  return fail('bad cost: ' .. tostring(ARGV[1]))
-end
-
+local n, cost, now = rate_begin()
+if not n then return fail(cost) end
 local floor, ceil = math.floor, math.ceil
-local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
 
 -- Decide every limit before any write. Slots 4i-1 .. 4i+2 of the reply hold
 -- limit i's fits, TAT, T and b until its answer replaces them.

@@ -46,6 +46,7 @@
 -- estimate is 7, so cost 3 fits and cost 4 waits until e = 400 (retry 100).
 
 --@include lib/fail
+--@include lib/rate
 
 local MAX = 9007199254740991
 
@@ -55,18 +56,9 @@ local MAX = 9007199254740991
 -- count and previous, and two slots past the answers its w and L (cleared
 -- before the reply is sent).
 
-local n = #KEYS
-if n < 1 or #ARGV ~= 1 + 2 * n then
-  return fail('expected 1 + 2 arguments per key, got ' .. #ARGV .. ' for ' .. n .. ' keys')
-end
-local cost = tonumber(ARGV[1])
-if not cost or cost % 1 ~= 0 or cost < 1 or cost > MAX then
-  return fail('bad cost: ' .. tostring(ARGV[1]))
-end
-
+local n, cost, micros = rate_begin()
+if not n then return fail(cost) end
 local floor, ceil = math.floor, math.ceil
-local time = redis.call('TIME')
-local micros = tonumber(time[1]) * 1000000 + tonumber(time[2])
 local now = floor(micros / 1000) -- exact: micros < 2^53 (lib/div)
 
 local reply, admitted, extra = {0, micros, 0, 0, 0, 0, 0, 0}, 1, 4 * n + 1

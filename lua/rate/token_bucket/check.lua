@@ -41,6 +41,7 @@
 -- {1, N, 1, 9, -1, 100}, state {tokens = 9, at = N}.
 
 --@include lib/fail
+--@include lib/rate
 
 local MAX = 9007199254740991
 local MAX_FILL = 2251799813685248
@@ -50,18 +51,9 @@ local MAX_FILL = 2251799813685248
 -- 4i-1 .. 4i+2 keep bucket i's tokens, at, T and C between the decision and
 -- the writes.
 
-local n = #KEYS
-if n < 1 or #ARGV ~= 1 + 2 * n then
-  return fail('expected 1 + 2 arguments per key, got ' .. #ARGV .. ' for ' .. n .. ' keys')
-end
-local cost = tonumber(ARGV[1])
-if not cost or cost % 1 ~= 0 or cost < 1 or cost > MAX then
-  return fail('bad cost: ' .. tostring(ARGV[1]))
-end
-
+local n, cost, now = rate_begin()
+if not n then return fail(cost) end
 local floor, ceil = math.floor, math.ceil
-local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
 
 local reply, admitted = {0, now, 0, 0, 0, 0}, 1
 for i = 1, n do

@@ -1,0 +1,21 @@
+-- lib/rate: how every rate check starts: its arguments' count, its cost and
+-- the server clock.
+--
+-- rate_begin() -> n, cost, now: the number of limits (#KEYS, with exactly
+-- 1 + 2n arguments), ARGV[1] as the cost (an integer in [1, 2^53 - 1], as
+-- lib/args checks it) and TIME as integer microseconds since the epoch (as
+-- lib/time reads it); or nil and the message to fail with. One helper for
+-- the whole prologue: each costs a closure and a call per check.
+
+local function rate_begin()
+  local n = #KEYS
+  if n < 1 or #ARGV ~= 1 + 2 * n then
+    return nil, 'expected 1 + 2 arguments per key, got ' .. #ARGV .. ' for ' .. n .. ' keys'
+  end
+  local cost = tonumber(ARGV[1])
+  if not cost or cost % 1 ~= 0 or cost < 1 or cost > 9007199254740991 then
+    return nil, 'bad cost: ' .. tostring(ARGV[1])
+  end
+  local time = redis.call('TIME')
+  return n, cost, tonumber(time[1]) * 1000000 + tonumber(time[2])
+end
