@@ -138,6 +138,44 @@ impl Invocation {
         self.slot
     }
 
+    /// The keys and the arguments, as sent after `numkeys`.
+    pub(crate) fn keys_and_args(&self) -> (Vec<&[u8]>, Vec<&[u8]>) {
+        let mut words = self.cmd.args_iter().skip(2).filter_map(|arg| match arg {
+            Arg::Simple(bytes) => Some(bytes),
+            _ => None,
+        });
+        let numkeys: usize = words
+            .next()
+            .and_then(|n| std::str::from_utf8(n).ok()?.parse().ok())
+            .unwrap_or(0);
+        let mut rest: Vec<&[u8]> = words.collect();
+        let args = rest.split_off(numkeys.min(rest.len()));
+        (rest, args)
+    }
+
+    /// The same call through `variant`, the script's at-most-once form
+    /// (`compose::once`): `record` appended to the keys, `fingerprint` and
+    /// `horizon_ms` to the arguments.
+    pub(crate) fn once(
+        &self,
+        variant: &'static Script,
+        record: &str,
+        fingerprint: &str,
+        horizon_ms: u64,
+    ) -> Invocation {
+        let (keys, args) = self.keys_and_args();
+        // Every key was given as a `&str`, so this is lossless.
+        let keys: Vec<std::borrow::Cow<'_, str>> =
+            keys.iter().map(|k| String::from_utf8_lossy(k)).collect();
+        let mut keys: Vec<&str> = keys.iter().map(|k| k.as_ref()).collect();
+        keys.push(record);
+        let mut call = Invocation::new(variant, &keys);
+        for arg in args {
+            call = call.arg(arg);
+        }
+        call.arg(fingerprint).arg(horizon_ms)
+    }
+
     /// [`Error::CrossSlot`] when the keys span several cluster slots.
     pub(crate) fn check(&self) -> Result<()> {
         match &self.cross_slot {
