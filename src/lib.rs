@@ -40,6 +40,18 @@
 //! one typed `Result` per operation, in order, recovering `NOSCRIPT` entry by
 //! entry.
 //!
+//! # Retries without double counting
+//!
+//! Any operation value that writes can carry an operation id
+//! ([`Operation::idempotent`]): the server then applies it at most once
+//! per id within a horizon (default 5 minutes) and answers a resend with
+//! the first run's reply. [`retry()`] sends such an operation again after
+//! a lost reply ([`Error::Indeterminate`]), and any operation again after
+//! errors in which nothing ran, with jittered backoff and a deadline; it
+//! never re-sends an operation without an id after a lost reply. The plain
+//! calls are unchanged. The README section "Retries without double
+//! counting" states the guarantee and its limits.
+//!
 //! # Your own scripts
 //!
 //! A directory of your own Lua scripts, embedded with [`scripts!`], runs
@@ -107,6 +119,8 @@
 //!   (fail closed, fail open, a per-process limiter), visible in the answer.
 //! * `layer` (feature `tower`): `RateLimitLayer` and `ConcurrencyLimitLayer`
 //!   for axum, hyper and tower.
+//! * [`retry`]: re-sending an operation with an id after a lost reply,
+//!   and any operation after errors in which nothing ran.
 //! * [`keys`]: cluster slots and hash tags for scripts that touch several keys.
 //! * [`acl`]: the Redis ACL permissions nolock needs.
 //! * [`Tracked`] and [`Proxied`]: connection wrappers that sharpen what an
@@ -158,6 +172,7 @@ pub mod policy;
 mod proxied;
 pub mod rate;
 mod renew;
+pub mod retry;
 pub mod script;
 pub mod semaphore;
 mod timer;
@@ -166,7 +181,10 @@ mod validate;
 
 pub use error::{Error, Result};
 pub use proxied::Proxied;
-pub use script::{stats, Batch, BatchConnection, Operation, Script, Scripts, Stats};
+pub use retry::{retry, RetryPolicy};
+pub use script::{
+    stats, Batch, BatchConnection, Idempotent, Operation, Script, Scripts, Stats,
+};
 pub use tracked::Tracked;
 pub use validate::{MAX_INTEGER, MAX_TTL, MAX_VALUE_LEN};
 

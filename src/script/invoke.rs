@@ -12,6 +12,12 @@ pub(super) static BATCHES: AtomicU64 = AtomicU64::new(0);
 static REDIRECTS: AtomicU64 = AtomicU64::new(0);
 static RETRIES: AtomicU64 = AtomicU64::new(0);
 static NEVER_SENT: AtomicU64 = AtomicU64::new(0);
+static RETRY_RESENDS: AtomicU64 = AtomicU64::new(0);
+
+/// Count one resend by [`crate::retry::retry`].
+pub(crate) fn count_retry() {
+    RETRY_RESENDS.fetch_add(1, Relaxed);
+}
 
 /// How long to wait before each resend of a call that a server refused
 /// without running anything ([`is_resendable`]). The first resend goes at
@@ -59,6 +65,9 @@ pub struct Stats {
     /// dropped, before anything was sent: reported as a definite
     /// [`Error::Redis`], not [`Error::Indeterminate`].
     pub never_sent: u64,
+    /// Operations sent again by [`crate::retry::retry`] (after a lost reply,
+    /// for an operation with an id, or after an error in which nothing ran).
+    pub retry_resends: u64,
 }
 
 /// A snapshot of the process-wide [`Stats`].
@@ -75,6 +84,7 @@ pub fn stats() -> Stats {
         redirects: REDIRECTS.load(Relaxed),
         retries: RETRIES.load(Relaxed),
         never_sent: NEVER_SENT.load(Relaxed),
+        retry_resends: RETRY_RESENDS.load(Relaxed),
     }
 }
 
