@@ -182,9 +182,7 @@ mod validate;
 pub use error::{Error, Result};
 pub use proxied::Proxied;
 pub use retry::{retry, RetryPolicy};
-pub use script::{
-    stats, Batch, BatchConnection, Idempotent, Operation, Script, Scripts, Stats,
-};
+pub use script::{stats, Batch, BatchConnection, Idempotent, Operation, Script, Scripts, Stats};
 pub use tracked::Tracked;
 pub use validate::{MAX_INTEGER, MAX_TTL, MAX_VALUE_LEN};
 

@@ -216,7 +216,7 @@ pub use compare::{
     Outcome,
 };
 pub use monotonic::{set_if_greater, set_if_less, Watermark};
-pub use versioned::{get_versioned, set_if_version, Update, Versioned};
+pub use versioned::{get_versioned, set_if_version, SetIfVersion, Update, Versioned};
 
 #[cfg(test)]
 mod tests {

@@ -121,10 +121,10 @@ pub use user::ScriptDir;
 pub(crate) use batch::run_one;
 pub(crate) use compose::ID_REUSED;
 #[cfg(test)]
+pub(crate) use invoke::tests as tests_support;
+#[cfg(test)]
 pub(crate) use invoke::words;
 pub(crate) use invoke::{count_retry, is_never_sent, never_sent, Invocation};
-#[cfg(test)]
-pub(crate) use invoke::tests as tests_support;
 pub(crate) use reply::Reply;
 
 /// A `static` [`Script`] for `lua/<name>.lua`.
