@@ -32,7 +32,7 @@ use std::time::Duration;
 use nolock::limits::TryIncrement;
 use nolock::rate::{Algorithm, Check, Limiter, Quota};
 use nolock::retry::{retry, RetryPolicy};
-use nolock::{Idempotent, Operation};
+use nolock::Operation;
 use redis::aio::MultiplexedConnection;
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -60,34 +60,29 @@ impl Id {
         }
     }
 
-    /// `op` with the id this row gives it.
-    fn apply<O: Operation>(self, op: O) -> Result<Either<O>, Error> {
+    /// `op` with the id this row gives it, its output dropped.
+    fn apply<O: Operation + 'static>(self, op: O) -> Result<Op, Error> {
         Ok(match self {
-            Id::None => Either::Plain(op),
-            Id::Fresh => Either::Id(
-                op.idempotent(format!("fresh-{}", NEXT_ID.fetch_add(1, Ordering::Relaxed)))?,
+            Id::None => Box::new(op.map(drop)),
+            Id::Fresh => Box::new(
+                op.idempotent(format!("fresh-{}", NEXT_ID.fetch_add(1, Ordering::Relaxed)))?
+                    .map(drop),
             ),
-            Id::Resend => Either::Id(op.idempotent("resend")?),
+            Id::Resend => Box::new(op.idempotent("resend")?.map(drop)),
         })
     }
 }
 
-enum Either<O> {
-    Plain(O),
-    Id(Idempotent<O>),
-}
+type Op = Box<dyn Operation<Output = ()>>;
 
 /// One call, sent once (a policy of one attempt: `retry` here is only the
 /// way to run any operation value).
-async fn send<O: Operation>(conn: &mut MultiplexedConnection, op: Either<O>) -> Result<(), Error> {
+async fn send(conn: &mut MultiplexedConnection, op: Op) -> Result<(), Error> {
     let once = RetryPolicy {
         max_attempts: 1,
         ..RetryPolicy::default()
     };
-    match op {
-        Either::Plain(op) => drop(retry(&once, conn, &op).await?),
-        Either::Id(op) => drop(retry(&once, conn, &op).await?),
-    }
+    retry(&once, conn, &op).await?;
     Ok(())
 }
 
@@ -206,12 +201,12 @@ async fn main() -> Result<(), Error> {
     for i in 0..m {
         let op = TryIncrement::new(&counter, 1 << 50, HOUR)?.idempotent(format!("mem-{i}"))?;
         records.push(op.record_key().to_owned());
-        send(&mut conn, Either::Id(op)).await?;
+        send(&mut conn, Box::new(op.map(drop))).await?;
     }
     let after = info_field(&mut conn, "memory", "used_memory:", "").await?;
     let gcra = Check::new(&limiter, &rl, 1)?.idempotent("mem-gcra")?;
     let gcra_key = gcra.record_key().to_owned();
-    send(&mut conn, Either::Id(gcra)).await?;
+    send(&mut conn, Box::new(gcra.map(drop))).await?;
     for (what, key) in [("try_increment", &records[0]), ("GCRA check", &gcra_key)] {
         let bytes: i64 = redis::cmd("MEMORY")
             .arg("USAGE")

@@ -119,7 +119,7 @@
 //!   (fail closed, fail open, a per-process limiter), visible in the answer.
 //! * `layer` (feature `tower`): `RateLimitLayer` and `ConcurrencyLimitLayer`
 //!   for axum, hyper and tower.
-//! * [`retry`]: re-sending an operation with an id after a lost reply,
+//! * [`retry`](mod@retry): re-sending an operation with an id after a lost reply,
 //!   and any operation after errors in which nothing ran.
 //! * [`keys`]: cluster slots and hash tags for scripts that touch several keys.
 //! * [`acl`]: the Redis ACL permissions nolock needs.
