@@ -118,17 +118,8 @@ async fn info_field(
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Error> {
-    let n: usize = match std::env::args().nth(1) {
-        Some(n) => n.parse()?,
-        None => 5_000,
-    };
-    let (url, _server) = match std::env::var("REDIS_URL") {
-        Ok(url) if !url.is_empty() => (url, None),
-        _ => {
-            let server = server::RedisServer::start();
-            (server.url(), Some(server))
-        }
-    };
+    let n: usize = std::env::args().nth(1).map_or(Ok(5_000), |n| n.parse())?;
+    let (url, _server) = server::url_from_env_or_start();
     let mut conn = redis::Client::open(url.as_str())?
         .get_multiplexed_async_connection()
         .await?;
