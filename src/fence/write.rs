@@ -12,6 +12,7 @@ static READ: Script = embedded!("fence/read");
 /// The outcome of [`write()`] and [`write_unbound`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[must_use = "a stale write means the lease is over: stop the work"]
+#[non_exhaustive]
 pub enum Write {
     /// The value is stored, with the writer's fence.
     Applied,
