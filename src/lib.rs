@@ -124,10 +124,15 @@
 //! nolock is built on redis-rs 1.x (`redis = "1.8"`) and re-exports it as
 //! [`nolock::redis`](crate::redis). Its functions take a connection of *that*
 //! redis-rs: a connection made with another major version (0.32, say) does
-//! not implement its `ConnectionLike`, and the call fails to compile with
-//! ``the trait bound `MultiplexedConnection: redis::aio::ConnectionLike` is
-//! not satisfied``. Either depend on the same redis-rs major version, or
-//! make the connection through the re-export:
+//! not implement its `ConnectionLike`, and the call fails to compile:
+//!
+//! ```text
+//! error[E0277]: the trait bound `redis::aio::MultiplexedConnection: nolock::redis::aio::ConnectionLike` is not satisfied
+//! note: there are multiple different versions of crate `redis` in the dependency graph
+//! ```
+//!
+//! Either depend on the same redis-rs major version (`cargo tree -d` lists
+//! duplicated crates), or make nolock's connections through the re-export:
 //!
 //! ```no_run
 //! use nolock::redis; // the redis-rs nolock is built on

@@ -37,7 +37,6 @@ pub const RETRY_AFTER: &str = "Retry-After";
 
 /// The header values for one decision, ready to copy into a response.
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
 pub struct Headers {
     /// The `RateLimit-Policy` value, e.g. `"default";q=100;w=60`.
     pub policy: String,
