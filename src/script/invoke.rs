@@ -95,6 +95,10 @@ pub fn stats() -> Stats {
 /// It is public only so that [`crate::Operation`] can name it; nothing
 /// outside the crate can build or use one.
 #[derive(Debug, Clone)]
+#[allow(
+    unnameable_types,
+    reason = "the seal of Operation: reachable, never nameable"
+)]
 pub struct Invocation {
     script: &'static Script,
     cmd: Cmd,
