@@ -211,13 +211,16 @@ impl<O: fmt::Debug> fmt::Debug for Idempotent<O> {
     }
 }
 
-/// The at-most-once variant of `script`.
+/// The at-most-once variant of `script`: only of nolock's own scripts (a
+/// script of yours may share a name with one, so the source must match).
 fn variant(script: &Script) -> Result<&'static Script> {
-    Scripts::get(&format!("{}{ONCE_SUFFIX}", script.name())).ok_or_else(|| Error::InvalidArgument {
+    let ours = Scripts::get(script.name()).is_some_and(|s| s.sha1() == script.sha1());
+    let variant = Scripts::get(&format!("{}{ONCE_SUFFIX}", script.name())).filter(|_| ours);
+    variant.ok_or_else(|| Error::InvalidArgument {
         what: "operation id",
         reason: format!(
-            "script {} has no at-most-once variant: it is read-only (running it \
-                 again changes nothing), already carries an id, or is not one of nolock's",
+            "script {} has no at-most-once variant: it is read-only (running it again \
+             changes nothing), already carries an id, or is not one of nolock's",
             script.name()
         ),
     })
@@ -310,6 +313,14 @@ mod tests {
         assert!(peek.idempotent("x").is_err());
         let twice = op().idempotent("a").unwrap().idempotent("b");
         assert!(twice.is_err(), "an id'd operation takes no second id");
+        // A script of someone else's under the name of one of nolock's.
+        static IMPOSTOR: Script = Script::embedded("limits/try_increment", "return 1");
+        let call = crate::script::Call::<i64>::new(&IMPOSTOR, &["k"]);
+        assert!(call.idempotent("a").is_err());
+        let ours = Scripts::get("limits/try_increment").unwrap();
+        assert!(crate::script::Call::<i64>::new(ours, &["k"])
+            .idempotent("a")
+            .is_ok());
         assert!(op()
             .idempotent("a")
             .unwrap()
