@@ -1,6 +1,8 @@
 //! Composes every script under `lua/` with the helpers it includes from
 //! `lua/lib/` (see `src/script/compose.rs`) into `$OUT_DIR/lua/`, the tree
-//! the registry embeds. A missing or misused helper fails the build.
+//! the registry embeds, each script that writes with its at-most-once
+//! variant beside it (`<name>@once`, see `compose::once`). A missing or
+//! misused helper fails the build.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -28,6 +30,11 @@ fn main() {
         let target = out.join(format!("{name}.lua"));
         fs::create_dir_all(target.parent().expect("a script path has a parent"))
             .expect("create $OUT_DIR/lua");
+        // The at-most-once variant of a script that writes (issue 14).
+        if let Some(variant) = compose::once(name, &composed) {
+            let path = out.join(format!("{name}{}.lua", compose::ONCE_SUFFIX));
+            fs::write(path, variant).expect("write a script's once variant");
+        }
         fs::write(&target, composed).expect("write a composed script");
     }
 }

@@ -60,7 +60,8 @@ fn plan() -> Vec<Comparison> {
 const USAGE: &str = "usage: cargo run --release --example compare [-- --json]
 
 Runs nolock's scripts against lock-based and WATCH-based versions of the same
-operations and prints a table (or, with --json, the same rows as JSON).
+operations and prints a table (or, with --json, the same rows as JSON; the
+deny-cache lines and the library's own cost print only in the table).
 Uses $REDIS_URL when set; otherwise starts redis-server on a free port.";
 
 // One client thread for every variant: on a 2-core machine the server gets
@@ -134,6 +135,27 @@ async fn compare(json: bool) -> common::Result<()> {
     println!();
     for line in report::targets(&measured, Some(&cpu)) {
         println!("{line}");
+    }
+    eprint!("abusive client, with and without the deny cache ... ");
+    let denials = common::deny_cache::abusive_client(&client).await?;
+    eprintln!("done");
+    println!(
+        "\nAn abusive client at exactly 10x its quota (GCRA {}/s, burst 1, a check every {:?} for {:?}):\n",
+        common::deny_cache::RATE,
+        common::deny_cache::PACE,
+        common::deny_cache::LENGTH,
+    );
+    println!("| limiter | decisions | admitted | Redis calls | calls per decision |");
+    println!("|---|---:|---:|---:|---:|");
+    for run in &denials {
+        println!(
+            "| {} | {} | {} | {} | {:.2} |",
+            run.label,
+            run.decisions,
+            run.admitted,
+            run.redis_calls,
+            run.calls_per_decision()
+        );
     }
     println!(
         "\nround trips: requests sent per call. vs lock: throughput over the lock's, same operation and tasks.\n\

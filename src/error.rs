@@ -9,7 +9,13 @@
 //!   input and reads before its first write). Safe to retry.
 //! * **Indeterminate Redis failures** ([`Error::Indeterminate`]): the request may
 //!   have been sent and executed, but no answer came back (timeout, connection
-//!   lost). nolock never replays a script after one of these; the caller decides.
+//!   lost). nolock never replays a script after one of these; the caller decides,
+//!   or gives the operation an id ([`crate::Operation::idempotent`]) and lets
+//!   [`crate::retry::retry`] send it again: the server then applies it once.
+//! * **An operation id reused** ([`Error::IdReused`]): the id was already
+//!   recorded for another operation or other arguments within its horizon.
+//!   Definite (nothing was written) but not bad input the client could have
+//!   seen: only the server knows the record. Never retried.
 //!
 //! A denied request, a lock held by someone else or a failed condition is a
 //! normal return value, never an `Error`.
@@ -256,6 +262,18 @@ pub enum Error {
         reason: String,
     },
 
+    /// An operation id ([`crate::Operation::idempotent`]) was already
+    /// recorded, within its horizon, for another operation or the same
+    /// operation with other arguments. Nothing was written and no recorded
+    /// reply was returned: answering with the other operation's reply would
+    /// be wrong. Definite; not retried by [`crate::retry::retry`]. Give each
+    /// distinct operation its own id.
+    #[error("operation id reused for a different operation: {detail}")]
+    IdReused {
+        /// The server's message: the script and the record key.
+        detail: String,
+    },
+
     /// A script's reply does not decode into the type asked for
     /// ([`crate::script::Call`]). The script **ran**: whatever it wrote
     /// stays written, so this is not a definite error. Fix the type (or
@@ -279,6 +297,11 @@ impl Error {
     /// handed to it: nothing was sent. Everything else on the I/O path (timeout,
     /// reset, broken pipe, a parse failure mid-stream) is indeterminate.
     pub(crate) fn from_redis(err: RedisError) -> Self {
+        if err.code() == Some(crate::script::ID_REUSED) {
+            return Error::IdReused {
+                detail: err.detail().unwrap_or_default().to_owned(),
+            };
+        }
         let definite = match err.kind() {
             ErrorKind::Server(_) | ErrorKind::Extension => true,
             // Raised while connecting or routing, before a request exists.
@@ -389,6 +412,23 @@ mod tests {
             text.contains("hash tag") && text.contains("{tenant:7}:all"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_reused_id_is_definite_and_not_bad_input() {
+        let reply = redis::parse_redis_value(
+            b"-NOLOCK_IDREUSED nolock limits/try_increment: the operation id was used (k)\r\n",
+        )
+        .unwrap();
+        let redis::Value::ServerError(err) = reply else {
+            panic!("{reply:?}")
+        };
+        let err = Error::from_redis(err.into());
+        assert!(
+            matches!(&err, Error::IdReused { detail } if detail.contains("(k)")),
+            "{err}"
+        );
+        assert!(err.is_definite() && !err.is_invalid_input());
     }
 
     #[test]

@@ -40,6 +40,18 @@
 //! one typed `Result` per operation, in order, recovering `NOSCRIPT` entry by
 //! entry.
 //!
+//! # Retries without double counting
+//!
+//! Any operation value that writes can carry an operation id
+//! ([`Operation::idempotent`]): the server then applies it at most once
+//! per id within a horizon (default 5 minutes) and answers a resend with
+//! the first run's reply. [`retry()`] sends such an operation again after
+//! a lost reply ([`Error::Indeterminate`]), and any operation again after
+//! errors in which nothing ran, with jittered backoff and a deadline; it
+//! never re-sends an operation without an id after a lost reply. The plain
+//! calls are unchanged. The README section "Retries without double
+//! counting" states the guarantee and its limits.
+//!
 //! # Your own scripts
 //!
 //! A directory of your own Lua scripts, embedded with [`scripts!`], runs
@@ -87,42 +99,72 @@
 //! What a failover can lose, and what an operator can do about it, is in the
 //! [`script`] docs.
 //!
-//! # Layout
+//! # Which module for which job
 //!
 //! One operation, one script, one wrapper: `lua/limits/try_increment.lua` is
 //! run by [`limits::try_increment`].
 //!
-//! * [`limits`]: bounded counters (fixed windows).
-//! * [`rate`]: rate limiters (GCRA, token bucket, sliding and fixed windows),
-//!   atomic multi-limit checks, IETF `RateLimit` headers.
-//! * [`cas`]: conditional writes: compare-and-set/delete/expire, versioned
-//!   values, monotonic integers, guarded debit/credit, insert-if-absent.
-//! * [`semaphore`]: "at most N at once" with expiring permits, reclaimed
-//!   one by one from crashed holders; a self-renewing [`semaphore::PermitLease`].
-//! * [`fence`]: leases with fencing tokens: fenced acquire, token-checked
-//!   release/extend, a self-renewing [`fence::Lease`], fenced writes.
-//! * [`script`]: the engine: the embedded registry, [`Scripts::load`], `EVALSHA`
-//!   with the `NOSCRIPT` fallback, [`Batch`], [`stats`]; cluster behaviour.
-//! * [`policy`]: a per-decision timeout and what to do when Redis fails
-//!   (fail closed, fail open, a per-process limiter), visible in the answer.
-//! * `layer` (feature `tower`): `RateLimitLayer` and `ConcurrencyLimitLayer`
-//!   for axum, hyper and tower.
-//! * [`keys`]: cluster slots and hash tags for scripts that touch several keys.
-//! * [`acl`]: the Redis ACL permissions nolock needs.
-//! * [`Tracked`] and [`Proxied`]: connection wrappers that sharpen what an
-//!   error says (calls after a dropped connection were never sent; behind a
-//!   proxy an error reply may hide a script that ran).
-//! * [`Error`]: bad input (before I/O), definite and indeterminate Redis failures.
+//! | the job | module | start with |
+//! |---|---|---|
+//! | "at most N per window" per key, cheapest | [`limits`] | [`limits::try_increment`] |
+//! | "N per second with a burst", smooth; several limits at once; `RateLimit` headers | [`rate`] | [`rate::Limiter`], [`rate::MultiLimiter`] |
+//! | "at most N at once" (a bounded worker pool, in-flight calls) | [`semaphore`] | [`semaphore::with_permit`] |
+//! | `UPDATE … WHERE` in Redis: compare-and-set/delete/expire, versions, balances, insert-if-absent | [`cas`] | [`cas::debit`], [`cas::compare_and_set`] |
+//! | one worker at a time, safely (a lease with a fencing token) | [`fence`] | [`fence::with_lease`] |
+//! | rate or in-flight limits in front of an axum/hyper/tower service (feature `tower`) | `layer` | `layer::RateLimitLayer` |
+//! | what to do when Redis is slow or down | [`policy`] | [`policy::Guard`] |
+//! | many operations in one round trip; your own Lua scripts | [`script`] | [`Batch`], [`scripts!`] |
+//! | keys for several scripts in one cluster slot | [`keys`] | [`keys::derive`] |
+//! | the Redis ACL a service user needs | [`acl`] | [`acl::COMMANDS`] |
+//! | sharper errors after a dropped connection or behind a proxy | [`Tracked`], [`Proxied`] | [`Tracked::new`] |
+//! | telling "not applied" from "may have been applied" | [`Error`] | [`Error::is_definite`] |
+//! | sending again after a lost reply without counting twice (operation ids) | [`retry`](mod@retry) | [`Operation::idempotent`], [`retry()`] |
 //!
 //! # Features
 //!
-//! None is on by default; the core depends on redis-rs and tokio only.
+//! None is on by default; the core depends on redis-rs and tokio only, and
+//! every module above but `layer` is always there. docs.rs documents the crate
+//! with all features, and marks what needs one.
 //!
-//! * `tower`: the `layer` module (`tower-layer`, `tower-service`, `http`).
-//! * `tracing`: a span per script call and events for fallbacks and lost
-//!   leases (`tracing`).
-//! * `metrics`: counters and a latency histogram through the `metrics`
-//!   facade.
+//! | feature | adds | pulls in |
+//! |---|---|---|
+//! | `tower` | the `layer` module: `RateLimitLayer` and `ConcurrencyLimitLayer` for axum 0.8, hyper 1 and any tower stack | `tower-layer`, `tower-service`, `http` |
+//! | `tracing` | a `nolock.script` span per script call, events for fallbacks and lost leases, `record_keys_in_spans` | `tracing` |
+//! | `metrics` | counters and a latency histogram through the `metrics` facade (names in the README, "Tracing and metrics") | `metrics` |
+//!
+//! # Which redis-rs
+//!
+//! nolock is built on redis-rs 1.x (`redis = "1.8"`) and re-exports it as
+//! [`nolock::redis`](crate::redis). Its functions take a connection of *that*
+//! redis-rs: a connection made with another major version (0.32, say) does
+//! not implement its `ConnectionLike`, and the call fails to compile:
+//!
+//! ```text
+//! error[E0277]: the trait bound `redis::aio::MultiplexedConnection: nolock::redis::aio::ConnectionLike` is not satisfied
+//! note: there are multiple different versions of crate `redis` in the dependency graph
+//! ```
+//!
+//! Either depend on the same redis-rs major version (`cargo tree -d` lists
+//! duplicated crates), or make nolock's connections through the re-export:
+//!
+//! ```no_run
+//! use nolock::redis; // the redis-rs nolock is built on
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let client = redis::Client::open("redis://127.0.0.1/")?;
+//! let mut conn = client.get_multiplexed_async_connection().await?;
+//! let usage = nolock::limits::peek(&mut conn, "api:user:42").await?;
+//! # let _ = usage;
+//! # Ok(()) }
+//! ```
+//!
+//! # Minimum Rust version
+//!
+//! `rust-version` in `Cargo.toml` (1.88). CI checks it without a 1.88
+//! toolchain: clippy's `incompatible_msrv` lint refuses standard library items
+//! newer than it, and no dependency in `Cargo.lock` may declare a newer
+//! `rust-version`. Language features are not checked (the README says how to
+//! check them with a 1.88 toolchain).
 //!
 //! Tested on Redis 7.0, 7.4 and 8.0 and Valkey 8.0 (read-only scripts declare
 //! `#!lua flags=no-writes`, which needs Redis 7.0 or later); the README's
@@ -132,9 +174,12 @@
     missing_docs,
     missing_debug_implementations,
     unreachable_pub,
+    unnameable_types,
     rust_2018_idioms
 )]
 #![forbid(unsafe_code)]
+// docs.rs (`--cfg docsrs`, nightly): mark items that need a feature.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![cfg_attr(
     not(test),
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
@@ -151,6 +196,7 @@ pub mod __private {
 pub mod fence;
 pub mod keys;
 #[cfg(feature = "tower")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
 pub mod layer;
 pub mod limits;
 mod observe;
@@ -158,6 +204,7 @@ pub mod policy;
 mod proxied;
 pub mod rate;
 mod renew;
+pub mod retry;
 pub mod script;
 pub mod semaphore;
 mod timer;
@@ -166,9 +213,16 @@ mod validate;
 
 pub use error::{Error, Result};
 pub use proxied::Proxied;
-pub use script::{stats, Batch, BatchConnection, Operation, Script, Scripts, Stats};
+pub use retry::{retry, RetryPolicy};
+pub use script::{stats, Batch, BatchConnection, Idempotent, Operation, Script, Scripts, Stats};
 pub use tracked::Tracked;
 pub use validate::{MAX_INTEGER, MAX_TTL, MAX_VALUE_LEN};
 
 #[cfg(feature = "tracing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tracing")))]
 pub use observe::record_keys_in_spans;
+
+/// The redis-rs crate nolock is built on (version 1.x). Connections made
+/// through it always fit nolock's functions, whatever redis-rs version the
+/// rest of the application uses (see "Which redis-rs" above).
+pub use redis;

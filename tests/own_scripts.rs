@@ -28,7 +28,7 @@ both!(
     ],
     exclusive: [
         a_single_call_through_a_flush_costs_one_fallback,
-        a_batch_through_a_flush_costs_one_eval_per_entry,
+        a_batch_through_a_flush_reloads_once_per_node,
         load_with_caches_user_scripts_on_every_node,
         a_miss_costs_two_round_trips_against_three_for_redis_rs_script,
     ],
@@ -39,9 +39,9 @@ fn add(key: &str, n: i64) -> Call<i64> {
 }
 
 /// Flush every node, then call `counter/add` twice: the first call costs
-/// exactly one fallback command on the key's owner (today one `EVAL`; a
-/// `SCRIPT LOAD` once the fallback loads the script instead, issue 17) and
-/// is counted in `stats()`; the second is back on a single `EVALSHA`. Each
+/// exactly one fallback command on the key's owner (a `SCRIPT LOAD`
+/// pipelined with the resent `EVALSHA`; `EVAL` only where `SCRIPT LOAD` is
+/// refused) and is counted in `stats()`; the second is back on a single `EVALSHA`. Each
 /// call runs once.
 async fn a_single_call_through_a_flush_costs_one_fallback(d: &Deployment) {
     let mut conn = d.conn().await;
@@ -62,7 +62,7 @@ async fn a_single_call_through_a_flush_costs_one_fallback(d: &Deployment) {
     assert_eq!(
         after_miss - before,
         1,
-        "one EVAL (or SCRIPT LOAD) for the miss"
+        "one SCRIPT LOAD (or EVAL) for the miss"
     );
     // Process-wide: other tests of this binary may add their own.
     assert!(nolock::stats().noscript_fallbacks > fallbacks);
@@ -83,9 +83,10 @@ async fn a_single_call_through_a_flush_costs_one_fallback(d: &Deployment) {
 }
 
 /// A batch of 300 user calls over keys of every node, run three times with
-/// a flush before the second: exactly one `EVAL` per entry on the flushed
-/// run, none on the others, every entry run exactly once per run.
-async fn a_batch_through_a_flush_costs_one_eval_per_entry(d: &Deployment) {
+/// a flush before the second: on the flushed run one `SCRIPT LOAD` per
+/// script and primary and no `EVAL`, none on the others, every entry run
+/// exactly once per run.
+async fn a_batch_through_a_flush_reloads_once_per_node(d: &Deployment) {
     let mut conn = d.conn().await;
     Scripts::load_with(&mut conn, &[&FIXTURES]).await.unwrap();
     let p = prefix("batch_flush");
@@ -94,7 +95,7 @@ async fn a_batch_through_a_flush_costs_one_eval_per_entry(d: &Deployment) {
 }
 
 /// `Scripts::load_with` caches nolock's scripts and the fixtures on every
-/// node, primaries and replicas; calls then need no `EVAL`.
+/// node, primaries and replicas; calls then need no fallback.
 async fn load_with_caches_user_scripts_on_every_node(d: &Deployment) {
     let mut conn = d.conn().await;
     d.flush_scripts_everywhere().await;
@@ -361,8 +362,8 @@ impl<C: ConnectionLike + Send> ConnectionLike for Counted<C> {
 
 /// The cost of a script cache miss: round trips counted by the client
 /// connection, commands by the servers (`INFO commandstats`, every node).
-/// nolock: `EVALSHA`, then one fallback round trip (today `EVAL`; issue 17
-/// makes it a pipelined `SCRIPT LOAD` + `EVALSHA`). redis-rs's
+/// nolock: `EVALSHA`, then one fallback round trip (a pipelined
+/// `SCRIPT LOAD` + `EVALSHA`). redis-rs's
 /// `Script::invoke_async`: `EVALSHA`, `SCRIPT LOAD` (to every node of a
 /// cluster), `EVALSHA` again: 3 round trips. In a pipeline, redis-rs's
 /// `invoke_script` fails with `NOSCRIPT` after a flush; a nolock `Batch`

@@ -36,7 +36,11 @@ async fn an_abusive_client_costs_a_fraction_of_the_calls_and_nothing_more_is_adm
     // 2 per 100 ms (T = 50 ms); the client asks as fast as it can, far
     // above 10x the quota even on a loaded machine.
     let quota = Quota::per(2, Duration::from_millis(100)).unwrap();
-    for algorithm in [Algorithm::Gcra, Algorithm::FixedWindow] {
+    for algorithm in [
+        Algorithm::Gcra,
+        Algorithm::TokenBucket,
+        Algorithm::FixedWindow,
+    ] {
         let limiter = Limiter::new(algorithm, quota)
             .unwrap()
             .with_local_deny_cache(1_000);
@@ -89,7 +93,7 @@ async fn an_abusive_client_costs_a_fraction_of_the_calls_and_nothing_more_is_adm
             .as_micros() as u64;
         // Admissions stay within the limiter's own bound.
         let bound = match algorithm {
-            Algorithm::Gcra => 2 + span / 50_000,
+            Algorithm::Gcra | Algorithm::TokenBucket => 2 + span / 50_000,
             _ => 2 * (span / 100_000 + 2),
         };
         assert!(admitted <= bound, "{algorithm}: {admitted} > {bound}");
@@ -101,6 +105,64 @@ async fn an_abusive_client_costs_a_fraction_of_the_calls_and_nothing_more_is_adm
         assert!(
             server_decisions * 10 <= decisions,
             "{algorithm}: {server_decisions} of {decisions} decisions went to Redis"
+        );
+    }
+}
+
+/// A client at exactly 10x its quota (one check every 5 ms against 20 per
+/// second, burst 1): each admission that leaves the limiter empty is
+/// remembered as a denial until the next unit, so Redis sees little more
+/// than one call per admission (the admission itself) instead of two (it and
+/// the next denial). Counted per admission, which a loaded machine's slower
+/// pace does not change.
+#[tokio::test]
+async fn at_ten_times_the_quota_redis_sees_about_one_call_per_admission() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let mut probe = server.conn().await;
+    let quota = Quota::per_second(20).unwrap().with_burst(1).unwrap();
+    for algorithm in [
+        Algorithm::Gcra,
+        Algorithm::TokenBucket,
+        Algorithm::FixedWindow,
+    ] {
+        let quota = if algorithm == Algorithm::FixedWindow {
+            Quota::per(1, Duration::from_millis(50)).unwrap()
+        } else {
+            quota
+        };
+        let limiter = Limiter::new(algorithm, quota)
+            .unwrap()
+            .with_local_deny_cache(16);
+        let key = format!("{}{algorithm}", prefix("ten_times"));
+        let mut tick = tokio::time::interval(Duration::from_millis(5));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let (mut decisions, mut admitted) = (0u64, 0u64);
+        // Counted by this test's own server (the process-wide `stats()`
+        // also counts the other test of this binary).
+        let before = evalsha_calls(&mut probe).await;
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_millis(1500) {
+            tick.tick().await;
+            let d = limiter.check(&mut conn, &key, 1).await.unwrap();
+            decisions += 1;
+            admitted += u64::from(d.allowed);
+        }
+        let sent = evalsha_calls(&mut probe).await - before;
+        eprintln!(
+            "{algorithm}: {decisions} decisions, {admitted} admitted, {sent} sent to Redis \
+             ({:.1}% of decisions)",
+            100.0 * sent as f64 / decisions as f64
+        );
+        assert!(admitted >= 10, "{algorithm}: only {admitted} admitted");
+        // Without remembering empty admissions every admission is followed
+        // by a server denial: at least 2 x admitted. With it, only a check
+        // that lands in the last moments before the next unit (the local
+        // denial counts from when the admission was sent, and loses the
+        // reply's rounding to the millisecond) still reaches the server.
+        assert!(
+            sent * 4 <= admitted * 7 + 4,
+            "{algorithm}: {sent} calls for {admitted} admissions"
         );
     }
 }

@@ -219,7 +219,17 @@ fn slow_app(
     entered: Arc<AtomicUsize>,
     on_failure: OnFailure,
 ) -> axum::Router {
-    let layer = ConcurrencyLimitLayer::new(conn, 2, Duration::from_secs(10), |req| {
+    slow_app_with_ttl(conn, gate, entered, on_failure, Duration::from_secs(10))
+}
+
+fn slow_app_with_ttl(
+    conn: redis::aio::MultiplexedConnection,
+    gate: Arc<tokio::sync::Semaphore>,
+    entered: Arc<AtomicUsize>,
+    on_failure: OnFailure,
+    ttl: Duration,
+) -> axum::Router {
+    let layer = ConcurrencyLimitLayer::new(conn, 2, ttl, |req| {
         let user = req.headers.get("x-user").and_then(|v| v.to_str().ok());
         format!("inflight:{}", user.unwrap_or("-"))
     })
@@ -312,6 +322,46 @@ async fn at_most_n_requests_in_flight_per_key() {
         "local",
         "the slot came back"
     );
+}
+
+/// Requests that run for several TTLs keep their permits (the layer renews
+/// them), so a third request is still refused; they come back at the end.
+#[tokio::test]
+async fn a_request_longer_than_the_permit_ttl_keeps_its_permit() {
+    let redis = RedisServer::start();
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let entered = Arc::new(AtomicUsize::new(0));
+    let ttl = Duration::from_millis(300);
+    let app = slow_app_with_ttl(
+        redis.conn().await,
+        Arc::clone(&gate),
+        Arc::clone(&entered),
+        OnFailure::Closed,
+        ttl,
+    );
+    let addr = serve(app).await;
+    let running: Vec<_> = (0..2)
+        .map(|_| tokio::spawn(async move { get(addr, "/slow", "dave").await }))
+        .collect();
+    until_entered(&entered, 2).await;
+    let mut conn = redis.conn().await;
+    for _ in 0..4 {
+        tokio::time::sleep(ttl).await;
+        let usage = nolock::semaphore::peek(&mut conn, "inflight:dave")
+            .await
+            .unwrap();
+        assert_eq!(usage.in_use, 2, "both permits are still held");
+        assert_eq!(get(addr, "/slow", "dave").await.status, 429);
+    }
+    assert_eq!(entered.load(Ordering::SeqCst), 2);
+    gate.add_permits(2);
+    for r in running {
+        assert_eq!(r.await.unwrap().status, 200);
+    }
+    let usage = nolock::semaphore::peek(&mut conn, "inflight:dave")
+        .await
+        .unwrap();
+    assert_eq!(usage.in_use, 0, "both permits were given back");
 }
 
 /// A builder call on a layer that was already cloned applies to that layer

@@ -19,6 +19,7 @@
 #![allow(dead_code)]
 
 pub mod conn;
+pub mod deny_cache;
 pub mod latency;
 pub mod lock;
 pub mod ops;

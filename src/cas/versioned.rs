@@ -4,7 +4,7 @@
 use redis::{aio::ConnectionLike, Value};
 use serde::{de::DeserializeOwned, Serialize};
 
-use crate::script::{embedded, Invocation, Reply, Script};
+use crate::script::{embedded, Invocation, Operation, Reply, Script};
 use crate::{validate, Error, Result};
 
 static GET_VERSIONED: Script = embedded!("cas/get_versioned");
@@ -135,6 +135,66 @@ where
 {
     let call = set_if_version_call(key, version, value)?;
     decode_update(call.run(conn).await?)
+}
+
+/// [`set_if_version`] as a value: for a [`crate::Batch`], or to carry an
+/// operation id ([`Operation::idempotent`]) so that a resend after a lost
+/// reply cannot write a second version. The value is serialized when it is
+/// built.
+///
+/// ```
+/// use nolock::{cas::SetIfVersion, Operation};
+///
+/// let op = SetIfVersion::new("config:feature-x", 3, &vec!["eu", "us"])?.idempotent("deploy-118")?;
+/// # let _: nolock::Idempotent<SetIfVersion<Vec<String>>> = op;
+/// # Ok::<(), nolock::Error>(())
+/// ```
+pub struct SetIfVersion<T> {
+    call: Invocation,
+    value: std::marker::PhantomData<fn() -> T>,
+}
+
+impl<T: Serialize + DeserializeOwned> SetIfVersion<T> {
+    /// Write `value` at `key` if its version is `version` (0: absent).
+    ///
+    /// # Errors
+    ///
+    /// As [`set_if_version`] before any I/O.
+    pub fn new<V: Serialize + ?Sized>(key: &str, version: u64, value: &V) -> Result<Self> {
+        Ok(SetIfVersion {
+            call: set_if_version_call(key, version, value)?,
+            value: std::marker::PhantomData,
+        })
+    }
+}
+
+impl<T: DeserializeOwned + Send> Operation for SetIfVersion<T> {
+    type Output = Update<T>;
+
+    fn invocation(&self) -> &Invocation {
+        &self.call
+    }
+
+    fn decode(&self, reply: Value) -> Result<Update<T>> {
+        decode_update(reply)
+    }
+}
+
+impl<T> Clone for SetIfVersion<T> {
+    fn clone(&self) -> Self {
+        SetIfVersion {
+            call: self.call.clone(),
+            value: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<T> std::fmt::Debug for SetIfVersion<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SetIfVersion")
+            .field("call", &self.call)
+            .finish_non_exhaustive()
+    }
 }
 
 pub(super) fn set_if_version_call<T: Serialize + ?Sized>(

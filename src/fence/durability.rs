@@ -53,6 +53,8 @@ pub enum Source {
 /// whether its fence counters can go back. Returned by [`durability`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[must_use = "refuse to start when fences can go back, or say why it is acceptable"]
+// Non-exhaustive: a report that grows with each setting it learns to read.
+#[non_exhaustive]
 pub struct Durability {
     /// Where the settings were read.
     pub source: Source,

@@ -70,6 +70,11 @@
 //! [`acquire_as`] again with the same token while the lock is still yours is
 //! idempotent (same fence, TTL set again): retry with the same token after an
 //! [`Error::Indeterminate`] to find out whether the first call took the lock.
+//! The token plays the part an operation id plays elsewhere
+//! ([`crate::Operation::idempotent`], [`crate::retry()`]), with one
+//! difference: a resend answers from the lock as it is now, not from a
+//! record of the first reply (once the lock has expired, the same token
+//! takes it anew, with a new fence).
 //!
 //! # Fencing the resource
 //!

@@ -12,6 +12,9 @@ static READ: Script = embedded!("fence/read");
 /// The outcome of [`write()`] and [`write_unbound`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[must_use = "a stale write means the lease is over: stop the work"]
+// Non-exhaustive: it gained `NotGranted` already; every outcome but `Applied`
+// means nothing was stored, so a `_` arm can always stop the work.
+#[non_exhaustive]
 pub enum Write {
     /// The value is stored, with the writer's fence.
     Applied,
@@ -99,6 +102,8 @@ pub struct Fenced {
 ///         eprintln!("fence above the counter ({counter}): did Redis lose it?");
 ///         return Ok(());
 ///     }
+///     // `Write` may gain outcomes; only `Applied` stored the value.
+///     _ => return Ok(()),
 /// }
 /// # Ok(()) }
 /// ```

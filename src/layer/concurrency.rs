@@ -19,7 +19,7 @@ use tower_service::Service;
 use super::{KeyFn, DEFAULT_TIMEOUT};
 use crate::observe;
 use crate::policy::{Failure, OnFailure, Source};
-use crate::semaphore::{self, Acquire};
+use crate::semaphore::{self, Acquire, PermitLease};
 
 /// At most `permits` requests in flight per key (a tenant, a user, one
 /// fragile backend), counted across every replica of the service with a
@@ -34,10 +34,15 @@ use crate::semaphore::{self, Acquire};
 ///   allows `permits / replicas` (at least 1) in flight per key in this
 ///   process. The [`Source`] goes into the request's extensions.
 ///
-/// The permit's `ttl` must exceed the slowest response: a permit that
-/// expires while its request still runs frees its slot early (the
-/// semaphore's guarantee is "at most `permits` unexpired permits"). A
-/// streamed body still being sent after the headers no longer holds one.
+/// Each permit is held as a [`PermitLease`]: renewed every `ttl / 3`
+/// while its request runs, so a request may take longer than `ttl`. The
+/// TTL bounds how long the permit of a replica that died mid-request keeps
+/// its slot. A permit whose renewal fails for longer than its TTL is lost
+/// (counted as a lease loss by the `metrics` feature); the request still
+/// runs to its end, so for that while more than `permits` requests may be
+/// in flight. A request whose future is dropped (the client went away)
+/// gives its permit back in the background. A streamed body still being
+/// sent after the headers no longer holds one.
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -173,7 +178,7 @@ impl<S: fmt::Debug, C> fmt::Debug for ConcurrencyLimitService<S, C> {
 
 /// What was taken for one request, to give back after it.
 enum Held {
-    Redis(semaphore::Permit),
+    Redis(PermitLease),
     Local,
     Nothing,
 }
@@ -187,7 +192,12 @@ where
         let mut conn = self.conn.clone();
         let call = semaphore::acquire(&mut conn, key, self.permits, self.ttl);
         let cause = match tokio::time::timeout(self.timeout, call).await {
-            Ok(Ok(Acquire::Acquired(permit))) => return Ok((Held::Redis(permit), Source::Redis)),
+            Ok(Ok(Acquire::Acquired(permit))) => {
+                return match PermitLease::start(self.conn.clone(), key, permit) {
+                    Ok(lease) => Ok((Held::Redis(lease), Source::Redis)),
+                    Err(_) => Err(StatusCode::INTERNAL_SERVER_ERROR),
+                };
+            }
             Ok(Ok(Acquire::Full { .. })) => return Err(StatusCode::TOO_MANY_REQUESTS),
             Ok(Err(err)) if err.is_invalid_input() => {
                 return Err(StatusCode::INTERNAL_SERVER_ERROR)
@@ -217,10 +227,9 @@ where
 
     async fn leave(&self, key: &str, held: Held) {
         match held {
-            Held::Redis(permit) => {
-                // A failed release leaves the permit to its TTL.
-                let mut conn = self.conn.clone();
-                let _ = semaphore::release(&mut conn, key, &permit).await;
+            Held::Redis(lease) => {
+                // Stops the renewals; a failed release leaves the permit to its TTL.
+                let _ = lease.release().await;
             }
             Held::Local => {
                 let mut map = self.local.lock().unwrap_or_else(|e| e.into_inner());

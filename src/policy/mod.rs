@@ -131,6 +131,8 @@ impl Source {
 /// A decision under a [`Guard`]: from Redis, or a fallback and its cause.
 #[derive(Debug)]
 #[must_use = "a denied request must be turned away"]
+// Non-exhaustive like `OnFailure`: a new policy brings a new kind of answer.
+#[non_exhaustive]
 pub enum Guarded<T> {
     /// Redis decided in time.
     Redis(T),

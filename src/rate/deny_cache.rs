@@ -6,8 +6,11 @@
 //! refund frees capacity sooner), so it is answered here, without a round
 //! trip. Measuring `r` from the moment the denied request was sent, before
 //! the server decided, keeps the local answer from outliving the server's.
-//! The cache never admits: an admission, a smaller cost, or an expired entry
-//! always goes to the server.
+//! An admission that left the limiter empty is remembered the same way, as
+//! a denial of one unit or more until one unit fits again (the limiter
+//! computes that time from the reply and its quota, rounding down).
+//! The cache never admits: a smaller cost than the one denied, or an expired
+//! entry, always goes to the server.
 //!
 //! Memory is bounded by `capacity` entries; each expires on its own. When the
 //! cache is full the entry that expires first makes room (an expiry index
@@ -18,7 +21,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::RateLimit;
 
@@ -80,15 +83,33 @@ impl DenyCache {
     }
 
     /// Remember the server's `decision` on `cost` units at `key`, for a
-    /// request sent at `sent`; an admission forgets the key.
-    pub(super) fn record(&self, key: &str, cost: u64, decision: &RateLimit, sent: Instant) {
+    /// request sent at `sent`. An admission forgets the key, unless it left
+    /// the limiter empty for `empty_for` (computed by the limiter, which
+    /// knows its algorithm): then checks of one unit or more are denied
+    /// until `sent + empty_for`.
+    pub(super) fn record(
+        &self,
+        key: &str,
+        cost: u64,
+        decision: &RateLimit,
+        sent: Instant,
+        empty_for: Option<Duration>,
+    ) {
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         let entries = &mut *entries;
         if let Some(old) = entries.by_key.remove(key) {
             entries.by_expiry.remove(&(old.until, old.seq));
         }
-        let retry = match decision.retry_after {
-            Some(r) if !decision.allowed && !r.is_zero() => r,
+        let mut decision = *decision;
+        let (retry, cost) = match (decision.allowed, decision.retry_after, empty_for) {
+            (false, Some(r), _) if !r.is_zero() => (r, cost),
+            (true, _, Some(wait)) if decision.remaining == 0 && !wait.is_zero() => {
+                // Replayed as the denial the server would give.
+                decision.allowed = false;
+                decision.charged = 0;
+                decision.retry_after = Some(wait);
+                (wait, 1)
+            }
             _ => return,
         };
         let Some(until) = sent.checked_add(retry) else {
@@ -114,7 +135,7 @@ impl DenyCache {
             Denial {
                 until,
                 cost,
-                decision: *decision,
+                decision,
                 sent,
                 seq,
             },
@@ -132,7 +153,7 @@ impl DenyCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::{Duration, SystemTime};
+    use std::time::SystemTime;
 
     fn denial(retry_ms: u64) -> RateLimit {
         RateLimit {
@@ -150,7 +171,7 @@ mod tests {
     fn a_denial_covers_its_cost_and_more_until_retry_after_from_sending() {
         let cache = DenyCache::new(8);
         let sent = Instant::now();
-        cache.record("k", 3, &denial(100), sent);
+        cache.record("k", 3, &denial(100), sent, None);
         let soon = sent + Duration::from_millis(40);
         let local = cache.denied("k", 3, soon).expect("covered");
         assert!(!local.allowed);
@@ -171,12 +192,36 @@ mod tests {
     fn an_admission_forgets_the_key_and_nothing_is_cached_without_a_retry() {
         let cache = DenyCache::new(8);
         let sent = Instant::now();
-        cache.record("k", 1, &denial(100), sent);
+        cache.record("k", 1, &denial(100), sent, None);
         let mut admitted = denial(0);
         admitted.allowed = true;
         admitted.retry_after = None;
-        cache.record("k", 1, &admitted, sent);
+        cache.record("k", 1, &admitted, sent, None);
         assert!(cache.denied("k", 1, sent).is_none());
+        assert_eq!(cache.len(), 0);
+    }
+
+    #[test]
+    fn an_admission_that_left_nothing_denies_one_unit_for_its_empty_time() {
+        let cache = DenyCache::new(8);
+        let sent = Instant::now();
+        let mut admitted = denial(0);
+        admitted.allowed = true;
+        admitted.retry_after = None;
+        admitted.charged = 1;
+        cache.record("k", 1, &admitted, sent, Some(Duration::from_millis(50)));
+        let local = cache
+            .denied("k", 1, sent + Duration::from_millis(20))
+            .expect("covered");
+        assert!(!local.allowed);
+        assert_eq!(local.charged, 0, "a local denial charges nothing");
+        assert_eq!(local.retry_after, Some(Duration::from_millis(30)));
+        assert!(cache
+            .denied("k", 1, sent + Duration::from_millis(50))
+            .is_none());
+        // Units were left: nothing to remember.
+        admitted.remaining = 1;
+        cache.record("k", 1, &admitted, sent, Some(Duration::from_millis(50)));
         assert_eq!(cache.len(), 0);
     }
 
@@ -185,7 +230,7 @@ mod tests {
         let cache = DenyCache::new(3);
         let sent = Instant::now();
         for (i, ms) in [500u64, 100, 900, 700].into_iter().enumerate() {
-            cache.record(&format!("k{i}"), 1, &denial(ms), sent);
+            cache.record(&format!("k{i}"), 1, &denial(ms), sent, None);
         }
         assert_eq!(cache.len(), 3);
         assert!(
@@ -196,7 +241,7 @@ mod tests {
             assert!(cache.denied(k, 1, sent).is_some(), "{k}");
         }
         let zero = DenyCache::new(0);
-        zero.record("k", 1, &denial(100), sent);
+        zero.record("k", 1, &denial(100), sent, None);
         assert_eq!(zero.len(), 0);
     }
 }

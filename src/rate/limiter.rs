@@ -3,7 +3,7 @@
 use redis::aio::ConnectionLike;
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::deny_cache::DenyCache;
 use super::{headers, Algorithm, Headers, Quota, RateLimit, Refund};
@@ -75,8 +75,12 @@ impl Limiter {
     /// The same limiter, remembering up to `capacity` recent denials in this
     /// process: after the server denies `cost` units at a key with
     /// `retry_after = r`, checks of that key for `cost` or more units within
-    /// `r` are denied here, without a round trip. An abusive client then
-    /// costs Redis one call per `retry_after` instead of one per request.
+    /// `r` are denied here, without a round trip. Likewise after an
+    /// admission that left nothing (`remaining == 0`) on a GCRA, token-bucket
+    /// or fixed-window limiter: until one unit fits again (computed from the
+    /// reply and the quota), checks are denied here. A client far above its
+    /// quota then costs Redis about one call per admission, instead of one
+    /// per request.
     ///
     /// The cache never admits, and never outlives the server's answer: `r`
     /// counts from when the denied request was *sent*, before the server
@@ -168,8 +172,34 @@ impl Limiter {
             return Ok(local);
         }
         let decision = run_one(&check, conn).await?;
-        cache.record(key, cost, &decision, sent);
+        crate::observe::decision(&self.name, decision.allowed);
+        cache.record(key, cost, &decision, sent, self.empty_for(&decision));
         Ok(decision)
+    }
+
+    /// After an admission that left nothing (`remaining == 0`): how long,
+    /// from the server's decision, a check of even one unit is sure to be
+    /// denied unless something is refunded. `reset_after` is rounded up to
+    /// the millisecond, so one millisecond comes off to end no later than
+    /// the server would.
+    ///
+    /// GCRA and token bucket: one unit fits again `(burst - 1) × T` before
+    /// the limiter is full again. Fixed window: at the window's end. Sliding
+    /// window: `None` (the previous window's weight makes it a curve).
+    fn empty_for(&self, decision: &RateLimit) -> Option<Duration> {
+        if !decision.allowed || decision.remaining > 0 {
+            return None;
+        }
+        let reset = decision.reset_after.checked_sub(Duration::from_millis(1))?;
+        let wait = match self.algorithm {
+            Algorithm::Gcra | Algorithm::TokenBucket => {
+                let rest = (self.quota.burst() - 1).checked_mul(self.quota.interval_us())?;
+                reset.checked_sub(Duration::from_micros(rest))?
+            }
+            Algorithm::FixedWindow => reset,
+            _ => return None,
+        };
+        Some(wait).filter(|w| !w.is_zero())
     }
 
     /// What [`Limiter::check`] would answer for `cost` now, without taking

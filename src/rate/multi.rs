@@ -4,6 +4,8 @@ use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 
+use crate::script::{Invocation, Operation};
+
 use super::limiter::valid_name;
 use super::{headers, Algorithm, Headers, Quota, RateLimit, Refund};
 use crate::{keys, validate, Error, Result};
@@ -51,6 +53,66 @@ pub struct MultiLimiter {
     quotas: Vec<Quota>,
     /// Per limit: true when its key is passed by the caller.
     shared: Vec<bool>,
+}
+
+/// [`MultiLimiter::check`] as a value: for a [`crate::Batch`], or to carry
+/// an operation id ([`Operation::idempotent`]) so that a resend after a lost
+/// reply charges the limits once. Checked when built.
+///
+/// ```
+/// use nolock::rate::{Algorithm, MultiCheck, MultiLimiter, Quota};
+/// use nolock::Operation;
+///
+/// let limits = MultiLimiter::new(Algorithm::Gcra)
+///     .limit("second", Quota::per_second(10)?)?
+///     .shared_limit("tenant", Quota::per_second(100)?)?;
+/// let op = MultiCheck::new(&limits, "{t7}:u42", &["{t7}:all"], 1)?.idempotent("req-9")?;
+/// assert!(MultiCheck::new(&limits, "u42", &["{t7}:all"], 1).is_err()); // two slots
+/// # let _ = op;
+/// # Ok::<(), nolock::Error>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct MultiCheck {
+    call: Invocation,
+    quotas: Vec<Quota>,
+    cost: u64,
+}
+
+impl MultiCheck {
+    /// Take `cost` from every limit of `limits` at `key` (and
+    /// `shared_keys`) if each has room; otherwise take nothing.
+    ///
+    /// # Errors
+    ///
+    /// As [`MultiLimiter::check`] before any I/O.
+    pub fn new(
+        limits: &MultiLimiter,
+        key: &str,
+        shared_keys: &[&str],
+        cost: u64,
+    ) -> Result<MultiCheck> {
+        let keys = limits.keys(key, shared_keys)?;
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let call = super::decide_call(limits.algorithm, false, &keys, &limits.quotas, cost)?;
+        Ok(MultiCheck {
+            call,
+            quotas: limits.quotas.clone(),
+            cost,
+        })
+    }
+}
+
+impl Operation for MultiCheck {
+    type Output = MultiRateLimit;
+
+    fn invocation(&self) -> &Invocation {
+        &self.call
+    }
+
+    fn decode(&self, reply: redis::Value) -> Result<MultiRateLimit> {
+        let script = self.call.script().name();
+        super::decode_decision(script, reply, &self.quotas, self.cost)
+    }
 }
 
 /// The answer of a [`MultiLimiter`]: one [`RateLimit`] per limit, in the order

@@ -9,6 +9,7 @@ use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr
 use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, Value};
 
 use super::invoke::{is_noscript, Invocation, BATCHES, CALLS, FALLBACKS};
+use super::Idempotent;
 use crate::{observe, Error, Result};
 
 /// An operation checked and ready to send: one script call and the decoding
@@ -29,6 +30,43 @@ pub trait Operation: Send + Sync {
     /// Decode the script's reply.
     #[doc(hidden)]
     fn decode(&self, reply: Value) -> Result<Self::Output>;
+
+    /// The operation id, when it carries one ([`Operation::idempotent`]):
+    /// [`crate::retry::retry`] re-sends after a lost reply only then.
+    #[doc(hidden)]
+    fn operation_id(&self) -> Option<&str> {
+        None
+    }
+
+    /// The same operation, applied at most once per `id` within a horizon
+    /// (default 5 minutes, [`Idempotent::horizon`]): sending it again
+    /// returns the first run's reply and changes nothing. The plain
+    /// operation is unchanged (same script, same cost); this one runs a
+    /// generated variant of its script that keeps a record beside the
+    /// operation's first key. See [`Idempotent`].
+    ///
+    /// # Errors
+    ///
+    /// Before any I/O, [`Error::InvalidArgument`]: `id` empty or longer
+    /// than [`crate::script::MAX_ID_LEN`] bytes, or an operation that
+    /// cannot carry one (a read-only one, which is safe to repeat anyway;
+    /// one that already has an id; a script of your own).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use nolock::{limits::TryIncrement, Operation};
+    ///
+    /// let op = TryIncrement::new("quota:alice", 100, Duration::from_secs(60))?
+    ///     .idempotent("request-5f1c")?;
+    /// assert_eq!(op.id(), "request-5f1c");
+    /// # Ok::<(), nolock::Error>(())
+    /// ```
+    fn idempotent(self, id: impl Into<String>) -> Result<Idempotent<Self>>
+    where
+        Self: Sized,
+    {
+        Idempotent::new(self, id.into())
+    }
 
     /// The same operation with its output passed through `f`: how
     /// operations of different kinds share one [`Batch`] (map each into one
@@ -86,6 +124,10 @@ impl<O: Operation + ?Sized> Operation for Box<O> {
     fn decode(&self, reply: Value) -> Result<O::Output> {
         (**self).decode(reply)
     }
+
+    fn operation_id(&self) -> Option<&str> {
+        (**self).operation_id()
+    }
 }
 
 /// An operation whose output goes through a function: [`Operation::map`].
@@ -109,6 +151,10 @@ where
 
     fn decode(&self, reply: Value) -> Result<U> {
         self.op.decode(reply).map(&self.f)
+    }
+
+    fn operation_id(&self) -> Option<&str> {
+        self.op.operation_id()
     }
 }
 

@@ -64,7 +64,8 @@ impl<T> Call<T> {
 
 impl<T: FromRedisValue + Send> Call<T> {
     /// Run the script: one round trip (`EVALSHA`, or `EVALSHA_RO` for a
-    /// read-only script), two when the server has lost it (`EVAL` once).
+    /// read-only script), two when the server has lost it (a pipelined
+    /// `SCRIPT LOAD` + `EVALSHA`, or `EVAL` where `SCRIPT LOAD` is refused).
     ///
     /// # Errors
     ///
@@ -226,9 +227,9 @@ mod tests {
         )))
     }
 
-    /// The fallback after one `NOSCRIPT`: `EVAL` today, a pipelined
-    /// `SCRIPT LOAD` + `EVALSHA` once issue 17 lands; either way one more
-    /// round trip in which the script runs once.
+    /// The fallback after one `NOSCRIPT`: a pipelined `SCRIPT LOAD` +
+    /// `EVALSHA` (or `EVAL` where `SCRIPT LOAD` is refused); either way one
+    /// more round trip in which the script runs once.
     fn is_one_fallback(sent: &[String], evalsha: &str, eval: &str) -> bool {
         sent == [evalsha, eval] || sent == [evalsha, "SCRIPT", evalsha]
     }

@@ -12,6 +12,12 @@ pub(super) static BATCHES: AtomicU64 = AtomicU64::new(0);
 static REDIRECTS: AtomicU64 = AtomicU64::new(0);
 static RETRIES: AtomicU64 = AtomicU64::new(0);
 static NEVER_SENT: AtomicU64 = AtomicU64::new(0);
+static RETRY_RESENDS: AtomicU64 = AtomicU64::new(0);
+
+/// Count one resend by [`crate::retry::retry`].
+pub(crate) fn count_retry() {
+    RETRY_RESENDS.fetch_add(1, Relaxed);
+}
 
 /// How long to wait before each resend of a call that a server refused
 /// without running anything ([`is_resendable`]). The first resend goes at
@@ -59,6 +65,9 @@ pub struct Stats {
     /// dropped, before anything was sent: reported as a definite
     /// [`Error::Redis`], not [`Error::Indeterminate`].
     pub never_sent: u64,
+    /// Operations sent again by [`crate::retry::retry`] (after a lost reply,
+    /// for an operation with an id, or after an error in which nothing ran).
+    pub retry_resends: u64,
 }
 
 /// A snapshot of the process-wide [`Stats`].
@@ -75,6 +84,7 @@ pub fn stats() -> Stats {
         redirects: REDIRECTS.load(Relaxed),
         retries: RETRIES.load(Relaxed),
         never_sent: NEVER_SENT.load(Relaxed),
+        retry_resends: RETRY_RESENDS.load(Relaxed),
     }
 }
 
@@ -85,6 +95,10 @@ pub fn stats() -> Stats {
 /// It is public only so that [`crate::Operation`] can name it; nothing
 /// outside the crate can build or use one.
 #[derive(Debug, Clone)]
+#[allow(
+    unnameable_types,
+    reason = "the seal of Operation: reachable, never nameable"
+)]
 pub struct Invocation {
     script: &'static Script,
     cmd: Cmd,
@@ -136,6 +150,44 @@ impl Invocation {
     /// The cluster slot of the call's keys (`None` for a keyless call).
     pub(crate) fn slot(&self) -> Option<u16> {
         self.slot
+    }
+
+    /// The keys and the arguments, as sent after `numkeys`.
+    pub(crate) fn keys_and_args(&self) -> (Vec<&[u8]>, Vec<&[u8]>) {
+        let mut words = self.cmd.args_iter().skip(2).filter_map(|arg| match arg {
+            Arg::Simple(bytes) => Some(bytes),
+            _ => None,
+        });
+        let numkeys: usize = words
+            .next()
+            .and_then(|n| std::str::from_utf8(n).ok()?.parse().ok())
+            .unwrap_or(0);
+        let mut rest: Vec<&[u8]> = words.collect();
+        let args = rest.split_off(numkeys.min(rest.len()));
+        (rest, args)
+    }
+
+    /// The same call through `variant`, the script's at-most-once form
+    /// (`compose::once`): `record` appended to the keys, `fingerprint` and
+    /// `horizon_ms` to the arguments.
+    pub(crate) fn once(
+        &self,
+        variant: &'static Script,
+        record: &str,
+        fingerprint: &str,
+        horizon_ms: u64,
+    ) -> Invocation {
+        let (keys, args) = self.keys_and_args();
+        // Every key was given as a `&str`, so this is lossless.
+        let keys: Vec<std::borrow::Cow<'_, str>> =
+            keys.iter().map(|k| String::from_utf8_lossy(k)).collect();
+        let mut keys: Vec<&str> = keys.iter().map(|k| k.as_ref()).collect();
+        keys.push(record);
+        let mut call = Invocation::new(variant, &keys);
+        for arg in args {
+            call = call.arg(arg);
+        }
+        call.arg(fingerprint).arg(horizon_ms)
     }
 
     /// [`Error::CrossSlot`] when the keys span several cluster slots.

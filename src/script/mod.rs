@@ -106,6 +106,7 @@ mod call;
 #[cfg_attr(not(test), allow(dead_code))]
 mod compose;
 mod invoke;
+mod once;
 mod registry;
 mod reply;
 mod user;
@@ -113,13 +114,17 @@ mod user;
 pub use batch::{Batch, BatchConnection, Map, Operation};
 pub use call::Call;
 pub use invoke::{stats, Stats};
+pub use once::{Idempotent, DEFAULT_HORIZON, MAX_ID_LEN};
 pub use registry::{Loaded, Script, Scripts};
 pub use user::ScriptDir;
 
 pub(crate) use batch::run_one;
+pub(crate) use compose::ID_REUSED;
+#[cfg(test)]
+pub(crate) use invoke::tests as tests_support;
 #[cfg(test)]
 pub(crate) use invoke::words;
-pub(crate) use invoke::{is_never_sent, never_sent, Invocation};
+pub(crate) use invoke::{count_retry, is_never_sent, never_sent, Invocation};
 pub(crate) use reply::Reply;
 
 /// A `static` [`Script`] for `lua/<name>.lua`.

@@ -371,6 +371,26 @@ mod tests {
                 contract.starts_with(&format!("-- {name}: ")),
                 "lua/{name}.lua must open with its contract: {contract:?}"
             );
+            if let Some(base) = name.strip_suffix(super::super::compose::ONCE_SUFFIX) {
+                // A generated variant runs its script's composed text
+                // unchanged, behind the same shebang; that text is held
+                // to the rules below under its own name.
+                let base = Scripts::get(base).unwrap_or_else(|| panic!("{name} without {base}"));
+                assert!(!base.is_read_only(), "{name}");
+                let body = match base.source().split_once('\n') {
+                    Some((first, rest)) if first.starts_with("#!") => {
+                        assert!(composed.starts_with(&format!("{first}\n")), "{name}");
+                        rest
+                    }
+                    _ => base.source(),
+                };
+                assert!(
+                    composed.contains(body),
+                    "{name} runs {} unchanged",
+                    base.name()
+                );
+                continue;
+            }
             let own = raw(&format!("{name}.lua"));
             let included: Vec<&str> = super::super::compose::includes(own).collect();
             let own_code = code(own);
@@ -398,6 +418,27 @@ mod tests {
                         "lua/{name}.lua redefines {f} of {path}"
                     );
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn every_script_that_writes_has_an_at_most_once_variant() {
+        let suffix = super::super::compose::ONCE_SUFFIX;
+        for script in Scripts::all() {
+            if script.name().ends_with(suffix) {
+                continue;
+            }
+            let variant = Scripts::get(&format!("{}{suffix}", script.name()));
+            assert_eq!(
+                variant.is_some(),
+                !script.is_read_only(),
+                "{}",
+                script.name()
+            );
+            if let Some(variant) = variant {
+                assert!(!variant.is_read_only());
+                assert_ne!(variant.sha1(), script.sha1());
             }
         }
     }

@@ -286,6 +286,7 @@ pub enum Extend {
 
 /// A semaphore read by [`peek`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
 pub struct Usage {
     /// Permits in use (unexpired).
     pub in_use: u64,

@@ -46,6 +46,18 @@ pub fn free_port() -> u16 {
         .expect("no free local port")
 }
 
+/// The server at `$REDIS_URL` when it is set, else a new one (keep the
+/// returned guard alive): for the examples that measure a server.
+pub fn url_from_env_or_start() -> (String, Option<RedisServer>) {
+    match std::env::var("REDIS_URL") {
+        Ok(url) if !url.is_empty() => (url, None),
+        _ => {
+            let server = RedisServer::start();
+            (server.url(), Some(server))
+        }
+    }
+}
+
 impl RedisServer {
     /// Start a server on a free port and wait until it answers `PING`.
     pub fn start() -> Self {

@@ -579,6 +579,11 @@ async fn client(
                                         FenceReply::Stale(current_fence)
                                     }
                                     fence::Write::NotGranted { .. } => FenceReply::NotGranted,
+                                    // `Write` is non_exhaustive: a new outcome needs a
+                                    // place in the fence checker before torture runs it.
+                                    other => unreachable!(
+                                        "fence::Write {other:?} unknown to the checker"
+                                    ),
                                 })
                             },
                         )

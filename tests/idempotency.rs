@@ -1,0 +1,553 @@
+//! Operation ids (issue 14): a resend after a lost reply is answered from
+//! the record and applies nothing; the plain calls are unchanged.
+//!
+//! Faults come from `support::proxy::FaultProxy::lose_replies`: the proxy
+//! forwards the request, the server runs it, and the connection is cut
+//! before the reply comes back (an `Error::Indeterminate` call).
+
+mod support;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use nolock::cas::{self, Adjust, Adjustment, SetIfVersion, Update};
+use nolock::limits::{self, Release, TryIncrement};
+use nolock::rate::{Algorithm, Check, Limiter, MultiCheck, MultiLimiter, Quota};
+use nolock::retry::{retry, Backoff, RetryPolicy};
+use nolock::script::Call;
+use nolock::semaphore::{self, ReleasePermit, TryAcquire};
+use nolock::{Error, Operation, Scripts};
+use redis::aio::{ConnectionManager, MultiplexedConnection};
+use support::proxy::FaultProxy;
+use support::{prefix, raw, RedisServer};
+
+const MINUTE: Duration = Duration::from_secs(60);
+
+fn policy() -> RetryPolicy {
+    RetryPolicy {
+        backoff: Backoff {
+            initial_delay: Duration::from_millis(1),
+            max_delay: Duration::from_millis(50),
+            ..Backoff::new(Duration::from_secs(20))
+        },
+        max_attempts: 50,
+    }
+}
+
+/// A reconnecting connection through the proxy: after a cut, the next
+/// request goes over a new socket.
+async fn manager(proxy: &FaultProxy) -> ConnectionManager {
+    redis::Client::open(proxy.url())
+        .unwrap()
+        .get_connection_manager()
+        .await
+        .expect("connect through the proxy")
+}
+
+/// A connection that dials again after its socket failed: one fresh
+/// `MultiplexedConnection` per cut. (redis-rs's `ConnectionManager` does the
+/// same, but through this proxy, whose cuts also hit its reconnect
+/// handshakes, it was seen stalling ~9.5 s per attempt in its reconnect
+/// backoff: too slow for 200 tasks.)
+struct Redial {
+    client: redis::Client,
+    conn: Option<MultiplexedConnection>,
+}
+
+impl Redial {
+    fn new(proxy: &FaultProxy) -> Self {
+        Redial {
+            client: redis::Client::open(proxy.url()).unwrap(),
+            conn: None,
+        }
+    }
+
+    async fn conn(&mut self) -> redis::RedisResult<&mut MultiplexedConnection> {
+        if self.conn.is_none() {
+            self.conn = Some(self.client.get_multiplexed_async_connection().await?);
+        }
+        Ok(self.conn.as_mut().expect("just set"))
+    }
+
+    fn check<T>(&mut self, result: redis::RedisResult<T>) -> redis::RedisResult<T> {
+        if matches!(&result, Err(e) if e.is_io_error() || e.is_unrecoverable_error()) {
+            self.conn = None;
+        }
+        result
+    }
+}
+
+impl redis::aio::ConnectionLike for Redial {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        Box::pin(async move {
+            let result = match self.conn().await {
+                Ok(conn) => conn.req_packed_command(cmd).await,
+                Err(e) => Err(e),
+            };
+            self.check(result)
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipe: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        Box::pin(async move {
+            let result = match self.conn().await {
+                Ok(conn) => conn.req_packed_commands(pipe, offset, count).await,
+                Err(e) => Err(e),
+            };
+            self.check(result)
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        0
+    }
+}
+
+async fn setup() -> (
+    RedisServer,
+    FaultProxy,
+    ConnectionManager,
+    MultiplexedConnection,
+) {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port).await;
+    let through = manager(&proxy).await;
+    let mut direct = server.conn().await;
+    // Loaded, so that the first request through the proxy runs the script
+    // rather than meeting NOSCRIPT (a lost NOSCRIPT would prove nothing).
+    nolock::Scripts::load(&mut direct).await.unwrap();
+    (server, proxy, through, direct)
+}
+
+async fn count(conn: &mut MultiplexedConnection, key: &str) -> u64 {
+    limits::peek(conn, key).await.unwrap().count
+}
+
+#[tokio::test]
+async fn a_lost_increment_is_sent_again_and_counted_once_with_the_first_reply() {
+    let (_server, proxy, mut conn, mut direct) = setup().await;
+    let key = format!("{}quota", prefix("idem"));
+    let op = TryIncrement::new(&key, 10, MINUTE)
+        .unwrap()
+        .idempotent("req-1")
+        .unwrap();
+
+    proxy.lose_replies(1);
+    let err = op.run(&mut conn).await.unwrap_err();
+    assert!(matches!(err, Error::Indeterminate(_)), "{err}");
+    assert_eq!(
+        count(&mut direct, &key).await,
+        1,
+        "the lost call was applied"
+    );
+
+    let resends = nolock::stats().retry_resends;
+    let again = retry(&policy(), &mut conn, &op).await.unwrap();
+    assert!(again.admitted);
+    assert_eq!(again.count, 1);
+    // The recorded reply: the PTTL the first run saw, the full window.
+    assert_eq!(again.reset_after, Some(MINUTE + Duration::from_millis(1)));
+    assert_eq!(count(&mut direct, &key).await, 1, "not applied twice");
+    // And a loss inside `retry` itself: it sends again on its own.
+    let second = TryIncrement::new(&key, 10, MINUTE)
+        .unwrap()
+        .idempotent("req-2")
+        .unwrap();
+    proxy.lose_replies(1);
+    let a = retry(&policy(), &mut conn, &second).await.unwrap();
+    assert_eq!((a.admitted, a.count), (true, 2));
+    assert_eq!(count(&mut direct, &key).await, 2);
+    assert!(nolock::stats().retry_resends > resends);
+    assert!(proxy.stats().replies_lost >= 2);
+}
+
+#[tokio::test]
+async fn without_an_id_a_lost_reply_is_not_sent_again() {
+    let (_server, proxy, mut conn, mut direct) = setup().await;
+    let key = format!("{}quota", prefix("idem"));
+    let op = TryIncrement::new(&key, 10, MINUTE).unwrap();
+    proxy.lose_replies(1);
+    let err = retry(&policy(), &mut conn, &op).await.unwrap_err();
+    assert!(matches!(err, Error::Indeterminate(_)), "{err}");
+    assert_eq!(count(&mut direct, &key).await, 1);
+}
+
+#[tokio::test]
+async fn a_lost_rate_check_charges_its_units_once() {
+    let (_server, proxy, mut conn, mut direct) = setup().await;
+    for algorithm in [
+        Algorithm::Gcra,
+        Algorithm::TokenBucket,
+        Algorithm::SlidingWindow,
+        Algorithm::FixedWindow,
+    ] {
+        let key = format!("{}rl", prefix("idem"));
+        let limiter = Limiter::new(algorithm, Quota::per_hour(10).unwrap()).unwrap();
+        let op = Check::new(&limiter, &key, 3)
+            .unwrap()
+            .idempotent("r")
+            .unwrap();
+        proxy.lose_replies(1);
+        let first = retry(&policy(), &mut conn, &op).await.unwrap();
+        assert!(first.allowed, "{algorithm:?}");
+        let again = op.run(&mut conn).await.unwrap();
+        assert_eq!(
+            again, first,
+            "{algorithm:?}: the recorded decision, `at` included"
+        );
+        let left = limiter.peek(&mut direct, &key, 1).await.unwrap();
+        assert_eq!(left.remaining, 7, "{algorithm:?}: 3 units charged once");
+    }
+}
+
+#[tokio::test]
+async fn a_lost_debit_is_debited_once() {
+    let (_server, proxy, mut conn, mut direct) = setup().await;
+    let key = format!("{}wallet", prefix("idem"));
+    let _ = cas::credit(&mut direct, &key, 100, None).await.unwrap();
+    let op = Adjust::debit(&key, 30)
+        .unwrap()
+        .idempotent("payment-1")
+        .unwrap();
+    proxy.lose_replies(1);
+    let first = retry(&policy(), &mut conn, &op).await.unwrap();
+    assert!(first.is_applied() && first.balance() == 70, "{first:?}");
+    for _ in 0..3 {
+        assert_eq!(op.run(&mut conn).await.unwrap(), first);
+    }
+    let balance: i64 = raw(&mut direct, &["GET", &key]).await;
+    assert_eq!(balance, 70);
+}
+
+#[tokio::test]
+async fn ids_are_independent_and_a_reused_id_with_other_arguments_is_refused() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let key = format!("{}quota", prefix("idem"));
+    let one = |n, id: &str| {
+        TryIncrement::by(&key, n, 100, MINUTE)
+            .unwrap()
+            .idempotent(id)
+            .unwrap()
+    };
+    assert_eq!(one(1, "a").run(&mut conn).await.unwrap().count, 1);
+    assert_eq!(one(1, "b").run(&mut conn).await.unwrap().count, 2);
+    assert_eq!(
+        one(1, "a").run(&mut conn).await.unwrap().count,
+        1,
+        "replayed"
+    );
+    // `x` and `{x}`-like ids, and ids that mimic the key layout, are distinct.
+    for id in ["{a}", "a:", "once#a", "a}"] {
+        assert!(one(1, id).run(&mut conn).await.unwrap().admitted);
+    }
+    assert_eq!(count(&mut conn, &key).await, 6);
+
+    let err = one(2, "a").run(&mut conn).await.unwrap_err();
+    assert!(matches!(err, Error::IdReused { .. }), "{err}");
+    assert!(err.is_definite() && !err.is_invalid_input());
+    let resends = nolock::stats().retry_resends;
+    let err = retry(&policy(), &mut conn, &one(2, "a")).await.unwrap_err();
+    assert!(matches!(err, Error::IdReused { .. }), "{err}");
+    assert_eq!(nolock::stats().retry_resends, resends, "never retried");
+    // Another operation on the same first key with the same id: refused too.
+    let release = Release::new(&key, 1).unwrap().idempotent("a").unwrap();
+    assert!(matches!(
+        release.run(&mut conn).await,
+        Err(Error::IdReused { .. })
+    ));
+    assert_eq!(count(&mut conn, &key).await, 6, "nothing written");
+    // The same id on another key is another record.
+    let other = format!("{key}2");
+    let op = TryIncrement::new(&other, 5, MINUTE)
+        .unwrap()
+        .idempotent("a")
+        .unwrap();
+    assert_eq!(op.run(&mut conn).await.unwrap().count, 1);
+}
+
+#[tokio::test]
+async fn records_expire_after_the_horizon_and_idle_keys_still_expire() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let key = format!("{}quota", prefix("idem"));
+    let op = TryIncrement::new(&key, 100, MINUTE)
+        .unwrap()
+        .idempotent("a")
+        .unwrap()
+        .horizon(Duration::from_millis(40))
+        .unwrap();
+    assert_eq!(op.run(&mut conn).await.unwrap().count, 1);
+    assert_eq!(op.run(&mut conn).await.unwrap().count, 1);
+    let pttl: i64 = raw(&mut conn, &["PTTL", op.record_key()]).await;
+    assert!((1..=40).contains(&pttl), "{pttl}");
+    tokio::time::sleep(Duration::from_millis(80)).await;
+    let exists: i64 = raw(&mut conn, &["EXISTS", op.record_key()]).await;
+    assert_eq!(exists, 0, "the record expired");
+    assert_eq!(
+        op.run(&mut conn).await.unwrap().count,
+        2,
+        "forgotten: applied again"
+    );
+
+    // A counter whose window ends expires on time, though its record lives on.
+    let short = format!("{}short", prefix("idem"));
+    let op = TryIncrement::new(&short, 100, Duration::from_millis(40))
+        .unwrap()
+        .idempotent("a")
+        .unwrap();
+    let _ = op.run(&mut conn).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(80)).await;
+    let exists: i64 = raw(&mut conn, &["EXISTS", &short]).await;
+    assert_eq!(exists, 0, "the counter expired");
+    let record_ttl: i64 = raw(&mut conn, &["PTTL", op.record_key()]).await;
+    assert!(
+        record_ttl > 200_000,
+        "{record_ttl}: the record keeps its own TTL"
+    );
+    let size: i64 = raw(&mut conn, &["STRLEN", op.record_key()]).await;
+    assert!(size < 100, "{size} bytes per record");
+}
+
+#[tokio::test]
+async fn script_flush_between_the_first_try_and_the_retry() {
+    let (_server, proxy, mut conn, mut direct) = setup().await;
+    let key = format!("{}quota", prefix("idem"));
+    nolock::Scripts::load(&mut direct).await.unwrap();
+    let op = TryIncrement::new(&key, 10, MINUTE)
+        .unwrap()
+        .idempotent("req")
+        .unwrap();
+    proxy.lose_replies(1);
+    assert!(op.run(&mut conn).await.is_err());
+    let _: () = raw(&mut direct, &["SCRIPT", "FLUSH"]).await;
+    let fallbacks = nolock::stats().noscript_fallbacks;
+    let a = retry(&policy(), &mut conn, &op).await.unwrap();
+    assert_eq!((a.admitted, a.count), (true, 1));
+    assert!(
+        nolock::stats().noscript_fallbacks > fallbacks,
+        "NOSCRIPT was met"
+    );
+    assert_eq!(count(&mut direct, &key).await, 1);
+}
+
+/// 200 tasks, each with its own connection and ids, through a proxy that
+/// cuts connections at random: every id is counted exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_tasks_retrying_their_own_ids_through_random_drops_count_exactly() {
+    const TASKS: u64 = 200;
+    const OPS: u64 = 10;
+    let server = RedisServer::start();
+    let proxy = Arc::new(FaultProxy::start(server.port).await);
+    let key = format!("{}shared", prefix("idem"));
+    let wallet = format!("{}wallet", prefix("idem"));
+    let mut direct = server.conn().await;
+    nolock::Scripts::load(&mut direct).await.unwrap();
+    let _ = cas::credit(&mut direct, &wallet, 1_000_000, None)
+        .await
+        .unwrap();
+
+    let done = Arc::new(AtomicU64::new(0));
+    let chaos = {
+        let (proxy, done) = (proxy.clone(), done.clone());
+        tokio::spawn(async move {
+            // Two cuts at a time (the next only once the last have hit),
+            // every 0-2 ms until three quarters of the tasks are done, so
+            // the last few tasks are not cut on every attempt.
+            let mut cuts = 0;
+            while done.load(Ordering::SeqCst) < TASKS * 3 / 4 {
+                if proxy.stats().replies_lost >= cuts {
+                    proxy.lose_replies(2);
+                    cuts += 2;
+                }
+                tokio::time::sleep(Duration::from_millis(fastrand::u64(0..3))).await;
+            }
+        })
+    };
+    let mut tasks = Vec::new();
+    for t in 0..TASKS {
+        let (proxy, key, wallet, done) = (proxy.clone(), key.clone(), wallet.clone(), done.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut conn = Redial::new(&proxy);
+            for i in 0..OPS {
+                let id = format!("task-{t}-op-{i}");
+                let inc = TryIncrement::new(&key, 1_000_000, MINUTE)
+                    .unwrap()
+                    .idempotent(id.as_str())
+                    .unwrap();
+                let a = retry(&policy(), &mut conn, &inc).await.expect("increment");
+                assert!(a.admitted);
+                let debit = Adjust::debit(&wallet, 3).unwrap().idempotent(id).unwrap();
+                let d = retry(&policy(), &mut conn, &debit).await.expect("debit");
+                assert!(d.is_applied());
+            }
+            done.fetch_add(1, Ordering::SeqCst);
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    chaos.await.unwrap();
+    assert_eq!(count(&mut direct, &key).await, TASKS * OPS);
+    let balance: i64 = raw(&mut direct, &["GET", &wallet]).await;
+    assert_eq!(balance, 1_000_000 - 3 * (TASKS * OPS) as i64);
+    let lost = proxy.stats().replies_lost;
+    assert!(
+        lost >= 50,
+        "only {lost} replies lost: the test proved little"
+    );
+    eprintln!("{lost} replies lost, totals exact");
+}
+
+/// For every operation that can carry an id: the reply of a resend (from the
+/// record) decodes to exactly what the first run returned.
+#[tokio::test]
+async fn every_wrapped_operation_replays_its_first_reply_exactly() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let p = prefix("idem");
+    let k = |s: &str| format!("{p}{s}");
+
+    async fn twice<O>(conn: &mut MultiplexedConnection, op: O) -> O::Output
+    where
+        O: Operation,
+        O::Output: PartialEq + std::fmt::Debug,
+    {
+        let id = format!("{:?}", std::time::Instant::now());
+        let op = op.idempotent(id).unwrap();
+        let first = op.run(conn).await.unwrap();
+        let again = op.run(conn).await.unwrap();
+        assert_eq!(first, again);
+        first
+    }
+
+    // limits: admitted, then denied; release.
+    let _ = twice(&mut conn, TryIncrement::new(&k("c"), 1, MINUTE).unwrap()).await;
+    let denied = twice(&mut conn, TryIncrement::new(&k("c"), 1, MINUTE).unwrap()).await;
+    assert!(!denied.admitted);
+    let _ = twice(&mut conn, Release::new(&k("c"), 1).unwrap()).await;
+    // rate: every algorithm, single and multi-limit, allowed and denied.
+    for algorithm in [
+        Algorithm::Gcra,
+        Algorithm::TokenBucket,
+        Algorithm::SlidingWindow,
+        Algorithm::FixedWindow,
+    ] {
+        let limiter = Limiter::new(algorithm, Quota::per_hour(2).unwrap()).unwrap();
+        let key = k(&format!("{algorithm:?}"));
+        let _ = twice(&mut conn, Check::new(&limiter, &key, 2).unwrap()).await;
+        let no = twice(&mut conn, Check::new(&limiter, &key, 1).unwrap()).await;
+        assert!(!no.allowed && no.retry_after.is_some());
+        let multi = MultiLimiter::new(algorithm)
+            .limit("s", Quota::per_second(5).unwrap())
+            .unwrap()
+            .shared_limit("all", Quota::per_hour(1).unwrap())
+            .unwrap();
+        let user = format!("{{{}}}:u", k(&format!("m{algorithm:?}")));
+        let all = format!("{{{}}}:all", k(&format!("m{algorithm:?}")));
+        let check = || MultiCheck::new(&multi, &user, &[&all], 1).unwrap();
+        assert!(twice(&mut conn, check()).await.allowed);
+        assert_eq!(twice(&mut conn, check()).await.denied_by, Some(1));
+    }
+    // cas: debit applied and refused, credit, versioned write and conflict.
+    let _ = twice(&mut conn, Adjust::credit(&k("w"), 5, None).unwrap()).await;
+    let _ = twice(&mut conn, Adjust::debit(&k("w"), 3).unwrap()).await;
+    let refused = twice(&mut conn, Adjust::debit(&k("w"), 3).unwrap()).await;
+    assert!(
+        matches!(refused, Adjustment::Insufficient { .. }),
+        "{refused:?}"
+    );
+    let cfg = vec!["eu".to_owned(), "us\u{0}\u{ff}".to_owned()];
+    let w: Update<Vec<String>> =
+        twice(&mut conn, SetIfVersion::new(&k("v"), 0, &cfg).unwrap()).await;
+    assert_eq!(w, Update::Written { version: 1 });
+    let conflict: Update<Vec<String>> =
+        twice(&mut conn, SetIfVersion::new(&k("v"), 0, &cfg).unwrap()).await;
+    assert!(matches!(conflict, Update::Conflict { current: Some(ref v) } if v.value == cfg));
+    // semaphore: acquired, full, released.
+    let acquire = TryAcquire::new(&k("s"), 1, MINUTE).unwrap();
+    let got = twice(&mut conn, acquire).await;
+    let permit = got.acquired().expect("a permit");
+    let full = twice(&mut conn, TryAcquire::new(&k("s"), 1, MINUTE).unwrap()).await;
+    assert!(!full.is_acquired());
+    let _ = twice(&mut conn, ReleasePermit::new(&k("s"), &permit).unwrap()).await;
+    assert_eq!(semaphore::peek(&mut conn, &k("s")).await.unwrap().in_use, 0);
+
+    // Raw replies of scripts with other shapes (strings, nil, nested):
+    // byte-for-byte the same `redis::Value`.
+    let raw_twice = |name: &'static str, keys: Vec<String>, args: Vec<&'static str>| {
+        let script = Scripts::get(name).unwrap();
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let mut call = Call::<redis::Value>::new(script, &keys);
+        for a in args {
+            call = call.arg(a);
+        }
+        call.idempotent(format!("raw-{name}")).unwrap()
+    };
+    let fence = |part| nolock::keys::derive(&k("r"), part);
+    for (name, keys, args) in [
+        (
+            "fence/acquire",
+            vec![fence("lock"), fence("fence")],
+            vec!["tok", "60000"],
+        ),
+        ("cas/compare_and_set", vec![k("x")], vec!["new", "0", "old"]),
+        ("cas/compare_and_set", vec![k("y")], vec!["new", "0"]),
+        (
+            "cas/watermark",
+            vec![k("m")],
+            vec!["-9223372036854775808", "less"],
+        ),
+    ] {
+        let op = raw_twice(name, keys, args);
+        let first = op.run(&mut conn).await.unwrap();
+        let again = op.run(&mut conn).await.unwrap();
+        assert_eq!(first, again, "{name}");
+    }
+}
+
+#[tokio::test]
+async fn a_batch_entry_may_carry_an_id() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let key = format!("{}quota", prefix("idem"));
+    let op = |id: Option<&str>| -> Box<dyn Operation<Output = limits::Admission>> {
+        let plain = TryIncrement::new(&key, 100, MINUTE).unwrap();
+        match id {
+            Some(id) => Box::new(plain.idempotent(id).unwrap()),
+            None => Box::new(plain),
+        }
+    };
+    let batch: nolock::Batch<_> = [op(Some("a")), op(None), op(Some("b"))]
+        .into_iter()
+        .collect();
+    let first: Vec<u64> = batch
+        .run(&mut conn)
+        .await
+        .into_iter()
+        .map(|r| r.unwrap().count)
+        .collect();
+    let _: () = raw(&mut conn, &["SCRIPT", "FLUSH"]).await;
+    let second: Vec<u64> = batch
+        .run(&mut conn)
+        .await
+        .into_iter()
+        .map(|r| r.unwrap().count)
+        .collect();
+    assert_eq!(first, [1, 2, 3]);
+    assert_eq!(
+        second,
+        [1, 4, 3],
+        "the id'd entries replayed, the plain one applied"
+    );
+    assert_eq!(count(&mut conn, &key).await, 4);
+}
