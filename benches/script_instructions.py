@@ -1,0 +1,190 @@
+#!/usr/bin/env python3
+"""Instructions per call of nolock's hot scripts, beside minimal references.
+
+    python3 benches/script_instructions.py                  # lua/ of this checkout
+    python3 benches/script_instructions.py --lua OLD/lua    # another tree, e.g.
+        # mkdir OLD && git archive <rev> lua | tar -x -C OLD
+    python3 benches/script_instructions.py --tower PATH/rate_limit.lua
+
+Runs `redis-server` (PATH, or $NOLOCK_REDIS_SERVER) under
+`valgrind --tool=callgrind --instr-atstart=no` on its own port, sends N
+EVALSHAs of each script one at a time with instrumentation on, and prints
+instructions per call. Unlike `usec_per_call` the count does not move with
+the machine's load, so runs of different trees compare. Every figure includes
+the dispatch of one command (the `return 1` row). A program, not a test.
+
+Scripts are composed as `src/script/compose.rs` does (each `--@include
+lib/<name>` replaced by the helper without its header, helpers first and
+once, `SCRIPT_NAME` before the first); the references are the `REF_*`
+scripts of `examples/rate_cost.rs`.
+"""
+import argparse, glob, os, re, socket, subprocess, sys, tempfile, time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOKEN = '0123456789abcdef0123456789abcdef'
+
+
+def compose(lua, name):
+    included, out = [], []
+
+    def body(code):
+        lines = code.split('\n')
+        i = 0
+        while i < len(lines) - 1 and (not lines[i].strip() or (
+                lines[i].strip().startswith('--') and not lines[i].strip().startswith('--@include '))):
+            i += 1
+        return '\n'.join(lines[i:])
+
+    def splice(src):
+        for line in src.splitlines(keepends=True):
+            if not line.rstrip().startswith('--@include '):
+                out.append(line)
+                continue
+            path = line.rstrip()[len('--@include '):].strip()
+            if path in included:
+                continue
+            if not included:
+                out.append("local SCRIPT_NAME = '%s'\n" % name)
+            included.append(path)
+            code = body(open(os.path.join(lua, path + '.lua')).read())
+            deps = ''.join(l for l in code.splitlines(keepends=True)
+                           if l.lstrip().startswith('--@include '))
+            rest = code[len(code) - len(code.lstrip()):] if not deps else code.split(deps.splitlines()[-1], 1)[1]
+            splice(deps)
+            out.append('-- %s\n' % path + rest.lstrip('\n'))
+            if not out[-1].endswith('\n'):
+                out.append('\n')
+
+    splice(open(os.path.join(lua, name + '.lua')).read())
+    return ''.join(out)
+
+
+def references():
+    text = open(os.path.join(ROOT, 'examples', 'rate_cost.rs')).read()
+    return dict(re.findall(r'const (REF_[A-Z]+): &str = r"\n(.*?)";', text, re.S))
+
+
+def resp(*parts):
+    out = [b'*%d\r\n' % len(parts)]
+    for p in parts:
+        p = str(p).encode()
+        out.append(b'$%d\r\n%s\r\n' % (len(p), p))
+    return b''.join(out)
+
+
+class Conn:
+    def __init__(self, port):
+        self.sock = socket.create_connection(('127.0.0.1', port))
+        self.file = self.sock.makefile('rb')
+
+    def cmd(self, *parts):
+        self.sock.sendall(resp(*parts))
+        return self.read()
+
+    def read(self):
+        line = self.file.readline()
+        kind, rest = line[:1], line[1:-2]
+        if kind == b'-':
+            raise RuntimeError(rest.decode())
+        if kind in (b'+', b':'):
+            return rest.decode() if kind == b'+' else int(rest)
+        if kind == b'$':
+            n = int(rest)
+            return None if n < 0 else self.file.read(n + 2)[:-2].decode()
+        n = int(rest)
+        return None if n < 0 else [self.read() for _ in range(n)]
+
+
+def cases(lua, tower):
+    refs = references()
+    mine = lambda name: compose(lua, name)
+    one = lambda label, src, keys, args: (label, [src], [(0, keys, args)])
+    admit, deny = [1, 1, 1000000], [1, 3600000000, 1]
+    window_admit, window_deny = [1, 1000, 1000000], [1, 3600000, 1]
+    rows = [
+        one('EVALSHA of return 1 (dispatch)', 'return 1', [], []),
+        one('reference: 10-line bounded counter', refs['REF_COUNTER'], ['rc'], [1 << 50, 3600000, 1]),
+        one('limits/try_increment', mine('limits/try_increment'), ['ti'], [1 << 50, 3600000, 1]),
+        one('reference: minimal GCRA, admit', refs['REF_GCRA'], ['rga'], admit),
+        one('reference: minimal GCRA, deny', refs['REF_GCRA'], ['rgd'], deny),
+    ]
+    if tower:
+        src = open(tower).read()
+        rows += [one('tower-rate-limit-redis GCRA, admit', src, ['twa'], [1000000, 1]),
+                 one('tower-rate-limit-redis GCRA, deny', src, ['twd'], [1, 3600000])]
+    for alg, a, d in [('gcra', admit, deny), ('token_bucket', admit, deny),
+                      ('sliding_window', window_admit, window_deny),
+                      ('fixed_window', [1, 1000, 1000000000], window_deny)]:
+        src = mine('rate/%s/check' % alg)
+        rows += [one('rate/%s/check, admit' % alg, src, [alg + 'a'], a),
+                 one('rate/%s/check, deny' % alg, src, [alg + 'd'], d)]
+    rows.append(one('rate/gcra/peek', mine('rate/gcra/peek'), ['gp'], admit))
+    rows.append(one('rate/gcra/check, 3 limits, admit', mine('rate/gcra/check'),
+                    ['m{x}1', 'm{x}2', 'm{x}3'], [1, 1, 1000000, 6, 10000000, 36, 100000000]))
+    rows.append(one('rate/sliding_window/check, 3 limits, admit', mine('rate/sliding_window/check'),
+                    ['w{x}1', 'w{x}2', 'w{x}3'], [1, 1000, 1000000, 60000, 10000000, 3600000, 100000000]))
+    rows.append(('reference: SET NX PX + INCR, token-checked release (pair)',
+                 [refs['REF_ACQUIRE'], refs['REF_RELEASE']],
+                 [(0, ['{r}', '{r}:fence'], [TOKEN, 30000]), (1, ['{r}'], [TOKEN])]))
+    rows.append(('fence/acquire + fence/release (pair)',
+                 [mine('fence/acquire'), mine('fence/release')],
+                 [(0, ['{f}:lock', '{f}:fence'], [TOKEN, 30000]), (1, ['{f}:lock'], [TOKEN, '{f}:released'])]))
+    return rows
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument('--lua', default=os.path.join(ROOT, 'lua'))
+    parser.add_argument('--tower', help="tower-rate-limit-redis's scripts/rate_limit.lua")
+    parser.add_argument('--calls', type=int, default=1000)
+    parser.add_argument('--port', type=int, default=26411)
+    args = parser.parse_args()
+    server = os.environ.get('NOLOCK_REDIS_SERVER', 'redis-server')
+    rows = cases(args.lua, args.tower)
+    with tempfile.TemporaryDirectory() as dir:
+        out = os.path.join(dir, 'callgrind.out')
+        proc = subprocess.Popen(['valgrind', '--tool=callgrind', '--instr-atstart=no',
+                                 '--callgrind-out-file=' + out, server, '--port', str(args.port),
+                                 '--save', '', '--appendonly', 'no', '--dir', dir],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        control = lambda *a: subprocess.run(['callgrind_control', *a, str(proc.pid)], check=True,
+                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            for _ in range(300):
+                try:
+                    conn = Conn(args.port)
+                    conn.cmd('PING')
+                    break
+                except OSError:
+                    time.sleep(0.2)
+            version = re.search(r'redis_version:(\S+)', conn.cmd('INFO', 'server')).group(1)
+            print('redis %s under callgrind; %d calls per row; instructions per call'
+                  % (version, args.calls))
+            print('| script | instructions per call |\n|---|---:|')
+            for label, sources, calls in rows:
+                shas = [conn.cmd('SCRIPT', 'LOAD', s) for s in sources]
+
+                def run():
+                    for i, keys, argv in calls:
+                        conn.cmd('EVALSHA', shas[i], len(keys), *keys, *argv)
+
+                for _ in range(3):
+                    run()  # warm up (and exhaust the deny rows)
+                control('-z')
+                control('-i', 'on')
+                for _ in range(args.calls):
+                    run()
+                control('-i', 'off')
+                control('-d')
+                time.sleep(0.3)
+                dump = max(glob.glob(out + '.*'), key=os.path.getmtime)
+                total = [int(l.split()[1]) for l in open(dump)
+                         if l.startswith(('summary:', 'totals:'))][-1]
+                print('| %s | %.1f k |' % (label, total / args.calls / 1000), flush=True)
+        finally:
+            proc.terminate()
+            proc.wait()
+
+
+if __name__ == '__main__':
+    sys.exit(main())
