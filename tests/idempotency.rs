@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use nolock::cas::{self, Adjust, Adjustment, SetIfVersion, Update};
 use nolock::limits::{self, Release, TryIncrement};
-use nolock::rate::{Algorithm, Check, Limiter, MultiCheck, MultiLimiter, Quota};
+use nolock::rate::{Algorithm, Check, Limiter, MultiCheck, MultiLimiter, Quota, RefundCharge};
 use nolock::retry::{retry, Backoff, RetryPolicy};
 use nolock::script::Call;
 use nolock::semaphore::{self, ReleasePermit, TryAcquire};
@@ -207,6 +207,72 @@ async fn a_lost_rate_check_charges_its_units_once() {
         let left = limiter.peek(&mut direct, &key, 1).await.unwrap();
         assert_eq!(left.remaining, 7, "{algorithm:?}: 3 units charged once");
     }
+}
+
+/// A refund whose reply was lost, sent again with its id, gives the units
+/// back once; the plain refund of a copy of the same charge would give them
+/// back a second time (shown last, as the hazard the id removes).
+#[tokio::test]
+async fn a_lost_refund_gives_its_units_back_once() {
+    let (_server, proxy, mut conn, mut direct) = setup().await;
+    for algorithm in [
+        Algorithm::Gcra,
+        Algorithm::TokenBucket,
+        Algorithm::SlidingWindow,
+        Algorithm::FixedWindow,
+    ] {
+        let key = format!("{}refund", prefix("idem"));
+        let limiter = Limiter::new(algorithm, Quota::per_hour(10).unwrap()).unwrap();
+        let mut charge = limiter.check(&mut direct, &key, 5).await.unwrap();
+        assert!(charge.allowed && charge.charged == 5, "{algorithm:?}");
+        let kept = charge; // a copy, as a careless caller might keep
+        let op = RefundCharge::new(&limiter, &key, &charge, 2)
+            .unwrap()
+            .idempotent("refund-1")
+            .unwrap();
+
+        proxy.lose_replies(1);
+        let err = op.run(&mut conn).await.unwrap_err();
+        assert!(matches!(err, Error::Indeterminate(_)), "{err}");
+        let given = retry(&policy(), &mut conn, &op).await.unwrap();
+        assert_eq!(given.credited, 2, "{algorithm:?}");
+        given.apply_to(&mut charge);
+        assert_eq!(charge.charged, 3);
+        let left = limiter.peek(&mut direct, &key, 1).await.unwrap();
+        assert_eq!(left.remaining, 7, "{algorithm:?}: 2 of 5 given back once");
+        assert_eq!(
+            op.run(&mut conn).await.unwrap(),
+            given,
+            "the recorded answer"
+        );
+        assert_eq!(
+            limiter.peek(&mut direct, &key, 1).await.unwrap().remaining,
+            7
+        );
+
+        // Without an id nothing tells the resend from a new refund.
+        let mut copy = kept;
+        let again = limiter
+            .refund(&mut direct, &key, &mut copy, 2)
+            .await
+            .unwrap();
+        assert_eq!(
+            again.credited, 2,
+            "{algorithm:?}: a plain resend gives back again"
+        );
+    }
+    // Built from a charge that holds nothing: refused before any I/O.
+    let limiter = Limiter::new(Algorithm::Gcra, Quota::per_hour(1).unwrap()).unwrap();
+    let key = format!("{}refund", prefix("idem"));
+    let mut first = limiter.check(&mut direct, &key, 1).await.unwrap();
+    let denied = limiter.check(&mut direct, &key, 1).await.unwrap();
+    assert!(!denied.allowed);
+    let err = RefundCharge::new(&limiter, &key, &denied, 1).unwrap_err();
+    assert!(err.is_invalid_input(), "{err}");
+    let err = RefundCharge::new(&limiter, &key, &first, 2).unwrap_err();
+    assert!(err.is_invalid_input(), "more than it holds: {err}");
+    first.charged = 0;
+    assert!(RefundCharge::new(&limiter, &key, &first, 1).is_err());
 }
 
 #[tokio::test]
@@ -444,9 +510,15 @@ async fn every_wrapped_operation_replays_its_first_reply_exactly() {
     ] {
         let limiter = Limiter::new(algorithm, Quota::per_hour(2).unwrap()).unwrap();
         let key = k(&format!("{algorithm:?}"));
-        let _ = twice(&mut conn, Check::new(&limiter, &key, 2).unwrap()).await;
+        let yes = twice(&mut conn, Check::new(&limiter, &key, 2).unwrap()).await;
         let no = twice(&mut conn, Check::new(&limiter, &key, 1).unwrap()).await;
         assert!(!no.allowed && no.retry_after.is_some());
+        let back = twice(
+            &mut conn,
+            RefundCharge::new(&limiter, &key, &yes, 1).unwrap(),
+        )
+        .await;
+        assert_eq!(back.credited, 1, "{algorithm:?}");
         let multi = MultiLimiter::new(algorithm)
             .limit("s", Quota::per_second(5).unwrap())
             .unwrap()

@@ -243,6 +243,10 @@ impl Limiter {
     /// `charge.charged` by what was given back, so a later refund of the
     /// same decision can only give back the rest.
     ///
+    /// After [`Error::Indeterminate`] a second refund may give the units
+    /// back twice: to send it again safely, use the operation value
+    /// [`RefundCharge`] with an operation id.
+    ///
     /// A refund undoes only what the charge still holds, so it can never
     /// leave more room than there would be had the refunded units never been
     /// charged, however refunds and checks interleave:
@@ -443,6 +447,86 @@ impl Operation for Check {
         let decision = super::decode_decision(script, reply, &[self.quota], self.cost)?;
         decision
             .limits
+            .into_iter()
+            .next()
+            .ok_or_else(|| Error::UnexpectedReply {
+                script,
+                detail: "no limit in the reply".to_owned(),
+            })
+    }
+}
+
+/// A refund of an admitted [`Limiter::check`], as an operation value: for a
+/// [`Batch`](crate::Batch), or to give it an operation id
+/// ([`Operation::idempotent`]) so that a refund whose reply was lost can be
+/// sent again ([`crate::retry::retry`]) without giving the units back twice.
+///
+/// It gives back what [`Limiter::refund`] would, but it cannot lower the
+/// charge it was built from: apply each answer with [`Refund::apply_to`].
+/// The charge's state when the operation was built is part of its
+/// arguments, so resends of one operation value (with one id) are answered
+/// from the first run's record.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use nolock::rate::{Algorithm, Limiter, Quota, RefundCharge};
+/// use nolock::retry::{retry, RetryPolicy};
+/// use nolock::Operation;
+///
+/// # async fn run(conn: &mut redis::aio::ConnectionManager) -> nolock::Result<()> {
+/// let exports = Limiter::new(Algorithm::Gcra, Quota::per_minute(10)?)?;
+/// let mut charge = exports.check(conn, "rl:exports:7", 1).await?;
+/// if charge.allowed {
+///     // The export failed before doing anything: give the unit back, once.
+///     let refund = RefundCharge::new(&exports, "rl:exports:7", &charge, 1)?
+///         .idempotent("export-81f2:refund")?;
+///     let given = retry(&RetryPolicy::new(Duration::from_secs(2)), conn, &refund).await?;
+///     given.apply_to(&mut charge);
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct RefundCharge {
+    call: Invocation,
+}
+
+impl RefundCharge {
+    /// Give back `amount` of `charge`, the decision `limiter.check` returned
+    /// at `key`.
+    ///
+    /// # Errors
+    ///
+    /// As [`Limiter::refund`] before any I/O: [`Error::EmptyKey`],
+    /// [`Error::ZeroLimit`] (`amount` 0), [`Error::InvalidArgument`] (the
+    /// charge holds nothing, or less than `amount`).
+    pub fn new(
+        limiter: &Limiter,
+        key: &str,
+        charge: &RateLimit,
+        amount: u64,
+    ) -> Result<RefundCharge> {
+        validate::key(key)?;
+        let call = super::refund_call(
+            limiter.algorithm,
+            &[key],
+            &[limiter.quota],
+            std::slice::from_ref(charge),
+            amount,
+        )?;
+        Ok(RefundCharge { call })
+    }
+}
+
+impl Operation for RefundCharge {
+    type Output = Refund;
+
+    fn invocation(&self) -> &Invocation {
+        &self.call
+    }
+
+    fn decode(&self, reply: redis::Value) -> Result<Refund> {
+        let script = self.call.script().name();
+        super::decode_refunds(script, reply, 1)?
             .into_iter()
             .next()
             .ok_or_else(|| Error::UnexpectedReply {

@@ -96,7 +96,7 @@ mod wait;
 
 pub use at_most::Grant;
 pub use headers::Headers;
-pub use limiter::{Check, Limiter};
+pub use limiter::{Check, Limiter, RefundCharge};
 pub use multi::{MultiCheck, MultiLimiter, MultiRateLimit};
 pub use quota::{Quota, MAX_PERIOD};
 
@@ -276,6 +276,16 @@ pub struct Refund {
     pub remaining: u64,
 }
 
+impl Refund {
+    /// Take what this refund gave back off `charge.charged`, so that a later
+    /// refund of the same charge can give back only the rest.
+    /// [`Limiter::refund`] does this itself; call it after running a
+    /// [`RefundCharge`] operation.
+    pub fn apply_to(&self, charge: &mut RateLimit) {
+        charge.charged = charge.charged.saturating_sub(self.credited);
+    }
+}
+
 /// Validates a cost against every limit: at least 1, at most each burst.
 fn validate_cost(cost: u64, quotas: &[Quota]) -> Result<u64> {
     let cost = validate::positive("cost", cost)?;
@@ -414,6 +424,23 @@ async fn refund<C>(
 where
     C: ConnectionLike + Send,
 {
+    let call = refund_call(algorithm, keys, quotas, charges, amount)?;
+    let refunds = decode_refunds(call.script().name(), call.run(conn).await?, quotas.len())?;
+    for (charge, refund) in charges.iter_mut().zip(&refunds) {
+        refund.apply_to(charge);
+    }
+    Ok(refunds)
+}
+
+/// The refund script's call for `amount` of the charge `charges` (one
+/// decision per quota, in order), checked before any I/O.
+fn refund_call(
+    algorithm: Algorithm,
+    keys: &[&str],
+    quotas: &[Quota],
+    charges: &[RateLimit],
+    amount: u64,
+) -> Result<Invocation> {
     let amount = validate::positive("amount", amount)?;
     if charges.len() != quotas.len() {
         return Err(Error::InvalidArgument {
@@ -456,10 +483,13 @@ where
             .arg(charge.charged)
             .arg(validate::at_most("reset_after", reset, crate::MAX_INTEGER)?);
     }
-    let value = call.run(conn).await?;
-    let mut reply = Reply::new(script.name(), value)?;
-    let refunds = quotas
-        .iter()
+    Ok(call)
+}
+
+/// The refund script's reply: `{credited, remaining}` per limit.
+fn decode_refunds(script: &'static str, value: redis::Value, limits: usize) -> Result<Vec<Refund>> {
+    let mut reply = Reply::new(script, value)?;
+    let refunds = (0..limits)
         .map(|_| {
             Ok(Refund {
                 credited: reply.uint()?,
@@ -468,9 +498,6 @@ where
         })
         .collect::<Result<Vec<_>>>()?;
     reply.finish()?;
-    for (charge, refund) in charges.iter_mut().zip(&refunds) {
-        charge.charged = charge.charged.saturating_sub(refund.credited);
-    }
     Ok(refunds)
 }
 
