@@ -13,7 +13,9 @@ use std::time::Duration;
 
 use nolock::cas::{self, Adjust, Adjustment, SetIfVersion, Update};
 use nolock::limits::{self, Release, TryIncrement};
-use nolock::rate::{Algorithm, Check, Limiter, MultiCheck, MultiLimiter, Quota, RefundCharge};
+use nolock::rate::{
+    Algorithm, Check, Limiter, MultiCheck, MultiLimiter, MultiRefundCharge, Quota, RefundCharge,
+};
 use nolock::retry::{retry, Backoff, RetryPolicy};
 use nolock::script::Call;
 use nolock::semaphore::{self, ReleasePermit, TryAcquire};
@@ -273,6 +275,59 @@ async fn a_lost_refund_gives_its_units_back_once() {
     assert!(err.is_invalid_input(), "more than it holds: {err}");
     first.charged = 0;
     assert!(RefundCharge::new(&limiter, &key, &first, 1).is_err());
+}
+
+/// The same for a multi-limit refund: every limit credited once.
+#[tokio::test]
+async fn a_lost_multi_limit_refund_gives_back_once_on_every_limit() {
+    let (_server, proxy, mut conn, mut direct) = setup().await;
+    for algorithm in [
+        Algorithm::Gcra,
+        Algorithm::TokenBucket,
+        Algorithm::SlidingWindow,
+        Algorithm::FixedWindow,
+    ] {
+        let limits = MultiLimiter::new(algorithm)
+            .limit("user", Quota::per_hour(10).unwrap())
+            .unwrap()
+            .shared_limit("all", Quota::per_hour(20).unwrap())
+            .unwrap();
+        let tag = prefix("idem");
+        let user = format!("{{{tag}}}:u");
+        let all = format!("{{{tag}}}:all");
+        let mut charge = limits.check(&mut direct, &user, &[&all], 4).await.unwrap();
+        assert!(charge.allowed, "{algorithm:?}");
+        let op = MultiRefundCharge::new(&limits, &user, &[&all], &charge, 3)
+            .unwrap()
+            .idempotent("multi-refund")
+            .unwrap();
+        let lost = proxy.stats().replies_lost;
+        proxy.lose_replies(1);
+        let given = retry(&policy(), &mut conn, &op).await.unwrap();
+        assert_eq!(
+            given.iter().map(|r| r.credited).collect::<Vec<_>>(),
+            [3, 3],
+            "{algorithm:?}"
+        );
+        assert_eq!(
+            proxy.stats().replies_lost,
+            lost + 1,
+            "the first reply was lost"
+        );
+        assert_eq!(
+            op.run(&mut conn).await.unwrap(),
+            given,
+            "the recorded answer"
+        );
+        charge.apply_refunds(&given);
+        assert!(charge.limits.iter().all(|l| l.charged == 1));
+        let now = limits.peek(&mut direct, &user, &[&all], 1).await.unwrap();
+        assert_eq!(
+            now.limits.iter().map(|l| l.remaining).collect::<Vec<_>>(),
+            [9, 19],
+            "{algorithm:?}: 1 of 4 still charged on each limit, 3 given back once"
+        );
+    }
 }
 
 #[tokio::test]

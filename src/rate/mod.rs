@@ -97,7 +97,7 @@ mod wait;
 pub use at_most::Grant;
 pub use headers::Headers;
 pub use limiter::{Check, Limiter, RefundCharge};
-pub use multi::{MultiCheck, MultiLimiter, MultiRateLimit};
+pub use multi::{MultiCheck, MultiLimiter, MultiRateLimit, MultiRefundCharge};
 pub use quota::{Quota, MAX_PERIOD};
 
 /// How a limiter decides. All four take the same [`Quota`] and answer with the

@@ -115,6 +115,72 @@ impl Operation for MultiCheck {
     }
 }
 
+/// A refund of an admitted [`MultiLimiter::check`], as an operation value:
+/// for a [`Batch`](crate::Batch), or to give it an operation id
+/// ([`Operation::idempotent`]) so that a refund whose reply was lost can be
+/// sent again ([`crate::retry::retry`]) without giving the units back
+/// twice. The multi-limit form of [`RefundCharge`](super::RefundCharge):
+/// apply its answer with [`MultiRateLimit::apply_refunds`].
+///
+/// ```
+/// use nolock::rate::{Algorithm, MultiLimiter, MultiRefundCharge, Quota};
+///
+/// let limits = MultiLimiter::new(Algorithm::Gcra)
+///     .limit("user", Quota::per_minute(10)?)?
+///     .shared_limit("tenant", Quota::per_minute(100)?)?;
+/// # let charge = nolock::rate::MultiRateLimit { allowed: false, denied_by: None, limits: vec![] };
+/// // A charge that holds nothing (here: built by hand) is refused before any I/O.
+/// assert!(MultiRefundCharge::new(&limits, "{t7}:u42", &["{t7}:all"], &charge, 1).is_err());
+/// # Ok::<(), nolock::Error>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct MultiRefundCharge {
+    call: Invocation,
+    limits: usize,
+}
+
+impl MultiRefundCharge {
+    /// Give back `amount` of `charge`, the decision `limits.check` returned
+    /// at `key` and `shared_keys`.
+    ///
+    /// # Errors
+    ///
+    /// As [`MultiLimiter::refund`] before any I/O.
+    pub fn new(
+        limits: &MultiLimiter,
+        key: &str,
+        shared_keys: &[&str],
+        charge: &MultiRateLimit,
+        amount: u64,
+    ) -> Result<MultiRefundCharge> {
+        let keys = limits.keys(key, shared_keys)?;
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let call = super::refund_call(
+            limits.algorithm,
+            &keys,
+            &limits.quotas,
+            &charge.limits,
+            amount,
+        )?;
+        Ok(MultiRefundCharge {
+            call,
+            limits: limits.quotas.len(),
+        })
+    }
+}
+
+impl Operation for MultiRefundCharge {
+    type Output = Vec<Refund>;
+
+    fn invocation(&self) -> &Invocation {
+        &self.call
+    }
+
+    fn decode(&self, reply: redis::Value) -> Result<Vec<Refund>> {
+        super::decode_refunds(self.call.script().name(), reply, self.limits)
+    }
+}
+
 /// The answer of a [`MultiLimiter`]: one [`RateLimit`] per limit, in the order
 /// the limits were added.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -144,6 +210,15 @@ impl MultiRateLimit {
     /// The units that fit on every limit right now: the smallest `remaining`.
     pub fn remaining(&self) -> u64 {
         self.limits.iter().map(|l| l.remaining).min().unwrap_or(0)
+    }
+
+    /// Take what each refund gave back off its limit's `charged` (one
+    /// [`Refund`] per limit, in order, as a [`MultiRefundCharge`] answers).
+    /// [`MultiLimiter::refund`] does this itself.
+    pub fn apply_refunds(&mut self, refunds: &[Refund]) {
+        for (limit, refund) in self.limits.iter_mut().zip(refunds) {
+            refund.apply_to(limit);
+        }
     }
 }
 
@@ -375,7 +450,10 @@ impl MultiLimiter {
     /// decision it returned) to every limit, each only as far as the charge
     /// still holds it (see [`Limiter::refund`](super::Limiter::refund)).
     /// Returns one [`Refund`] per limit, and lowers each limit's `charged`
-    /// in `charge` by what it gave back.
+    /// in `charge` by what it gave back. After [`Error::Indeterminate`] a
+    /// second refund may give the units back twice: to send it again
+    /// safely, use the operation value [`MultiRefundCharge`] with an
+    /// operation id.
     ///
     /// # Errors
     ///
