@@ -300,23 +300,9 @@ impl Limiter {
     where
         C: ConnectionLike + Send,
     {
-        validate::key(key)?;
-        let refunds = super::refund(
-            conn,
-            self.algorithm,
-            &[key],
-            &[self.quota],
-            std::slice::from_mut(charge),
-            amount,
-        )
-        .await?;
-        refunds
-            .into_iter()
-            .next()
-            .ok_or_else(|| Error::UnexpectedReply {
-                script: self.algorithm.scripts().refund.name(),
-                detail: "no limit in the reply".to_owned(),
-            })
+        let refund = run_one(&RefundCharge::new(self, key, charge, amount)?, conn).await?;
+        refund.apply_to(charge);
+        Ok(refund)
     }
 
     /// Forget the state at `key`: the limiter is full again. Idempotent.

@@ -410,28 +410,6 @@ where
     decode_decision(name, value, quotas, if peek { 0 } else { cost })
 }
 
-/// Refund `amount` of the admitted charge whose per-limit decisions are
-/// `charges` (one per quota, in order), and take what each limit credited
-/// off that decision's `charged`.
-async fn refund<C>(
-    conn: &mut C,
-    algorithm: Algorithm,
-    keys: &[&str],
-    quotas: &[Quota],
-    charges: &mut [RateLimit],
-    amount: u64,
-) -> Result<Vec<Refund>>
-where
-    C: ConnectionLike + Send,
-{
-    let call = refund_call(algorithm, keys, quotas, charges, amount)?;
-    let refunds = decode_refunds(call.script().name(), call.run(conn).await?, quotas.len())?;
-    for (charge, refund) in charges.iter_mut().zip(&refunds) {
-        refund.apply_to(charge);
-    }
-    Ok(refunds)
-}
-
 /// The refund script's call for `amount` of the charge `charges` (one
 /// decision per quota, in order), checked before any I/O.
 fn refund_call(

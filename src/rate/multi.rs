@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 
-use crate::script::{Invocation, Operation};
+use crate::script::{run_one, Invocation, Operation};
 
 use super::limiter::valid_name;
 use super::{headers, Algorithm, Headers, Quota, RateLimit, Refund};
@@ -485,17 +485,10 @@ impl MultiLimiter {
     where
         C: ConnectionLike + Send,
     {
-        let keys = self.keys(key, shared_keys)?;
-        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-        super::refund(
-            conn,
-            self.algorithm,
-            &keys,
-            &self.quotas,
-            &mut charge.limits,
-            amount,
-        )
-        .await
+        let op = MultiRefundCharge::new(self, key, shared_keys, charge, amount)?;
+        let refunds = run_one(&op, conn).await?;
+        charge.apply_refunds(&refunds);
+        Ok(refunds)
     }
 
     /// Forget every limit's state, shared ones included: all are full again.
