@@ -121,14 +121,7 @@ fn row(what: &str, ops_per_sec: f64, base: f64) {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let (_server, single_url) = match std::env::var("REDIS_URL") {
-        Ok(url) if !url.is_empty() => (None, url),
-        _ => {
-            let server = server::RedisServer::start();
-            let url = server.url();
-            (Some(server), url)
-        }
-    };
+    let (single_url, _server) = server::url_from_env_or_start();
     let (_cluster, cluster_urls) = match std::env::var("REDIS_CLUSTER_URLS") {
         Ok(urls) if !urls.is_empty() => (None, urls.split(',').map(String::from).collect()),
         _ => {

@@ -28,13 +28,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Some(n) => n.parse()?,
         None => 5_000,
     };
-    let (url, server) = match std::env::var("REDIS_URL") {
-        Ok(url) if !url.is_empty() => (url, None),
-        _ => {
-            let server = server::RedisServer::start();
-            (server.url(), Some(server))
-        }
-    };
+    let (url, server) = server::url_from_env_or_start();
     let client = redis::Client::open(url.as_str())?;
     let mut conn = client.get_multiplexed_async_connection().await?;
     let version: String = redis::cmd("INFO")

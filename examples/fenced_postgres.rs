@@ -28,13 +28,7 @@ const PAY: &str = "UPDATE payouts SET status = $1, fence = $2 WHERE id = $3 AND 
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let (redis_url, _server) = match std::env::var("REDIS_URL") {
-        Ok(url) if !url.is_empty() => (url, None),
-        _ => {
-            let server = server::RedisServer::start();
-            (server.url(), Some(server))
-        }
-    };
+    let (redis_url, _server) = server::url_from_env_or_start();
     let redis = redis::Client::open(redis_url.as_str())?;
     let mut conn = redis.get_multiplexed_async_connection().await?;
 

@@ -63,13 +63,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let waiters: usize = args.next().map_or(Ok(64), |n| n.parse())?;
     let rounds: usize = args.next().map_or(Ok(5), |n| n.parse())?;
-    let (url, _server) = match std::env::var("REDIS_URL") {
-        Ok(url) if !url.is_empty() => (url, None),
-        _ => {
-            let server = server::RedisServer::start();
-            (server.url(), Some(server))
-        }
-    };
+    let (url, _server) = server::url_from_env_or_start();
     let client = redis::Client::open(url.as_str())?;
     let mut conn = client.get_multiplexed_async_connection().await?;
     let _ = nolock::Scripts::load(&mut conn).await?;

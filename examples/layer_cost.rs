@@ -89,14 +89,7 @@ async fn main() -> Result<(), Error> {
     let mut args = std::env::args().skip(1);
     let secs: f64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(2.0);
     let rounds: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(3);
-    let (_server, url) = match std::env::var("REDIS_URL") {
-        Ok(url) if !url.is_empty() => (None, url),
-        _ => {
-            let server = server::RedisServer::start();
-            let url = server.url();
-            (Some(server), url)
-        }
-    };
+    let (url, _server) = server::url_from_env_or_start();
     let conn = redis::Client::open(url.as_str())?
         .get_multiplexed_async_connection()
         .await?;

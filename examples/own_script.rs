@@ -37,14 +37,7 @@ enum Out {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let (server, url) = match std::env::var("REDIS_URL") {
-        Ok(url) if !url.is_empty() => (None, url),
-        _ => {
-            let server = server::RedisServer::start();
-            let url = server.url();
-            (Some(server), url)
-        }
-    };
+    let (url, server) = server::url_from_env_or_start();
     let mut conn = redis::Client::open(url)?
         .get_multiplexed_async_connection()
         .await?;

@@ -375,14 +375,7 @@ const TARGETS: [(&str, &str, &str, f64); 9] = [
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    let (_server, url) = match std::env::var("REDIS_URL") {
-        Ok(url) if !url.is_empty() => (None, url),
-        _ => {
-            let server = server::RedisServer::start();
-            let url = server.url();
-            (Some(server), url)
-        }
-    };
+    let (url, _server) = server::url_from_env_or_start();
     let client = redis::Client::open(url.as_str())?;
     let conn = client.get_multiplexed_async_connection().await?;
     nolock::Scripts::load(&mut conn.clone()).await?;

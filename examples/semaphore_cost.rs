@@ -50,13 +50,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Some(n) => n.parse()?,
         None => 5_000,
     };
-    let (url, _server) = match std::env::var("REDIS_URL") {
-        Ok(url) if !url.is_empty() => (url, None),
-        _ => {
-            let server = server::RedisServer::start();
-            (server.url(), Some(server))
-        }
-    };
+    let (url, _server) = server::url_from_env_or_start();
     let client = redis::Client::open(url.as_str())?;
     let mut conn = client.get_multiplexed_async_connection().await?;
     nolock::Scripts::load(&mut conn).await?;
