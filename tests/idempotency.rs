@@ -678,3 +678,41 @@ async fn a_batch_entry_may_carry_an_id() {
     );
     assert_eq!(count(&mut conn, &key).await, 4);
 }
+
+/// Foreign data already at an operation's record key: a string that is not
+/// a record of this operation is `IdReused`, another type is a definite
+/// Redis error; either way the operation does not run and nothing is written.
+#[tokio::test]
+async fn foreign_data_at_a_record_key_refuses_the_operation_and_writes_nothing() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let key = format!("{}quota", prefix("idem"));
+    let op = TryIncrement::new(&key, 10, MINUTE)
+        .unwrap()
+        .idempotent("foreign")
+        .unwrap();
+    let record = op.record_key().to_owned();
+
+    let _: () = raw(&mut conn, &["SET", &record, "not a record"]).await;
+    let err = op.run(&mut conn).await.unwrap_err();
+    assert!(matches!(err, Error::IdReused { .. }), "{err}");
+    assert!(err.is_definite());
+    assert_eq!(count(&mut conn, &key).await, 0, "the operation did not run");
+    let kept: String = raw(&mut conn, &["GET", &record]).await;
+    assert_eq!(kept, "not a record");
+
+    let _: () = raw(&mut conn, &["DEL", &record]).await;
+    let _: () = raw(&mut conn, &["RPUSH", &record, "x"]).await;
+    let err = op.run(&mut conn).await.unwrap_err();
+    assert!(matches!(err, Error::Redis(_)), "{err}");
+    assert!(err.is_definite());
+    assert_eq!(count(&mut conn, &key).await, 0, "the operation did not run");
+    let len: i64 = raw(&mut conn, &["LLEN", &record]).await;
+    assert_eq!(len, 1);
+
+    // Once the foreign key is gone the operation runs, once.
+    let _: () = raw(&mut conn, &["DEL", &record]).await;
+    assert_eq!(op.run(&mut conn).await.unwrap().count, 1);
+    assert_eq!(op.run(&mut conn).await.unwrap().count, 1);
+    assert_eq!(count(&mut conn, &key).await, 1);
+}
