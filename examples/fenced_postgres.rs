@@ -20,7 +20,8 @@ mod server;
 
 use std::time::Duration;
 
-use nolock::fence::{self, Acquire, Backoff, Release};
+use nolock::fence::{self, Acquire, Release};
+use nolock::Backoff;
 use tokio_postgres::NoTls;
 
 /// The whole pattern: write only if no newer grant has written.

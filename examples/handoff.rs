@@ -32,7 +32,8 @@ mod server;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use nolock::fence::{self, Acquire, Backoff, Grant, Release, Waiters};
+use nolock::fence::{self, Acquire, Grant, Release, Waiters};
+use nolock::Backoff;
 use redis::aio::MultiplexedConnection;
 
 const TTL: Duration = Duration::from_secs(10);

@@ -20,8 +20,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nolock::fence::Backoff;
 use nolock::semaphore;
+use nolock::Backoff;
 
 const WORKERS: usize = 12;
 const PERMITS: u64 = 2;

@@ -201,7 +201,7 @@ pub enum Error {
         /// The fence of the lost grant.
         fence: u64,
         /// Why it was lost.
-        loss: crate::fence::Loss,
+        loss: crate::Loss,
     },
 
     /// A call needed to wait (a cluster redirect's resend, a retry's backoff,

@@ -186,6 +186,7 @@
 )]
 
 pub mod acl;
+mod backoff;
 pub mod cas;
 mod error;
 /// What the exported macros expand to; not part of the API.
@@ -211,8 +212,10 @@ mod timer;
 mod tracked;
 mod validate;
 
+pub use backoff::Backoff;
 pub use error::{Error, Result};
 pub use proxied::Proxied;
+pub use renew::{Loss, Work};
 pub use retry::{retry, RetryPolicy};
 pub use script::{stats, Batch, BatchConnection, Idempotent, Operation, Script, Scripts, Stats};
 pub use tracked::Tracked;

@@ -46,6 +46,53 @@ impl fmt::Display for Loss {
     }
 }
 
+/// What became of work run under a hold: [`crate::fence::with_lease`]'s
+/// lock or [`crate::semaphore::with_permit`]'s permits.
+///
+/// A loss is an outcome, not an error: the hold ended (it expired while the
+/// holder was paused, or could not be renewed) and someone else may have
+/// held it meanwhile. Match every arm; only [`Work::Done`] says the work ran
+/// under the hold from its start to its end.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use = "a lost hold means the work may have overlapped another holder's"]
+pub enum Work<T> {
+    /// The work finished while the hold was kept, and the hold was given back.
+    Done(T),
+    /// The work finished, but the hold had ended before it did (the release
+    /// found it expired or taken over): its output may have been produced
+    /// beside another holder. Undo or check it if that matters.
+    Overran {
+        /// What the work returned.
+        output: T,
+        /// How the hold ended.
+        loss: Loss,
+    },
+    /// The hold was lost while the work ran, and the work was stopped
+    /// (its future dropped) at that moment.
+    Stopped(Loss),
+    /// The hold could not be taken before the backoff's deadline; the work
+    /// never started.
+    Busy,
+}
+
+impl<T> Work<T> {
+    /// The output of work that finished under its hold ([`Work::Done`]).
+    pub fn done(self) -> Option<T> {
+        match self {
+            Work::Done(output) => Some(output),
+            _ => None,
+        }
+    }
+
+    /// The loss, for [`Work::Overran`] and [`Work::Stopped`].
+    pub fn loss(&self) -> Option<&Loss> {
+        match self {
+            Work::Overran { loss, .. } | Work::Stopped(loss) => Some(loss),
+            Work::Done(_) | Work::Busy => None,
+        }
+    }
+}
+
 /// A holding the renewal task keeps alive: one lock or one semaphore permit.
 pub(crate) trait Held: Send + Sync + 'static {
     /// Extend it: `Some(new local deadline)`, or `None` when it is no longer held.

@@ -25,9 +25,8 @@ use std::time::{Duration, Instant};
 use redis::aio::ConnectionLike;
 use redis::{ErrorKind, ServerErrorKind};
 
-pub use crate::fence::Backoff;
 use crate::script::{run_one, Operation};
-use crate::{timer, Error, Result};
+use crate::{timer, Backoff, Error, Result};
 
 /// How [`retry`] keeps trying: at most `max_attempts` sends, none after
 /// `backoff.timeout` from the first, with [`Backoff`]'s jittered waits.

@@ -188,7 +188,7 @@ async fn every_module_runs_with_only_the_documented_permissions() {
         fence::release(c, "acl:job", &grant.token).await.unwrap(),
         fence::Release::Released
     );
-    let lease = fence::Lease::acquire(c.clone(), "acl:lease", minute, &fence::Backoff::none())
+    let lease = fence::Lease::acquire(c.clone(), "acl:lease", minute, &nolock::Backoff::none())
         .await
         .unwrap()
         .acquired()

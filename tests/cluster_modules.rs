@@ -13,8 +13,9 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use nolock::cas::{self, Adjust, Adjustment, Expected, Insert, Outcome, Update, Versioned};
-use nolock::fence::{self, Acquire, Backoff, Extend, Lease, Release, Write};
+use nolock::fence::{self, Acquire, Extend, Lease, Release, Write};
 use nolock::rate::{Algorithm, Check, Limiter, MultiLimiter, Quota};
+use nolock::Backoff;
 use nolock::{Batch, Error};
 use redis::aio::MultiplexedConnection;
 use support::deployment::{both, run_batch_through_a_flush, Deployment};

@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use nolock::fence::Backoff;
 use nolock::semaphore::{self, Acquire, Extend, PermitLease, Release, ReleasePermit, TryAcquire};
+use nolock::Backoff;
 use nolock::Batch;
 use support::deployment::{both, run_batch_through_a_flush, Deployment};
 use support::prefix;

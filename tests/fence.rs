@@ -6,8 +6,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use nolock::fence::{self, Acquire, Backoff, Extend, Lease, Loss, Release, Token, Write};
+use nolock::fence::{self, Acquire, Extend, Lease, Release, Token, Write};
 use nolock::Error;
+use nolock::{Backoff, Loss};
 use redis::aio::MultiplexedConnection;
 use support::{command_calls, keys, prefix, raw, RedisServer};
 

@@ -14,7 +14,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use nolock::fence::{self, Acquire, Backoff, Release};
+use nolock::fence::{self, Acquire, Release};
+use nolock::Backoff;
 use tokio_postgres::{Client, NoTls};
 
 /// The pattern the module docs teach, verbatim.

@@ -16,9 +16,10 @@ use nolock::limits::{self, Release, TryIncrement};
 use nolock::rate::{
     Algorithm, Check, Limiter, MultiCheck, MultiLimiter, MultiRefundCharge, Quota, RefundCharge,
 };
-use nolock::retry::{retry, Backoff, RetryPolicy};
+use nolock::retry::{retry, RetryPolicy};
 use nolock::script::Call;
 use nolock::semaphore::{self, ReleasePermit, TryAcquire};
+use nolock::Backoff;
 use nolock::{Error, Operation, Scripts};
 use redis::aio::{ConnectionManager, MultiplexedConnection};
 use support::proxy::FaultProxy;

@@ -95,7 +95,7 @@ async fn metrics_and_spans_match_the_decisions() {
         conn.clone(),
         "metrics-test-lease",
         Duration::from_millis(300),
-        &nolock::fence::Backoff::none(),
+        &nolock::Backoff::none(),
     )
     .await
     .unwrap()
@@ -120,7 +120,7 @@ async fn metrics_and_spans_match_the_decisions() {
         .await
         .unwrap();
     assert!(
-        matches!(loss, nolock::fence::Loss::RenewalFailed { .. }),
+        matches!(loss, nolock::Loss::RenewalFailed { .. }),
         "{loss:?}"
     );
 

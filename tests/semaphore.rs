@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use nolock::fence::Backoff;
 use nolock::semaphore::{self, Acquire, Extend, Permit, PermitLease, Release, TryAcquire};
+use nolock::Backoff;
 use nolock::{Batch, Error};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence, TestRunner};
@@ -987,7 +987,7 @@ async fn with_permit_runs_the_work_and_a_lease_outlives_its_ttl() {
     let loss = tokio::time::timeout(Duration::from_secs(1), lease.lost())
         .await
         .unwrap();
-    assert_eq!(loss, semaphore::Loss::NotHeld);
+    assert_eq!(loss, nolock::Loss::NotHeld);
     assert_eq!(lease.release().await.unwrap(), Release::Lost);
 }
 

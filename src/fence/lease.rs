@@ -8,11 +8,12 @@ use redis::aio::ConnectionLike;
 use tokio_util::sync::CancellationToken;
 
 use super::retry::acquire_with_retry;
-use super::{extend, release, Acquire, Backoff, Extend, Grant, Keys, Release, Token};
+use super::{extend, release, Acquire, Extend, Grant, Keys, Release, Token};
 use crate::renew::{Held, Renewer};
+use crate::Backoff;
 use crate::{Error, Result};
 
-pub use crate::renew::Loss;
+use crate::Loss;
 
 /// A lock that renews itself while you work, and tells you when it is lost.
 ///
@@ -92,7 +93,8 @@ impl Lease {
     /// ```no_run
     /// # async fn run(conn: redis::aio::MultiplexedConnection) -> nolock::Result<()> {
     /// use std::time::Duration;
-    /// use nolock::fence::{Acquire, Backoff, Lease};
+    /// use nolock::fence::{Acquire, Lease};
+    /// use nolock::Backoff;
     ///
     /// let Acquire::Acquired(lease) =
     ///     Lease::acquire(conn.clone(), "reindex", Duration::from_secs(10), &Backoff::none()).await?
@@ -264,7 +266,8 @@ impl Lease {
 /// ```no_run
 /// # async fn run(conn: redis::aio::MultiplexedConnection) -> nolock::Result<()> {
 /// use std::time::Duration;
-/// use nolock::fence::{self, Backoff};
+/// use nolock::fence;
+/// use nolock::Backoff;
 ///
 /// let mut writer = conn.clone();
 /// let outcome = fence::with_lease(

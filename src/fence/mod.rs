@@ -39,7 +39,7 @@
 //! | call | script | what it does |
 //! |---|---|---|
 //! | [`acquire`], [`acquire_as`] | `lua/fence/acquire.lua` | take the lock if free; return the next fence, or how long it stays held |
-//! | [`acquire_with_retry`] | same | the same with jittered exponential [`Backoff`], never past the lock's expiry, up to a deadline |
+//! | [`acquire_with_retry`] | same | the same with jittered exponential [`Backoff`](crate::Backoff), never past the lock's expiry, up to a deadline |
 //! | [`extend`] | `lua/fence/extend.lua` | reset the TTL, only if the token still holds the lock |
 //! | [`release`] | `lua/fence/release.lua` | delete the lock, only if the token still holds it |
 //! | [`Lease`], [`with_lease`] | extend + release | renew every `ttl / 3` in a background task, signal loss |
@@ -111,7 +111,8 @@
 //! # async fn pay(conn: redis::aio::MultiplexedConnection, db: &tokio_postgres::Client)
 //! #     -> Result<(), Box<dyn std::error::Error>> {
 //! use std::time::Duration;
-//! use nolock::fence::{self, Backoff};
+//! use nolock::fence;
+//! use nolock::Backoff;
 //!
 //! let payout_id: i64 = 42;
 //! let done = fence::with_lease(
@@ -211,8 +212,8 @@ mod waiters;
 mod write;
 
 pub use durability::{durability, Durability, Restart, Source};
-pub use lease::{with_lease, Lease, Loss};
-pub use retry::{acquire_with_retry, Backoff};
+pub use lease::{with_lease, Lease};
+pub use retry::acquire_with_retry;
 pub use waiters::Waiters;
 pub use write::{read, read_unbound, write, write_unbound, Fenced, Write};
 

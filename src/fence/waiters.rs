@@ -10,7 +10,8 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 use super::retry::wait_for;
-use super::{millis, Acquire, Backoff, Keys};
+use super::{millis, Acquire, Keys};
+use crate::Backoff;
 use crate::{timer, Error, Result};
 
 /// Release notifications for every waiter of a process: one pub/sub
@@ -81,7 +82,8 @@ impl Waiters {
     /// ```no_run
     /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
     /// use std::time::Duration;
-    /// use nolock::fence::{Acquire, Backoff, Waiters};
+    /// use nolock::fence::{Acquire, Waiters};
+    /// use nolock::Backoff;
     ///
     /// let client = redis::Client::open("redis://127.0.0.1/")?;
     /// let mut conn = client.get_multiplexed_async_connection().await?;
@@ -141,7 +143,7 @@ impl Waiters {
     /// # async fn run(waiters: nolock::fence::Waiters, conn: &mut redis::aio::MultiplexedConnection)
     /// #     -> nolock::Result<()> {
     /// use std::time::Duration;
-    /// let wait = nolock::fence::Backoff::new(Duration::from_secs(5));
+    /// let wait = nolock::Backoff::new(Duration::from_secs(5));
     /// let outcome = waiters.acquire(conn, "job:42", Duration::from_secs(30), &wait).await?;
     /// # let _ = outcome;
     /// # Ok(()) }

@@ -7,9 +7,10 @@ use redis::aio::ConnectionLike;
 use tokio_util::sync::CancellationToken;
 
 use super::retry::acquire_with_retry;
-use super::{extend, release, Acquire, Extend, Loss, Permit, Release};
-use crate::fence::Backoff;
+use super::{extend, release, Acquire, Extend, Permit, Release};
 use crate::renew::{Held, Renewer};
+use crate::Backoff;
+use crate::Loss;
 use crate::{validate, Error, Result};
 
 /// A permit that renews itself while you work, and tells you when it is lost.
@@ -78,7 +79,7 @@ impl PermitLease {
     /// ```no_run
     /// # async fn run(conn: redis::aio::MultiplexedConnection) -> nolock::Result<()> {
     /// use std::time::Duration;
-    /// use nolock::fence::Backoff;
+    /// use nolock::Backoff;
     /// use nolock::semaphore::{Acquire, PermitLease};
     ///
     /// let Acquire::Acquired(lease) =
@@ -233,7 +234,7 @@ impl PermitLease {
 /// ```no_run
 /// # async fn run(conn: redis::aio::MultiplexedConnection) -> nolock::Result<()> {
 /// use std::time::Duration;
-/// use nolock::fence::Backoff;
+/// use nolock::Backoff;
 ///
 /// let out = nolock::semaphore::with_permit(
 ///     conn,

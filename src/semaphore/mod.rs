@@ -58,7 +58,7 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use nolock::fence::Backoff;
+//! use nolock::Backoff;
 //! use nolock::semaphore;
 //!
 //! # async fn run(conn: redis::aio::MultiplexedConnection) -> nolock::Result<()> {
@@ -96,7 +96,6 @@ mod peek;
 mod release;
 mod retry;
 
-pub use crate::renew::Loss;
 pub use acquire::{acquire, acquire_weighted, TryAcquire};
 pub use lease::{with_permit, PermitLease};
 pub use peek::{peek, Peek};

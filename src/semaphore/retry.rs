@@ -5,8 +5,8 @@ use std::time::{Duration, Instant};
 use redis::aio::ConnectionLike;
 
 use super::{Acquire, PermitId, TryAcquire};
-use crate::fence::Backoff;
 use crate::script::run_one;
+use crate::Backoff;
 use crate::{Error, Result};
 
 /// [`super::acquire`], retried while the semaphore is full, until
@@ -35,7 +35,7 @@ use crate::{Error, Result};
 /// ```no_run
 /// # async fn run(conn: &mut redis::aio::MultiplexedConnection) -> nolock::Result<()> {
 /// use std::time::Duration;
-/// use nolock::fence::Backoff;
+/// use nolock::Backoff;
 /// use nolock::semaphore::{self, Acquire};
 ///
 /// let wait = Backoff::new(Duration::from_secs(5));

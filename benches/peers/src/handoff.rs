@@ -7,7 +7,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use nolock::fence::{self, Acquire, Backoff, Token};
+use nolock::fence::{self, Acquire, Token};
+use nolock::Backoff;
 use redis::aio::MultiplexedConnection;
 
 use crate::measure::Error;
