@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use axum::{extract::Extension, http::request::Parts, routing::get, Router};
 use nolock::layer::RateLimitLayer;
-use nolock::policy::{Guard, OnFailure, Source};
-use nolock::rate::{Algorithm, MultiLimiter, Quota};
+use nolock::policy::{DecidedBy, Guard, OnFailure};
+use nolock::rate::{Algorithm, MultiKey, MultiLimiter, Quota};
 use redis::aio::ConnectionLike;
 
 /// Per user: 5 per minute. For everyone together: 100 per minute.
@@ -34,11 +34,16 @@ pub fn limits() -> nolock::Result<MultiLimiter> {
 /// reason a per-tenant tag is the better choice at scale).
 pub const GLOBAL_KEY: &str = "{svc}:global";
 
-/// The user's key: the `x-user` header (an authenticated user id in a real
-/// service), or one shared key for anonymous callers.
-fn user_key(req: &Parts) -> String {
+/// The keys of a request: the user's (the `x-user` header, an authenticated
+/// user id in a real service, or one shared key for anonymous callers) and
+/// the global limit's. `/health` is not limited.
+fn keys(req: &Parts) -> Option<MultiKey> {
+    if req.uri.path() == "/health" {
+        return None;
+    }
     let user = req.headers.get("x-user").and_then(|v| v.to_str().ok());
-    format!("{{svc}}:user:{}", user.unwrap_or("anonymous"))
+    let user = format!("{{svc}}:user:{}", user.unwrap_or("anonymous"));
+    Some(MultiKey::new(&user).shared("global", GLOBAL_KEY))
 }
 
 /// The service: `GET /hello` says who was served and who decided.
@@ -46,15 +51,14 @@ pub fn app<C>(conn: C, guard: Guard) -> nolock::Result<Router>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    let layer =
-        RateLimitLayer::multi(conn, limits()?, vec![GLOBAL_KEY.into()], user_key).guard(guard);
+    let layer = RateLimitLayer::multi(conn, limits()?, keys)?.guard(guard);
     Ok(Router::new()
         .route("/hello", get(hello))
         .route("/health", get(|| async { "ok" }))
         .layer(layer))
 }
 
-async fn hello(source: Option<Extension<Source>>) -> String {
+async fn hello(source: Option<Extension<DecidedBy>>) -> String {
     let by = source.map_or("nobody", |Extension(s)| s.name());
     format!("hello (decided by {by})\n")
 }

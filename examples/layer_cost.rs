@@ -102,7 +102,7 @@ async fn main() -> Result<(), Error> {
     let bare = serve(handler()).await?;
     let layered = serve(handler().layer(RateLimitLayer::new(conn, limiter, |req| {
         let user = req.headers.get("x-user").and_then(|v| v.to_str().ok());
-        format!("bench:layer:{}", user.unwrap_or("-"))
+        Some(format!("bench:layer:{}", user.unwrap_or("-")))
     })))
     .await?;
 

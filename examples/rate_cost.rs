@@ -185,7 +185,7 @@ fn rows() -> Result<Vec<Row>, Error> {
             move |mut c| {
                 let (limits, key) = (limits.clone(), key.clone());
                 async move {
-                    let _ = limits.check(&mut c, &key, &[], 1).await?;
+                    let _ = limits.check(&mut c, &key, 1).await?;
                     Ok(())
                 }
             },

@@ -181,7 +181,7 @@ pub(crate) fn decision(limiter: &str, allowed: bool) {
     }
 }
 
-/// A failure-policy fallback (`policy` is a [`crate::policy::Source`] name).
+/// A failure-policy fallback (`policy` is a [`crate::policy::DecidedBy`] name).
 pub(crate) fn fallback(policy: &'static str, cause: &crate::policy::Failure) {
     #[cfg(feature = "tracing")]
     tracing::warn!(policy, %cause, "nolock: rate decision without Redis");

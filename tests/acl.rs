@@ -7,7 +7,7 @@ mod support;
 use std::time::Duration;
 
 use nolock::cas::{self, Expected};
-use nolock::rate::{Algorithm, Check, Limiter, MultiLimiter, Quota};
+use nolock::rate::{Algorithm, Check, Limiter, MultiKey, MultiLimiter, Quota};
 use nolock::{fence, limits, Batch, Error, Scripts};
 use redis::aio::MultiplexedConnection;
 use support::RedisServer;
@@ -106,7 +106,7 @@ async fn every_module_runs_with_only_the_documented_permissions() {
         let mut charge = l.check(c, &key, 2).await.unwrap();
         assert!(charge.allowed, "{algorithm}");
         assert!(l.peek(c, &key, 1).await.unwrap().allowed);
-        let refund = l.refund(c, &key, &mut charge, 1).await.unwrap();
+        let refund = charge.charge_mut().unwrap().refund(c, 1).await.unwrap();
         assert_eq!(refund.credited, 1, "{algorithm}");
         l.reset(c, &key).await.unwrap();
         let mut b = Batch::new();
@@ -128,12 +128,15 @@ async fn every_module_runs_with_only_the_documented_permissions() {
         .unwrap();
     assert!(
         multi
-            .check(c, "acl:u", &["{acl:u}:all"], 1)
+            .check(c, MultiKey::new("acl:u").shared("all", "{acl:u}:all"), 1)
             .await
             .unwrap()
             .allowed
     );
-    multi.reset(c, "acl:u", &["{acl:u}:all"]).await.unwrap();
+    multi
+        .reset(c, MultiKey::new("acl:u").shared("all", "{acl:u}:all"))
+        .await
+        .unwrap();
 
     // cas
     assert!(

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use nolock::cas::Adjust;
 use nolock::limits::{self, TryIncrement};
-use nolock::rate::{Algorithm, MultiCheck, MultiLimiter, Quota};
+use nolock::rate::{Algorithm, MultiCheck, MultiKey, MultiLimiter, Quota};
 use nolock::retry::{retry, RetryPolicy};
 use nolock::{keys, Batch, Error, Operation};
 use support::deployment::{both, run_batch_through_a_flush, Deployment};
@@ -62,14 +62,17 @@ async fn an_id_d_operation_keeps_its_record_in_its_own_slot(d: &Deployment) {
         .unwrap();
     let user = format!("{{{p}t}}:u1");
     let all = format!("{{{p}t}}:all");
-    let op = MultiCheck::new(&limits, &user, &[&all], 1)
+    let op = MultiCheck::new(&limits, MultiKey::new(&user).shared("tenant", &all), 1)
         .unwrap()
         .idempotent("m")
         .unwrap();
     let first = op.run(&mut conn).await.unwrap();
     assert_eq!(op.run(&mut conn).await.unwrap(), first);
     assert_eq!(keys::slot(op.record_key()), keys::slot(&all));
-    let peek = limits.peek(&mut conn, &user, &[&all], 1).await.unwrap();
+    let peek = limits
+        .peek(&mut conn, MultiKey::new(&user).shared("tenant", &all), 1)
+        .await
+        .unwrap();
     assert_eq!(peek.limits[1].remaining, 99, "charged once");
 
     // A key with a `}` but no hash tag cannot keep its record in its slot:

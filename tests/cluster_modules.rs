@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use nolock::cas::{self, Adjust, Adjustment, Expected, Insert, Outcome, Update, Versioned};
 use nolock::fence::{self, Acquire, Extend, Lease, Release, Write};
-use nolock::rate::{Algorithm, Check, Limiter, MultiLimiter, Quota};
+use nolock::rate::{Algorithm, Check, Limiter, MultiKey, MultiLimiter, Quota};
 use nolock::Backoff;
 use nolock::{Batch, Error};
 use redis::aio::MultiplexedConnection;
@@ -80,8 +80,11 @@ async fn every_rate_algorithm_counts_down_denies_and_refunds_on_the_keys_owner(d
             let peek = limiter.peek(&mut conn, &key, 1).await.unwrap();
             assert!(!peek.allowed, "{algorithm}: peek agrees");
 
-            let back = limiter
-                .refund(&mut conn, &key, last.as_mut().unwrap(), 1)
+            let back = last
+                .as_mut()
+                .and_then(|d: &mut nolock::rate::Decision| d.charge_mut())
+                .unwrap()
+                .refund(&mut conn, 1)
                 .await;
             assert_eq!(back.unwrap().remaining, 1, "{algorithm}");
             let again = limiter.check(&mut conn, &key, 1).await.unwrap();
@@ -113,53 +116,80 @@ async fn a_multi_limit_with_derived_and_shared_keys_is_all_or_nothing(d: &Deploy
         .unwrap();
 
     for _ in 0..3 {
-        let r = multi.check(&mut conn, &u1, &[&all], 1).await.unwrap();
+        let r = multi
+            .check(&mut conn, MultiKey::new(&u1).shared("tenant", &all), 1)
+            .await
+            .unwrap();
         assert!(r.allowed);
     }
-    let r = multi.check(&mut conn, &u1, &[&all], 1).await.unwrap();
+    let r = multi
+        .check(&mut conn, MultiKey::new(&u1).shared("tenant", &all), 1)
+        .await
+        .unwrap();
     assert_eq!((r.allowed, r.denied_by), (false, Some(0)), "minute is full");
     assert_eq!(r.limits[2].remaining, 1, "the tenant was not charged");
 
-    let mut u2_last = multi.check(&mut conn, &u2, &[&all], 1).await.unwrap();
+    let mut u2_last = multi
+        .check(&mut conn, MultiKey::new(&u2).shared("tenant", &all), 1)
+        .await
+        .unwrap();
     assert!(u2_last.allowed, "the tenant's last unit");
-    let r = multi.check(&mut conn, &u2, &[&all], 1).await.unwrap();
+    let r = multi
+        .check(&mut conn, MultiKey::new(&u2).shared("tenant", &all), 1)
+        .await
+        .unwrap();
     assert_eq!((r.allowed, r.denied_by), (false, Some(2)), "tenant is full");
     assert_eq!(
         (r.limits[0].remaining, r.limits[1].remaining),
         (2, 4),
         "u2's own limits were not charged by the denial"
     );
-    let peek = multi.peek(&mut conn, &u2, &[&all], 1).await.unwrap();
+    let peek = multi
+        .peek(&mut conn, MultiKey::new(&u2).shared("tenant", &all), 1)
+        .await
+        .unwrap();
     assert_eq!(peek.denied_by, Some(2));
 
     // Every key of both users lives on one node: the tag's owner.
     let owner = d.owner_port(&all).await;
     for key in multi
-        .keys(&u1, &[&all])
+        .keys(&MultiKey::new(&u1).shared("tenant", &all))
         .unwrap()
         .into_iter()
-        .chain(multi.keys(&u2, &[&all]).unwrap())
+        .chain(
+            multi
+                .keys(&MultiKey::new(&u2).shared("tenant", &all))
+                .unwrap(),
+        )
     {
         assert_eq!(d.owner_port(&key).await, owner, "{key}");
         assert!(d.exists(&key).await, "{key}");
     }
 
     // Refund gives the tenant room again, and reset forgets a user.
-    let refunds = multi
-        .refund(&mut conn, &u2, &[&all], &mut u2_last, 1)
+    let refunds = u2_last
+        .charge_mut()
+        .unwrap()
+        .refund(&mut conn, 1)
         .await
         .unwrap();
     let remaining: Vec<_> = refunds.iter().map(|r| r.remaining).collect();
     assert_eq!(remaining, [3, 5, 1]);
     assert!(
         multi
-            .check(&mut conn, &u2, &[&all], 1)
+            .check(&mut conn, MultiKey::new(&u2).shared("tenant", &all), 1)
             .await
             .unwrap()
             .allowed
     );
-    multi.reset(&mut conn, &u1, &[&all]).await.unwrap();
-    for key in multi.keys(&u1, &[&all]).unwrap() {
+    multi
+        .reset(&mut conn, MultiKey::new(&u1).shared("tenant", &all))
+        .await
+        .unwrap();
+    for key in multi
+        .keys(&MultiKey::new(&u1).shared("tenant", &all))
+        .unwrap()
+    {
         assert!(!d.exists(&key).await, "{key} reset");
     }
 
@@ -170,9 +200,9 @@ async fn a_multi_limit_with_derived_and_shared_keys_is_all_or_nothing(d: &Deploy
         .unwrap()
         .limit("minute", Quota::per_minute(100).unwrap())
         .unwrap();
-    let r = derived.check(&mut conn, &plain, &[], 2).await.unwrap();
+    let r = derived.check(&mut conn, &plain, 2).await.unwrap();
     assert_eq!((r.allowed, r.limits[0].remaining), (true, 8));
-    for key in derived.keys(&plain, &[]).unwrap() {
+    for key in derived.keys(&(&plain).into()).unwrap() {
         assert_eq!(
             key,
             nolock::keys::derive(&plain, key.rsplit(':').next().unwrap())
@@ -195,11 +225,6 @@ async fn a_multi_limit_across_slots_is_refused_before_anything_is_sent(d: &Deplo
         .unwrap()
         .shared_limit("tenant", Quota::per_second(100).unwrap())
         .unwrap();
-    let mut no_charge = nolock::rate::MultiRateLimit {
-        allowed: true,
-        denied_by: None,
-        limits: Vec::new(),
-    };
     // Alone on the deployment: command counts are this test's.
     let counted = ["evalsha", "evalsha_ro", "eval", "eval_ro", "del"];
     let mut before = Vec::new();
@@ -209,18 +234,17 @@ async fn a_multi_limit_across_slots_is_refused_before_anything_is_sent(d: &Deplo
 
     let errors = [
         multi
-            .check(&mut conn, &user, &[&shared], 1)
+            .check(&mut conn, MultiKey::new(&user).shared("tenant", &shared), 1)
             .await
             .unwrap_err(),
         multi
-            .peek(&mut conn, &user, &[&shared], 1)
+            .peek(&mut conn, MultiKey::new(&user).shared("tenant", &shared), 1)
             .await
             .unwrap_err(),
         multi
-            .refund(&mut conn, &user, &[&shared], &mut no_charge, 1)
+            .reset(&mut conn, MultiKey::new(&user).shared("tenant", &shared))
             .await
             .unwrap_err(),
-        multi.reset(&mut conn, &user, &[&shared]).await.unwrap_err(),
     ];
     for err in &errors {
         match err {
@@ -559,7 +583,13 @@ async fn every_module_recovers_a_script_flush_on_every_node(d: &Deployment) {
         .unwrap()
         .shared_limit("all", Quota::per_minute(9).unwrap())
         .unwrap();
-    let r = multi.check(&mut conn, &key("u"), &[&key("all")], 2).await;
+    let r = multi
+        .check(
+            &mut conn,
+            MultiKey::new(&key("u")).shared("all", &key("all")),
+            2,
+        )
+        .await;
     assert_eq!(r.unwrap().remaining(), 3);
 
     // cas: set_if_version, get_versioned (read-only), adjust (credit, debit)

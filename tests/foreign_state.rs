@@ -7,9 +7,9 @@
 
 mod support;
 
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use nolock::rate::{Algorithm, Limiter, Quota, RateLimit};
+use nolock::rate::{Algorithm, Charge, Limiter, Quota};
 use nolock::{cas, limits, Error};
 use redis::aio::MultiplexedConnection as Conn;
 use support::{prefix, RedisServer};
@@ -70,16 +70,22 @@ async fn snapshot(conn: &mut Conn, key: &str) -> (Option<Vec<u8>>, i64) {
     (dump, at)
 }
 
-fn charge() -> RateLimit {
-    RateLimit {
-        allowed: true,
-        limit: 10,
-        remaining: 9,
-        retry_after: None,
-        reset_after: Duration::from_secs(60),
-        at: SystemTime::now(),
-        charged: 1,
-    }
+/// A real charge of `l`, taken on a scratch key and pointed at `key`
+/// through serde, as a copy that crossed a process boundary may be: the
+/// server must refuse foreign data whatever the charge says.
+async fn charge_at(conn: &mut Conn, l: &Limiter, key: &str) -> String {
+    let scratch = prefix("scratch");
+    let charge = l
+        .check(conn, &scratch, 1)
+        .await
+        .unwrap()
+        .into_charge()
+        .unwrap();
+    let json = serde_json::to_string(&charge).unwrap();
+    let from = format!("\"keys\":[{}]", serde_json::to_string(&scratch).unwrap());
+    let to = format!("\"keys\":[{}]", serde_json::to_string(key).unwrap());
+    assert!(json.contains(&from), "{json}");
+    json.replace(&from, &to)
 }
 
 /// Runs `op` on `key` holding each of `shapes`; each must be a definite
@@ -164,9 +170,13 @@ async fn every_rate_call_refuses(
         async move { l.peek(&mut c, &k, 1).await }
     })
     .await;
+    let json = charge_at(conn, &l, key).await;
     refused(conn, &name, key, shapes, |mut c| {
-        let (k, l) = (key.to_owned(), l.clone());
-        async move { l.refund(&mut c, &k, &mut charge(), 1).await }
+        let json = json.clone();
+        async move {
+            let mut charge: Charge = serde_json::from_str(&json).unwrap();
+            charge.refund(&mut c, 1).await
+        }
     })
     .await;
 }

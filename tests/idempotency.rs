@@ -14,7 +14,8 @@ use std::time::Duration;
 use nolock::cas::{self, Adjust, Adjustment, SetIfVersion, Update};
 use nolock::limits::{self, Release, TryIncrement};
 use nolock::rate::{
-    Algorithm, Check, Limiter, MultiCheck, MultiLimiter, MultiRefundCharge, Quota, RefundCharge,
+    Algorithm, Check, Limiter, MultiCheck, MultiKey, MultiLimiter, MultiRefundCharge, Quota,
+    RefundCharge,
 };
 use nolock::retry::{retry, RetryPolicy};
 use nolock::script::Call;
@@ -213,8 +214,9 @@ async fn a_lost_rate_check_charges_its_units_once() {
 }
 
 /// A refund whose reply was lost, sent again with its id, gives the units
-/// back once; the plain refund of a copy of the same charge would give them
-/// back a second time (shown last, as the hazard the id removes).
+/// back once. A plain refund of a copy of the same charge (serialized before
+/// the first refund, as another process may hold it) gives back only what
+/// is left of the charge: the server's record caps every copy at its cost.
 #[tokio::test]
 async fn a_lost_refund_gives_its_units_back_once() {
     let (_server, proxy, mut conn, mut direct) = setup().await;
@@ -226,10 +228,15 @@ async fn a_lost_refund_gives_its_units_back_once() {
     ] {
         let key = format!("{}refund", prefix("idem"));
         let limiter = Limiter::new(algorithm, Quota::per_hour(10).unwrap()).unwrap();
-        let mut charge = limiter.check(&mut direct, &key, 5).await.unwrap();
-        assert!(charge.allowed && charge.charged == 5, "{algorithm:?}");
-        let kept = charge; // a copy, as a careless caller might keep
-        let op = RefundCharge::new(&limiter, &key, &charge, 2)
+        let mut charge = limiter
+            .check(&mut direct, &key, 5)
+            .await
+            .unwrap()
+            .into_charge()
+            .expect("admitted");
+        assert_eq!(charge.held(), 5, "{algorithm:?}");
+        let kept = serde_json::to_string(&charge).unwrap(); // a copy, as another process may keep
+        let op = RefundCharge::new(&charge, 2)
             .unwrap()
             .idempotent("refund-1")
             .unwrap();
@@ -240,7 +247,7 @@ async fn a_lost_refund_gives_its_units_back_once() {
         let given = retry(&policy(), &mut conn, &op).await.unwrap();
         assert_eq!(given.credited, 2, "{algorithm:?}");
         given.apply_to(&mut charge);
-        assert_eq!(charge.charged, 3);
+        assert_eq!(charge.held(), 3);
         let left = limiter.peek(&mut direct, &key, 1).await.unwrap();
         assert_eq!(left.remaining, 7, "{algorithm:?}: 2 of 5 given back once");
         assert_eq!(
@@ -253,29 +260,37 @@ async fn a_lost_refund_gives_its_units_back_once() {
             7
         );
 
-        // Without an id nothing tells the resend from a new refund.
-        let mut copy = kept;
-        let again = limiter
-            .refund(&mut direct, &key, &mut copy, 2)
-            .await
-            .unwrap();
+        // The copy still claims all 5: the server gives back the 3 left.
+        let mut copy: nolock::rate::Charge = serde_json::from_str(&kept).unwrap();
+        assert_eq!(copy.held(), 5);
+        let again = copy.refund(&mut direct, 5).await.unwrap();
+        assert_eq!(again.credited, 3, "{algorithm:?}: only what is left");
+        let last = copy.refund(&mut direct, 2).await.unwrap();
+        assert_eq!(last.credited, 0, "{algorithm:?}: nothing is left");
+        let full = charge.refund(&mut direct, 3).await.unwrap();
+        assert_eq!(full.credited, 0, "{algorithm:?}: the copy took the rest");
         assert_eq!(
-            again.credited, 2,
-            "{algorithm:?}: a plain resend gives back again"
+            limiter.peek(&mut direct, &key, 1).await.unwrap().remaining,
+            10,
+            "{algorithm:?}: 5 given back in all, never more"
         );
     }
     // Built from a charge that holds nothing: refused before any I/O.
     let limiter = Limiter::new(Algorithm::Gcra, Quota::per_hour(1).unwrap()).unwrap();
     let key = format!("{}refund", prefix("idem"));
-    let mut first = limiter.check(&mut direct, &key, 1).await.unwrap();
+    let mut first = limiter
+        .check(&mut direct, &key, 1)
+        .await
+        .unwrap()
+        .into_charge()
+        .unwrap();
     let denied = limiter.check(&mut direct, &key, 1).await.unwrap();
-    assert!(!denied.allowed);
-    let err = RefundCharge::new(&limiter, &key, &denied, 1).unwrap_err();
-    assert!(err.is_invalid_input(), "{err}");
-    let err = RefundCharge::new(&limiter, &key, &first, 2).unwrap_err();
+    assert!(!denied.allowed && denied.charge().is_none());
+    let err = RefundCharge::new(&first, 2).unwrap_err();
     assert!(err.is_invalid_input(), "more than it holds: {err}");
-    first.charged = 0;
-    assert!(RefundCharge::new(&limiter, &key, &first, 1).is_err());
+    assert_eq!(first.refund(&mut direct, 1).await.unwrap().credited, 1);
+    let err = RefundCharge::new(&first, 1).unwrap_err();
+    assert!(err.is_invalid_input(), "refunded in full: {err}");
 }
 
 /// The same for a multi-limit refund: every limit credited once.
@@ -296,9 +311,12 @@ async fn a_lost_multi_limit_refund_gives_back_once_on_every_limit() {
         let tag = prefix("idem");
         let user = format!("{{{tag}}}:u");
         let all = format!("{{{tag}}}:all");
-        let mut charge = limits.check(&mut direct, &user, &[&all], 4).await.unwrap();
+        let mut charge = limits
+            .check(&mut direct, MultiKey::new(&user).shared("all", &all), 4)
+            .await
+            .unwrap();
         assert!(charge.allowed, "{algorithm:?}");
-        let op = MultiRefundCharge::new(&limits, &user, &[&all], &charge, 3)
+        let op = MultiRefundCharge::new(charge.charge().unwrap(), 3)
             .unwrap()
             .idempotent("multi-refund")
             .unwrap();
@@ -320,9 +338,13 @@ async fn a_lost_multi_limit_refund_gives_back_once_on_every_limit() {
             given,
             "the recorded answer"
         );
+        let charge = charge.charge_mut().unwrap();
         charge.apply_refunds(&given);
-        assert!(charge.limits.iter().all(|l| l.charged == 1));
-        let now = limits.peek(&mut direct, &user, &[&all], 1).await.unwrap();
+        assert_eq!(charge.held(), 1, "1 of 4 still held on each limit");
+        let now = limits
+            .peek(&mut direct, MultiKey::new(&user).shared("all", &all), 1)
+            .await
+            .unwrap();
         assert_eq!(
             now.limits.iter().map(|l| l.remaining).collect::<Vec<_>>(),
             [9, 19],
@@ -571,7 +593,7 @@ async fn every_wrapped_operation_replays_its_first_reply_exactly() {
         assert!(!no.allowed && no.retry_after.is_some());
         let back = twice(
             &mut conn,
-            RefundCharge::new(&limiter, &key, &yes, 1).unwrap(),
+            RefundCharge::new(yes.charge().unwrap(), 1).unwrap(),
         )
         .await;
         assert_eq!(back.credited, 1, "{algorithm:?}");
@@ -582,7 +604,8 @@ async fn every_wrapped_operation_replays_its_first_reply_exactly() {
             .unwrap();
         let user = format!("{{{}}}:u", k(&format!("m{algorithm:?}")));
         let all = format!("{{{}}}:all", k(&format!("m{algorithm:?}")));
-        let check = || MultiCheck::new(&multi, &user, &[&all], 1).unwrap();
+        let check =
+            || MultiCheck::new(&multi, MultiKey::new(&user).shared("all", &all), 1).unwrap();
         assert!(twice(&mut conn, check()).await.allowed);
         assert_eq!(twice(&mut conn, check()).await.denied_by, Some(1));
     }

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use nolock::policy::{Guard, OnFailure, Source};
+use nolock::policy::{DecidedBy, Guard, OnFailure};
 use nolock::rate::{Algorithm, Limiter, Quota};
 use support::RedisServer;
 
@@ -113,7 +113,7 @@ async fn metrics_and_spans_match_the_decisions() {
             .check(&limiter, &mut conn, "secret-user-key", 1)
             .await
             .unwrap();
-        assert_eq!(g.source(), Source::Open);
+        assert_eq!(g.source(), DecidedBy::Open);
     }
     // The lease's renewal fails with the server gone: a loss.
     let loss = tokio::time::timeout(Duration::from_secs(1), lease.lost())

@@ -6,7 +6,7 @@ mod support;
 
 use std::time::{Duration, Instant, SystemTime};
 
-use nolock::rate::{Algorithm, Limiter, MultiLimiter, Quota, RateLimit};
+use nolock::rate::{Algorithm, Limiter, MultiKey, MultiLimiter, Quota, RateLimit};
 use nolock::Error;
 use support::{command_calls, keys, prefix, raw, RedisServer};
 
@@ -43,12 +43,12 @@ async fn every_algorithm_counts_down_then_denies_without_consuming() {
     for algorithm in Algorithm::ALL {
         let key = format!("{}{algorithm}", prefix("sequence"));
         let l = limiter(algorithm, 10, MINUTE);
-        let first = l.check(&mut conn, &key, 1).await.unwrap();
+        let first = *l.check(&mut conn, &key, 1).await.unwrap();
         for i in 1..=10u64 {
             let d = if i == 1 {
                 first
             } else {
-                l.check(&mut conn, &key, 1).await.unwrap()
+                *l.check(&mut conn, &key, 1).await.unwrap()
             };
             let ctx = format!("{algorithm} call {i}: {d:?}");
             assert!(d.allowed, "{ctx}");
@@ -201,7 +201,7 @@ async fn waiting_retry_after_is_enough_and_denials_take_nothing() {
                 );
             }
             if d.allowed {
-                admitted = Some(d);
+                admitted = Some(*d);
                 break;
             }
             denials += 1;
@@ -289,7 +289,12 @@ async fn refund_and_reset_restore_capacity() {
         let other = format!("{p}other:{algorithm}");
         let mut charge = l.check(&mut conn, &other, 1).await.unwrap();
         l.reset(&mut conn, &other).await.unwrap();
-        let r = l.refund(&mut conn, &other, &mut charge, 1).await.unwrap();
+        let r = charge
+            .charge_mut()
+            .unwrap()
+            .refund(&mut conn, 1)
+            .await
+            .unwrap();
         assert_eq!((r.credited, r.remaining), (0, 10), "{algorithm}");
         assert!(
             keys(&mut conn, &format!("{p}*")).await.is_empty(),
@@ -297,31 +302,42 @@ async fn refund_and_reset_restore_capacity() {
         );
 
         let mut six = l.check(&mut conn, &key, 6).await.unwrap();
-        assert_eq!((six.remaining, six.charged), (4, 6), "{algorithm}");
-        let r = l.refund(&mut conn, &key, &mut six, 4).await.unwrap();
+        assert_eq!(
+            (six.remaining, six.charge().map_or(0, |c| c.held())),
+            (4, 6),
+            "{algorithm}"
+        );
+        let r = six
+            .charge_mut()
+            .unwrap()
+            .refund(&mut conn, 4)
+            .await
+            .unwrap();
         assert_eq!((r.credited, r.remaining), (4, 8), "{algorithm}");
         let mut d = l.check(&mut conn, &key, 8).await.unwrap();
         assert!(d.allowed && d.remaining == 0, "{algorithm}: {d:?}");
-        let mut denied = l.check(&mut conn, &key, 1).await.unwrap();
-        assert!(!denied.allowed && denied.charged == 0, "{algorithm}");
+        let denied = l.check(&mut conn, &key, 1).await.unwrap();
+        // A denial carries no charge: there is nothing to refund.
+        assert!(!denied.allowed && denied.charge().is_none(), "{algorithm}");
 
-        // A refund never gives back more than its charge took, nor a denial.
+        // A refund never gives back more than its charge took.
         assert!(matches!(
-            l.refund(&mut conn, &key, &mut d, 9).await,
+            d.charge_mut().unwrap().refund(&mut conn, 9).await,
             Err(Error::InvalidArgument { what: "amount", .. })
         ));
-        assert!(matches!(
-            l.refund(&mut conn, &key, &mut denied, 1).await,
-            Err(Error::InvalidArgument { what: "charge", .. })
-        ));
-        let r = l.refund(&mut conn, &key, &mut d, 8).await.unwrap();
+        let r = d.charge_mut().unwrap().refund(&mut conn, 8).await.unwrap();
         assert_eq!((r.credited, r.remaining), (8, 8), "{algorithm}");
-        assert_eq!(d.charged, 0, "refunded in full");
+        assert_eq!(d.charge().map_or(0, |c| c.held()), 0, "refunded in full");
         assert!(matches!(
-            l.refund(&mut conn, &key, &mut d, 1).await,
+            d.charge_mut().unwrap().refund(&mut conn, 1).await,
             Err(Error::InvalidArgument { what: "charge", .. })
         ));
-        let r = l.refund(&mut conn, &key, &mut six, 2).await.unwrap();
+        let r = six
+            .charge_mut()
+            .unwrap()
+            .refund(&mut conn, 2)
+            .await
+            .unwrap();
         // GCRA and the bucket count each charge as draining from its own
         // arrival, so the milliseconds between the checks and the refunds
         // are not given back: part of a unit stays taken.
@@ -338,7 +354,12 @@ async fn refund_and_reset_restore_capacity() {
         l.reset(&mut conn, &key).await.unwrap();
         let key = format!("{p}{algorithm}:again");
         let mut four = l.check(&mut conn, &key, 4).await.unwrap();
-        let r = l.refund(&mut conn, &key, &mut four, 4).await.unwrap();
+        let r = four
+            .charge_mut()
+            .unwrap()
+            .refund(&mut conn, 4)
+            .await
+            .unwrap();
         assert_eq!((r.credited, r.remaining), (4, 10), "{algorithm}");
         let full = l.peek(&mut conn, &key, 10).await.unwrap();
         assert!(
@@ -421,15 +442,15 @@ async fn multi_limit_second_denies_and_the_first_is_unchanged() {
             .unwrap()
             .limit("narrow", Quota::per_minute(2).unwrap())
             .unwrap();
-        let keys = limits.keys(&user, &[]).unwrap();
+        let keys = limits.keys(&(&user).into()).unwrap();
         for expect in [[99, 1], [98, 0]] {
-            let d = limits.check(&mut conn, &user, &[], 1).await.unwrap();
+            let d = limits.check(&mut conn, &user, 1).await.unwrap();
             assert!(d.allowed && d.denied_by.is_none(), "{algorithm}: {d:?}");
             let remaining: Vec<u64> = d.limits.iter().map(|l| l.remaining).collect();
             assert_eq!(remaining, expect, "{algorithm}");
         }
         let wide_before = snapshot(&mut conn, &keys[0]).await;
-        let d = limits.check(&mut conn, &user, &[], 1).await.unwrap();
+        let d = limits.check(&mut conn, &user, 1).await.unwrap();
         assert!(!d.allowed, "{algorithm}");
         assert_eq!(d.denied_by, Some(1), "{algorithm}: the narrow limit denied");
         assert_eq!(limits.name(1), Some("narrow"));
@@ -470,38 +491,30 @@ async fn a_shared_tenant_limit_denies_every_user_of_the_tenant() {
         .unwrap()
         .shared_limit("tenant", Quota::per_minute(3).unwrap())
         .unwrap();
+    let of = |user: &str| MultiKey::new(user).shared("tenant", &tenant);
     let mut alice_last = None;
     for user in [&alice, &alice, &bob] {
-        let d = limits.check(&mut conn, user, &[&tenant], 1).await.unwrap();
+        let d = limits.check(&mut conn, of(user), 1).await.unwrap();
         assert!(d.allowed, "{d:?}");
         if user == &alice {
-            alice_last = Some(d);
+            alice_last = d.into_charge();
         }
     }
     let mut alice_last = alice_last.unwrap();
-    let bob_key = limits.keys(&bob, &[&tenant]).unwrap().remove(0);
+    let bob_key = limits.keys(&of(&bob)).unwrap().remove(0);
     let bob_before = snapshot(&mut conn, &bob_key).await;
-    let d = limits.check(&mut conn, &bob, &[&tenant], 1).await.unwrap();
+    let d = limits.check(&mut conn, of(&bob), 1).await.unwrap();
     assert_eq!(d.denied_by, Some(1), "{d:?}");
     assert_eq!(d.limits[0].remaining, 9, "bob's own limit kept its 9");
     assert_eq!(snapshot(&mut conn, &bob_key).await, bob_before);
 
     // Refund and reset reach every key, the shared one included.
-    let refunds = limits
-        .refund(&mut conn, &alice, &[&tenant], &mut alice_last, 1)
-        .await
-        .unwrap();
+    let refunds = alice_last.refund(&mut conn, 1).await.unwrap();
     let got: Vec<_> = refunds.iter().map(|r| (r.credited, r.remaining)).collect();
     assert_eq!(got, [(1, 9), (1, 1)]);
-    assert!(
-        limits
-            .check(&mut conn, &bob, &[&tenant], 1)
-            .await
-            .unwrap()
-            .allowed
-    );
-    limits.reset(&mut conn, &alice, &[&tenant]).await.unwrap();
-    let d = limits.peek(&mut conn, &bob, &[&tenant], 3).await.unwrap();
+    assert!(limits.check(&mut conn, of(&bob), 1).await.unwrap().allowed);
+    limits.reset(&mut conn, of(&alice)).await.unwrap();
+    let d = limits.peek(&mut conn, of(&bob), 3).await.unwrap();
     assert!(d.allowed, "{d:?}");
     assert_eq!(d.limits[1].remaining, 3);
 }
@@ -541,7 +554,9 @@ async fn a_script_flush_is_recovered_by_loading_the_script() {
             "{algorithm}"
         );
         assert_eq!(
-            l.refund(&mut conn, &key, &mut last, 1)
+            last.charge_mut()
+                .unwrap()
+                .refund(&mut conn, 1)
                 .await
                 .unwrap()
                 .remaining,
@@ -564,21 +579,7 @@ async fn bad_input_is_rejected_before_anything_is_sent() {
         .unwrap()
         .shared_limit("tenant", Quota::per_minute(50).unwrap())
         .unwrap();
-    // What an admitted check returns; no check is sent in this test.
-    let mut charge = nolock::rate::RateLimit {
-        allowed: true,
-        limit: 5,
-        remaining: 4,
-        retry_after: None,
-        reset_after: Duration::from_secs(12),
-        at: std::time::SystemTime::now(),
-        charged: 1,
-    };
-    let mut multi_charge = nolock::rate::MultiRateLimit {
-        allowed: true,
-        denied_by: None,
-        limits: vec![charge, charge],
-    };
+    let tenant = |user: &str, shared: &str| MultiKey::new(user).shared("tenant", shared);
 
     assert!(matches!(
         l.check(&mut conn, "", 1).await,
@@ -603,43 +604,42 @@ async fn bad_input_is_rejected_before_anything_is_sent() {
         l.peek(&mut conn, "k", 6).await,
         Err(Error::InsufficientCapacity { .. })
     ));
-    assert!(matches!(
-        l.refund(&mut conn, "k", &mut charge, 0).await,
-        Err(Error::ZeroLimit { what: "amount" })
-    ));
-    assert!(matches!(
-        l.refund(&mut conn, "", &mut charge, 1).await,
-        Err(Error::EmptyKey)
-    ));
     assert!(matches!(l.reset(&mut conn, "").await, Err(Error::EmptyKey)));
     assert!(matches!(
         multi
-            .check(&mut conn, "user:1", &["{tenant:7}:all"], 1)
+            .check(&mut conn, tenant("user:1", "{tenant:7}:all"), 1)
             .await,
         Err(Error::CrossSlot { .. })
     ));
     assert!(matches!(
-        multi.check(&mut conn, "{t}:u", &[], 1).await,
+        multi.check(&mut conn, "{t}:u", 1).await,
         Err(Error::InvalidArgument {
             what: "shared keys",
             ..
         })
     ));
     assert!(matches!(
-        multi.check(&mut conn, "{t}:u", &["{t}:all"], 6).await,
+        multi
+            .check(
+                &mut conn,
+                tenant("{t}:u", "{t}:all").shared("region", "{t}:eu"),
+                1
+            )
+            .await,
+        Err(Error::InvalidArgument {
+            what: "shared keys",
+            ..
+        })
+    ));
+    assert!(matches!(
+        multi.check(&mut conn, tenant("{t}:u", "{t}:all"), 6).await,
         Err(Error::InsufficientCapacity {
             requested: 6,
             limit: 5
         })
     ));
     assert!(matches!(
-        multi
-            .refund(&mut conn, "u", &["{t}:all"], &mut multi_charge, 1)
-            .await,
-        Err(Error::CrossSlot { .. })
-    ));
-    assert!(matches!(
-        multi.reset(&mut conn, "u", &["{t}:all"]).await,
+        multi.reset(&mut conn, tenant("u", "{t}:all")).await,
         Err(Error::CrossSlot { .. })
     ));
 
@@ -677,18 +677,22 @@ async fn bad_input_is_rejected_before_anything_is_sent() {
     }
 }
 
-/// A decision as an admitted check of `cost` just now would return it (a
-/// minute to reset), for refunds against keys no check has touched.
-fn charged(cost: u64) -> nolock::rate::RateLimit {
-    nolock::rate::RateLimit {
-        allowed: true,
-        limit: 10,
-        remaining: 10 - cost,
-        retry_after: None,
-        reset_after: Duration::from_secs(60),
-        at: std::time::SystemTime::now(),
-        charged: cost,
-    }
+/// A real charge of `cost` at `key`, which must be free: taken, then the key
+/// is deleted, so the test can put whatever it likes there before the refund.
+async fn charge_then_clear(
+    conn: &mut redis::aio::MultiplexedConnection,
+    l: &Limiter,
+    key: &str,
+    cost: u64,
+) -> nolock::rate::Charge {
+    let charge = l
+        .check(conn, key, cost)
+        .await
+        .unwrap()
+        .into_charge()
+        .unwrap();
+    let _: i64 = raw(conn, &["DEL", key]).await;
+    charge
 }
 
 #[tokio::test]
@@ -696,12 +700,19 @@ async fn a_key_of_another_shape_is_a_definite_error_and_is_left_alone() {
     let redis = support::redis();
     let mut conn = redis.conn().await;
     let p = prefix("shape");
-    let (hash, text) = (format!("{p}hash"), format!("{p}text"));
-    let _: () = raw(&mut conn, &["HSET", &hash, "f", "v"]).await;
-    let _: () = raw(&mut conn, &["SET", &text, "hello"]).await;
     for algorithm in Algorithm::ALL {
         let l = limiter(algorithm, 5, MINUTE);
+        let (hash, text) = (
+            format!("{p}hash:{algorithm}"),
+            format!("{p}text:{algorithm}"),
+        );
+        let mut charges = Vec::new();
         for key in [&hash, &text] {
+            charges.push(charge_then_clear(&mut conn, &l, key, 1).await);
+        }
+        let _: () = raw(&mut conn, &["HSET", &hash, "f", "v"]).await;
+        let _: () = raw(&mut conn, &["SET", &text, "hello"]).await;
+        for (key, mut charge) in [&hash, &text].into_iter().zip(charges) {
             let before = snapshot(&mut conn, key).await;
             let err = l.check(&mut conn, key, 1).await.unwrap_err();
             assert!(
@@ -713,10 +724,7 @@ async fn a_key_of_another_shape_is_a_definite_error_and_is_left_alone() {
                 "{algorithm}"
             );
             assert!(
-                matches!(
-                    l.refund(&mut conn, key, &mut charged(1), 1).await,
-                    Err(Error::Redis(_))
-                ),
+                matches!(charge.refund(&mut conn, 1).await, Err(Error::Redis(_))),
                 "{algorithm}"
             );
             assert_eq!(
@@ -743,11 +751,12 @@ async fn a_bad_key_in_a_multi_limit_call_writes_nothing() {
             .unwrap()
             .shared_limit("bad", Quota::per_minute(10).unwrap())
             .unwrap();
+        let key = MultiKey::new(&user).shared("bad", &bad);
         assert!(matches!(
-            limits.check(&mut conn, &user, &[&bad], 1).await,
+            limits.check(&mut conn, key.clone(), 1).await,
             Err(Error::Redis(_))
         ));
-        let own = limits.keys(&user, &[&bad]).unwrap().remove(0);
+        let own = limits.keys(&key).unwrap().remove(0);
         let exists: i64 = raw(&mut conn, &["EXISTS", &own]).await;
         assert_eq!(exists, 0, "{algorithm}: no partial write");
     }
@@ -808,14 +817,20 @@ async fn a_counter_incrby_refuses_fails_a_multi_limit_call_before_any_write() {
     for (i, odd_value) in ["5.0", " 5", "0x5", "5e0"].into_iter().enumerate() {
         let user = format!("{{{tag}}}:user{i}");
         let odd = format!("{{{tag}}}:odd{i}");
+        let key = MultiKey::new(&user).shared("odd", &odd);
+        // A real charge on both keys, taken before the odd value is written.
+        let mut charge = limits
+            .check(&mut conn, key.clone(), 1)
+            .await
+            .unwrap()
+            .into_charge()
+            .unwrap();
+        let own = limits.keys(&key).unwrap().remove(0);
+        let _: i64 = raw(&mut conn, &["DEL", &own]).await;
         let _: () = raw(&mut conn, &["SET", &odd, odd_value, "PX", "60000"]).await;
-        let own = limits.keys(&user, &[&odd]).unwrap().remove(0);
 
         // check on a missing own key: it would be created before the odd key fails.
-        let err = limits
-            .check(&mut conn, &user, &[&odd], 1)
-            .await
-            .unwrap_err();
+        let err = limits.check(&mut conn, key.clone(), 1).await.unwrap_err();
         assert!(err.is_definite(), "{odd_value:?}: {err}");
         let exists: i64 = raw(&mut conn, &["EXISTS", &own]).await;
         assert_eq!(exists, 0, "{odd_value:?}: check wrote the first key");
@@ -823,16 +838,8 @@ async fn a_counter_incrby_refuses_fails_a_multi_limit_call_before_any_write() {
         // check and refund on an existing own key: it would be counted first.
         let _: () = raw(&mut conn, &["SET", &own, "3", "PX", "60000"]).await;
         let before = snapshot(&mut conn, &own).await;
-        assert!(limits.check(&mut conn, &user, &[&odd], 1).await.is_err());
-        let mut charge = nolock::rate::MultiRateLimit {
-            allowed: true,
-            denied_by: None,
-            limits: vec![charged(1), charged(1)],
-        };
-        assert!(limits
-            .refund(&mut conn, &user, &[&odd], &mut charge, 1)
-            .await
-            .is_err());
+        assert!(limits.check(&mut conn, key.clone(), 1).await.is_err());
+        assert!(charge.refund(&mut conn, 1).await.is_err());
         assert_eq!(
             snapshot(&mut conn, &own).await,
             before,

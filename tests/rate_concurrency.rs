@@ -9,7 +9,7 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
-use nolock::rate::{Algorithm, Limiter, MultiLimiter, Quota, RateLimit};
+use nolock::rate::{Algorithm, Limiter, MultiKey, MultiLimiter, Quota, RateLimit};
 use support::prefix;
 
 const TASKS: usize = 200;
@@ -29,10 +29,11 @@ impl Target {
         match self {
             Target::One(limiter, key) => {
                 let d = limiter.check(conn, key, 1).await.unwrap();
-                (d.allowed, vec![d])
+                (d.allowed, vec![*d])
             }
             Target::Many(limits, key, shared) => {
-                let d = limits.check(conn, key, &[shared], 1).await.unwrap();
+                let key = MultiKey::new(key).shared("slow", shared);
+                let d = limits.check(conn, key, 1).await.unwrap();
                 (d.allowed, d.limits)
             }
         }

@@ -5,16 +5,19 @@
 //! `retry_after` or `reset_after` shows up as a minimal failing sequence.
 //!
 //! Then random histories of checks, refunds (of any earlier admission, any
-//! amount) and pauses, each held to the algorithm's bound with every refund
-//! counted against the admission it undoes (`check_history`): a refund that
-//! gives back more than its charge still holds shows up there.
+//! amount, through the charge itself or through a copy of it serialized
+//! when it was taken and refunded over a second connection, as another
+//! process would) and pauses, each held to the algorithm's bound with every
+//! refund counted against the admission it undoes (`check_history`): a
+//! refund that gives back more than its charge still holds, or a copy that
+//! gives it back a second time, shows up there.
 //! Failing cases are kept in `tests/rate_model.proptest-regressions`.
 
 mod support;
 
 use std::time::{Duration, UNIX_EPOCH};
 
-use nolock::rate::{Algorithm, Limiter, Quota, RateLimit};
+use nolock::rate::{Algorithm, Charge, Limiter, Quota, RateLimit};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence, TestRunner};
 use support::{prefix, RedisServer};
@@ -290,7 +293,7 @@ fn conforms_to_the_model(algorithm: Algorithm) {
                     let d = if s.peek {
                         limiter.peek(&mut conn, &key, s.cost).await
                     } else {
-                        limiter.check(&mut conn, &key, s.cost).await
+                        limiter.check(&mut conn, &key, s.cost).await.map(|d| *d)
                     }
                     .unwrap();
                     let now_us = d.at.duration_since(UNIX_EPOCH).unwrap().as_micros() as u64;
@@ -325,8 +328,11 @@ fn fixed_window_conforms_to_the_model() {
 }
 
 /// One operation of a refund history: a check of `cost`, or a refund of
-/// `amount` (clamped to what that charge took) of the `charge`-th admitted
-/// check (modulo their number), after `pause_ms`.
+/// `amount` of the `charge`-th admitted check (modulo their number), after
+/// `pause_ms`: through the charge (`copy` false: clamped to what it still
+/// holds), or through a copy of it deserialized from what it was when taken
+/// (`copy` true: it still believes it holds its whole cost), sent over a
+/// second connection.
 #[derive(Debug, Clone)]
 enum Op {
     Check {
@@ -337,6 +343,7 @@ enum Op {
         charge: usize,
         amount: u64,
         pause_ms: u64,
+        copy: bool,
     },
 }
 
@@ -346,18 +353,22 @@ fn history(bursty: bool) -> impl Strategy<Value = (Case, Vec<Op>)> {
         let pause = prop::sample::select(vec![0u64, 0, 1, 5, 15, 40]);
         let op = prop_oneof![
             3 => (1..=burst, pause.clone()).prop_map(|(cost, pause_ms)| Op::Check { cost, pause_ms }),
-            2 => (any::<usize>(), 1..=burst, pause)
-                .prop_map(|(charge, amount, pause_ms)| Op::Refund { charge, amount, pause_ms }),
+            2 => (any::<usize>(), 1..=burst, pause, any::<bool>())
+                .prop_map(|(charge, amount, pause_ms, copy)| Op::Refund { charge, amount, pause_ms, copy }),
         ];
         (Just(c), prop::collection::vec(op, 1..30))
     })
 }
 
-/// An admitted check (whose `charged` refunds lower) and what refunds have
-/// given back of it.
+/// An admitted check, its charge (which refunds lower), a serialized copy
+/// of the charge as it was taken, and what refunds of either have given
+/// back of it.
 #[derive(Debug)]
 struct Admission {
     decision: RateLimit,
+    charge: Charge,
+    copy: String,
+    cost: u64,
     credited: u64,
 }
 
@@ -369,9 +380,10 @@ impl Admission {
             .unwrap()
             .as_micros() as u64
     }
-    /// The units the admission still counts for: its cost less refunds.
+    /// The units the admission still counts for: its cost less everything
+    /// any refund of it (the charge's or a copy's) gave back.
     fn net(&self) -> u64 {
-        self.decision.charged
+        self.cost - self.credited
     }
 }
 
@@ -422,7 +434,8 @@ fn check_history(algorithm: Algorithm, c: &Case, admitted: &[Admission]) -> Resu
 }
 
 fn refunds_never_let_more_through(algorithm: Algorithm) {
-    let (_server, rt, conn, mut runner) = harness(12);
+    let (server, rt, conn, mut runner) = harness(12);
+    let other = rt.block_on(server.conn());
     let bursty = matches!(algorithm, Algorithm::Gcra | Algorithm::TokenBucket);
     runner
         .run(&history(bursty), |(c, ops)| {
@@ -433,6 +446,7 @@ fn refunds_never_let_more_through(algorithm: Algorithm) {
             let limiter = Limiter::new(algorithm, quota).unwrap();
             let key = format!("{}{algorithm}", prefix("refunds"));
             let mut conn = conn.clone();
+            let mut other = other.clone();
             let mut admitted: Vec<Admission> = Vec::new();
             rt.block_on(async {
                 for op in &ops {
@@ -440,10 +454,15 @@ fn refunds_never_let_more_through(algorithm: Algorithm) {
                         Op::Check { cost, pause_ms } => {
                             tokio::time::sleep(Duration::from_millis(pause_ms)).await;
                             let d = limiter.check(&mut conn, &key, cost).await.unwrap();
-                            prop_assert_eq!(d.charged, if d.allowed { cost } else { 0 });
-                            if d.allowed {
+                            prop_assert_eq!(d.allowed, d.charge().is_some());
+                            let (decision, charge) = d.into_parts();
+                            if let Some(charge) = charge {
+                                prop_assert_eq!((charge.cost(), charge.held()), (cost, cost));
                                 admitted.push(Admission {
-                                    decision: d,
+                                    decision,
+                                    copy: serde_json::to_string(&charge).unwrap(),
+                                    charge,
+                                    cost,
                                     credited: 0,
                                 });
                             }
@@ -452,6 +471,7 @@ fn refunds_never_let_more_through(algorithm: Algorithm) {
                             charge,
                             amount,
                             pause_ms,
+                            copy,
                         } => {
                             if admitted.is_empty() {
                                 continue;
@@ -459,18 +479,30 @@ fn refunds_never_let_more_through(algorithm: Algorithm) {
                             tokio::time::sleep(Duration::from_millis(pause_ms)).await;
                             let i = charge % admitted.len();
                             let a = &mut admitted[i];
-                            let amount = amount.min(a.decision.charged);
-                            if amount == 0 {
-                                continue; // refunded in full already
-                            }
-                            let held = a.decision.charged;
-                            let r = limiter
-                                .refund(&mut conn, &key, &mut a.decision, amount)
-                                .await
-                                .unwrap();
-                            prop_assert!(r.credited <= amount, "{:?} for {}", r, amount);
-                            prop_assert_eq!(a.decision.charged, held - r.credited);
+                            let r = if copy {
+                                // A copy as it was taken: it still claims the whole cost.
+                                let mut copy: Charge = serde_json::from_str(&a.copy).unwrap();
+                                let amount = amount.min(copy.held());
+                                copy.refund(&mut other, amount).await.unwrap()
+                            } else {
+                                let amount = amount.min(a.charge.held());
+                                if amount == 0 {
+                                    continue; // refunded in full already
+                                }
+                                let held = a.charge.held();
+                                let r = a.charge.refund(&mut conn, amount).await.unwrap();
+                                prop_assert!(r.credited <= amount, "{:?} for {}", r, amount);
+                                prop_assert_eq!(a.charge.held(), held - r.credited);
+                                r
+                            };
                             a.credited += r.credited;
+                            prop_assert!(
+                                a.credited <= a.cost,
+                                "{} credited for a charge of {} (copy: {})",
+                                a.credited,
+                                a.cost,
+                                copy
+                            );
                         }
                     }
                     if let Err(e) = check_history(algorithm, &c, &admitted) {

@@ -18,7 +18,7 @@ use tower_service::Service;
 
 use super::{KeyFn, DEFAULT_TIMEOUT};
 use crate::observe;
-use crate::policy::{Failure, OnFailure, Source};
+use crate::policy::{DecidedBy as Source, Failure, OnFailure};
 use crate::semaphore::{self, Acquire, PermitLease};
 
 /// At most `permits` requests in flight per key (a tenant, a user, one

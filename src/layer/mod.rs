@@ -4,7 +4,9 @@
 //!
 //! [`RateLimitLayer`] runs a [`Limiter`] or a [`MultiLimiter`] before the
 //! inner service, with a key taken from the request (client IP, a header, an
-//! authenticated user in the request extensions) and an optional cost:
+//! authenticated user in the request extensions) and an optional cost. The
+//! key function returns `None` for a request that is not limited (a health
+//! check, an internal caller): it passes untouched, without headers.
 //!
 //! * admitted: the inner service runs, and its response gets the
 //!   `RateLimit-Policy` and `RateLimit` headers;
@@ -18,7 +20,7 @@
 //!   `Retry-After`; any other invalid input (an empty key): `500`.
 //!
 //! The handler can read where the decision came from: the layer inserts the
-//! [`Source`] into the request's extensions.
+//! [`DecidedBy`] into the request's extensions.
 //!
 //! It is a plain `tower::Layer` over `http::Request` and `http::Response`,
 //! so it works with axum 0.8 (`Router::layer`), hyper (through
@@ -35,8 +37,11 @@
 //! let app: Router = Router::new()
 //!     .route("/", get(|| async { "hello" }))
 //!     .layer(RateLimitLayer::new(conn, limiter, |req| {
+//!         if req.uri.path() == "/health" {
+//!             return None; // not limited
+//!         }
 //!         let user = req.headers.get("x-user").and_then(|v| v.to_str().ok());
-//!         format!("rl:user:{}", user.unwrap_or("anonymous"))
+//!         Some(format!("rl:user:{}", user.unwrap_or("anonymous")))
 //!     }));
 //! # Ok(()) }
 //! ```
@@ -63,20 +68,22 @@ mod concurrency;
 
 pub use concurrency::{ConcurrencyLimitLayer, ConcurrencyLimitService};
 
-use crate::policy::{Guard, OnFailure, Source};
-use crate::rate::{Headers, Limiter, MultiLimiter};
-use crate::Error;
+use crate::policy::{DecidedBy, Guard, OnFailure};
+use crate::rate::{Headers, Limiter, MultiKey, MultiLimiter};
+use crate::{Error, Result};
 
 /// How long the default guard waits for Redis.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
 
 type KeyFn = dyn Fn(&Parts) -> String + Send + Sync;
+type OptionalKeyFn = dyn Fn(&Parts) -> Option<String> + Send + Sync;
+type MultiKeyFn = dyn Fn(&Parts) -> Option<MultiKey> + Send + Sync;
 type CostFn = dyn Fn(&Parts) -> u64 + Send + Sync;
 
 #[derive(Clone)]
 enum Limits {
-    One(Limiter),
-    Multi(MultiLimiter, Vec<String>),
+    One(Limiter, Arc<OptionalKeyFn>),
+    Multi(MultiLimiter, Arc<MultiKeyFn>),
 }
 
 /// Cloned only by a builder call on a layer that was already cloned, so that
@@ -85,7 +92,6 @@ enum Limits {
 struct Shared<C> {
     conn: C,
     limits: Limits,
-    key: Arc<KeyFn>,
     cost: Option<Arc<CostFn>>,
     guard: Guard,
 }
@@ -108,8 +114,8 @@ impl<C> fmt::Debug for RateLimitLayer<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut d = f.debug_struct("RateLimitLayer");
         match &self.shared.limits {
-            Limits::One(l) => d.field("limiter", l),
-            Limits::Multi(l, shared) => d.field("limiter", l).field("shared_keys", shared),
+            Limits::One(l, _) => d.field("limiter", l),
+            Limits::Multi(l, _) => d.field("limiter", l),
         };
         d.field("guard", &self.shared.guard).finish_non_exhaustive()
     }
@@ -119,38 +125,69 @@ impl<C> RateLimitLayer<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    /// Limit each request with `limiter` at the Redis key `key(request)`.
+    /// Limit each request with `limiter` at the Redis key `key(request)`;
+    /// a request whose `key` is `None` is not limited.
     ///
     /// `conn` is cloned per request: pass a `MultiplexedConnection` or a
     /// `ConnectionManager` (which reconnects after Redis comes back).
     pub fn new(
         conn: C,
         limiter: Limiter,
-        key: impl Fn(&Parts) -> String + Send + Sync + 'static,
+        key: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static,
     ) -> Self {
-        Self::build(conn, Limits::One(limiter), Arc::new(key))
+        Self::build(conn, Limits::One(limiter, Arc::new(key)))
     }
 
     /// Limit each request with every limit of `limiter` at once, all or
-    /// nothing: its per-user limits at keys derived from `key(request)` and
-    /// its shared limits at `shared_keys` (a global or per-tenant limit).
-    /// Every key must share one cluster slot (put one hash tag in all of
-    /// them); otherwise each request fails before I/O with `500`.
+    /// nothing, at the keys `key(request)` names: the user key its per-user
+    /// limits derive from, and the key of each shared limit by name (a
+    /// per-tenant or global limit, chosen per request). A request whose
+    /// `key` is `None` is not limited. Every key must share one cluster
+    /// slot (put one hash tag in all of them); otherwise the request fails
+    /// before I/O with `500`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] when `limiter` has no limit.
+    ///
+    /// ```
+    /// use nolock::layer::RateLimitLayer;
+    /// use nolock::rate::{Algorithm, MultiKey, MultiLimiter, Quota};
+    ///
+    /// # fn run(conn: redis::aio::MultiplexedConnection) -> nolock::Result<()> {
+    /// let limits = MultiLimiter::new(Algorithm::Gcra)
+    ///     .limit("user", Quota::per_second(10)?)?
+    ///     .shared_limit("tenant", Quota::per_second(100)?)?;
+    /// let layer = RateLimitLayer::multi(conn, limits, |req| {
+    ///     let tenant = req.headers.get("x-tenant")?.to_str().ok()?;
+    ///     let user = req.headers.get("x-user")?.to_str().ok()?;
+    ///     Some(
+    ///         MultiKey::new(&format!("{{{tenant}}}:user:{user}"))
+    ///             .shared("tenant", &format!("{{{tenant}}}:all")),
+    ///     )
+    /// })?;
+    /// # let _ = layer;
+    /// # Ok(()) }
+    /// ```
     pub fn multi(
         conn: C,
         limiter: MultiLimiter,
-        shared_keys: Vec<String>,
-        key: impl Fn(&Parts) -> String + Send + Sync + 'static,
-    ) -> Self {
-        Self::build(conn, Limits::Multi(limiter, shared_keys), Arc::new(key))
+        key: impl Fn(&Parts) -> Option<MultiKey> + Send + Sync + 'static,
+    ) -> Result<Self> {
+        if limiter.is_empty() {
+            return Err(Error::InvalidArgument {
+                what: "limits",
+                reason: "a MultiLimiter needs at least one limit".to_owned(),
+            });
+        }
+        Ok(Self::build(conn, Limits::Multi(limiter, Arc::new(key))))
     }
 
-    fn build(conn: C, limits: Limits, key: Arc<KeyFn>) -> Self {
+    fn build(conn: C, limits: Limits) -> Self {
         RateLimitLayer {
             shared: Arc::new(Shared {
                 conn,
                 limits,
-                key,
                 cost: None,
                 guard: Guard::unchecked(DEFAULT_TIMEOUT, OnFailure::Closed),
             }),
@@ -223,23 +260,29 @@ impl<C> Shared<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    async fn decide(&self, parts: &Parts) -> (Verdict, Option<Source>) {
-        let key = (self.key)(parts);
-        let cost = self.cost.as_ref().map_or(1, |f| f(parts));
+    async fn decide(&self, parts: &Parts) -> (Verdict, Option<DecidedBy>) {
+        let cost = || self.cost.as_ref().map_or(1, |f| f(parts));
         let mut conn = self.conn.clone();
         let (guarded, headers) = match &self.limits {
-            Limits::One(limiter) => match self.guard.check(limiter, &mut conn, &key, cost).await {
-                Ok(g) => {
-                    let headers = g.decision().map(|d| limiter.headers(d));
-                    (Ok((g.allowed(), g.source())), headers)
+            Limits::One(limiter, key) => {
+                let Some(key) = key(parts) else {
+                    return (Verdict::Pass(None), None);
+                };
+                match self.guard.check(limiter, &mut conn, &key, cost()).await {
+                    Ok(g) => {
+                        let headers = g.decision().map(|d| limiter.headers(d));
+                        (Ok((g.allowed(), g.source())), headers)
+                    }
+                    Err(e) => (Err(e), None),
                 }
-                Err(e) => (Err(e), None),
-            },
-            Limits::Multi(limiter, shared) => {
-                let shared: Vec<&str> = shared.iter().map(String::as_str).collect();
+            }
+            Limits::Multi(limiter, key) => {
+                let Some(key) = key(parts) else {
+                    return (Verdict::Pass(None), None);
+                };
                 match self
                     .guard
-                    .check_multi(limiter, &mut conn, &key, &shared, cost)
+                    .check_multi(limiter, &mut conn, key, cost())
                     .await
                 {
                     Ok(g) => {
@@ -252,9 +295,9 @@ where
         };
         match guarded {
             Ok((true, source)) => (Verdict::Pass(headers), Some(source)),
-            Ok((false, Source::Closed)) => (
+            Ok((false, DecidedBy::Closed)) => (
                 Verdict::Refuse(StatusCode::SERVICE_UNAVAILABLE, None),
-                Some(Source::Closed),
+                Some(DecidedBy::Closed),
             ),
             Ok((false, source)) => (
                 Verdict::Refuse(StatusCode::TOO_MANY_REQUESTS, headers),
@@ -293,9 +336,10 @@ where
 {
     type Response = Response<ResBody>;
     type Error = S::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+    type Future =
+        Pin<Box<dyn Future<Output = std::result::Result<Self::Response, Self::Error>> + Send>>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<std::result::Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
     }
 

@@ -56,7 +56,7 @@ use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 
-use crate::rate::{Limiter, MultiLimiter, MultiRateLimit, RateLimit};
+use crate::rate::{Decision, Limiter, MultiKey, MultiLimiter, MultiRateLimit};
 use crate::{observe, validate, Error, Result};
 
 mod local;
@@ -104,7 +104,7 @@ impl std::fmt::Display for Failure {
 /// Where a [`Guarded`] decision came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
-pub enum Source {
+pub enum DecidedBy {
     /// The Redis script decided.
     Redis,
     /// The per-process limiter decided ([`OnFailure::Local`]).
@@ -115,15 +115,15 @@ pub enum Source {
     Closed,
 }
 
-impl Source {
+impl DecidedBy {
     /// `"redis"`, `"local"`, `"fail_open"` or `"fail_closed"`: the label
     /// used in metrics.
     pub const fn name(self) -> &'static str {
         match self {
-            Source::Redis => "redis",
-            Source::Local => "local",
-            Source::Open => "fail_open",
-            Source::Closed => "fail_closed",
+            DecidedBy::Redis => "redis",
+            DecidedBy::Local => "local",
+            DecidedBy::Open => "fail_open",
+            DecidedBy::Closed => "fail_closed",
         }
     }
 }
@@ -157,12 +157,12 @@ pub enum Guarded<T> {
 
 impl<T> Guarded<T> {
     /// Where the decision came from.
-    pub fn source(&self) -> Source {
+    pub fn source(&self) -> DecidedBy {
         match self {
-            Guarded::Redis(_) => Source::Redis,
-            Guarded::Local { .. } => Source::Local,
-            Guarded::Open { .. } => Source::Open,
-            Guarded::Closed { .. } => Source::Closed,
+            Guarded::Redis(_) => DecidedBy::Redis,
+            Guarded::Local { .. } => DecidedBy::Local,
+            Guarded::Open { .. } => DecidedBy::Open,
+            Guarded::Closed { .. } => DecidedBy::Closed,
         }
     }
 
@@ -186,11 +186,11 @@ impl<T> Guarded<T> {
     }
 }
 
-impl Guarded<RateLimit> {
+impl Guarded<Decision> {
     /// True when the request may go ahead.
     pub fn allowed(&self) -> bool {
         self.decision()
-            .map_or(self.source() == Source::Open, |d| d.allowed)
+            .map_or(self.source() == DecidedBy::Open, |d| d.allowed)
     }
 }
 
@@ -198,7 +198,7 @@ impl Guarded<MultiRateLimit> {
     /// True when the request may go ahead.
     pub fn allowed(&self) -> bool {
         self.decision()
-            .map_or(self.source() == Source::Open, |d| d.allowed)
+            .map_or(self.source() == DecidedBy::Open, |d| d.allowed)
     }
 }
 
@@ -261,24 +261,30 @@ impl Guard {
     /// # Errors
     ///
     /// Only invalid input, before any I/O (as [`Limiter::check`]): Redis
-    /// failures become fallback decisions.
+    /// failures become fallback decisions. Under [`OnFailure::Local`], a
+    /// cost above the local share of the burst (the burst divided by the
+    /// replicas, at least one) is [`Error::InsufficientCapacity`] when the
+    /// fallback decides: it could never be admitted locally, so no
+    /// `retry_after` is promised.
     pub async fn check<C>(
         &self,
         limiter: &Limiter,
         conn: &mut C,
         key: &str,
         cost: u64,
-    ) -> Result<Guarded<RateLimit>>
+    ) -> Result<Guarded<Decision>>
     where
         C: ConnectionLike + Send,
     {
         let quota = *limiter.quota();
         self.run(limiter.check(conn, key, cost), || {
-            let (_, mut limits) = self.local.decide(&[(key, &quota)], cost);
-            limits.pop().ok_or_else(|| Error::UnexpectedReply {
+            let (_, mut limits) = self.local.decide(&[(key, &quota)], cost)?;
+            let decided = limits.pop().ok_or_else(|| Error::UnexpectedReply {
                 script: "policy/local",
                 detail: "no limit decided".into(),
-            })
+            })?;
+            // Nothing was taken in Redis: a local decision carries no charge.
+            Ok(Decision::uncharged(decided))
         })
         .await
     }
@@ -293,26 +299,22 @@ impl Guard {
         &self,
         limiter: &MultiLimiter,
         conn: &mut C,
-        key: &str,
-        shared_keys: &[&str],
+        key: impl Into<MultiKey>,
         cost: u64,
     ) -> Result<Guarded<MultiRateLimit>>
     where
         C: ConnectionLike + Send,
     {
-        let keys = limiter.keys(key, shared_keys)?;
-        self.run(limiter.check(conn, key, shared_keys, cost), || {
+        let key = key.into();
+        let keys = limiter.keys(&key)?;
+        self.run(limiter.check(conn, key, cost), || {
             let limits: Vec<(&str, _)> = keys
                 .iter()
                 .map(String::as_str)
                 .zip(limiter.quotas())
                 .collect();
-            let (allowed, limits) = self.local.decide(&limits, cost);
-            Ok(MultiRateLimit {
-                allowed,
-                denied_by: limits.iter().position(|l| !l.allowed),
-                limits,
-            })
+            let (allowed, limits) = self.local.decide(&limits, cost)?;
+            Ok(MultiRateLimit::uncharged(allowed, limits))
         })
         .await
     }
@@ -384,18 +386,18 @@ mod tests {
 
         let closed = Guard::new(ms, OnFailure::Closed).unwrap();
         let g = closed.check(&limiter, &mut conn, "k", 1).await.unwrap();
-        assert!(!g.allowed() && g.source() == Source::Closed && g.decision().is_none());
+        assert!(!g.allowed() && g.source() == DecidedBy::Closed && g.decision().is_none());
         assert!(matches!(g.cause(), Some(Failure::Redis(_))));
 
         let open = Guard::new(ms, OnFailure::Open).unwrap();
         let g = open.check(&limiter, &mut conn, "k", 1).await.unwrap();
-        assert!(g.allowed() && g.source() == Source::Open);
+        assert!(g.allowed() && g.source() == DecidedBy::Open);
 
         let local = Guard::new(ms, OnFailure::Local { replicas: two }).unwrap();
         let mut allowed = 0;
         for _ in 0..5 {
             let g = local.check(&limiter, &mut conn, "k", 1).await.unwrap();
-            assert_eq!(g.source(), Source::Local);
+            assert_eq!(g.source(), DecidedBy::Local);
             allowed += usize::from(g.allowed());
         }
         assert_eq!(allowed, 2, "4 per second over 2 replicas: a burst of 2");
@@ -426,7 +428,12 @@ mod tests {
         let mut allowed = 0;
         for _ in 0..3 {
             let g = guard
-                .check_multi(&limiter, &mut conn, "{t}:u", &["{t}:all"], 1)
+                .check_multi(
+                    &limiter,
+                    &mut conn,
+                    MultiKey::new("{t}:u").shared("all", "{t}:all"),
+                    1,
+                )
                 .await
                 .unwrap();
             allowed += usize::from(g.allowed());

@@ -12,23 +12,39 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use redis::aio::ConnectionLike;
 
-use super::{Algorithm, Limiter, RateLimit};
+use super::{Algorithm, Charge, Limiter, RateLimit};
 use crate::script::{embedded, Invocation, Reply, Script};
 use crate::{validate, Error, Result};
 
 static GCRA: Script = embedded!("rate/gcra/check_at_most");
 static TOKEN_BUCKET: Script = embedded!("rate/token_bucket/check_at_most");
 
-/// The answer of [`Limiter::check_at_most`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The answer of [`Limiter::check_at_most`]: a partial grant.
+///
+/// Not `Copy` and not `Clone`: when units were granted it carries their
+/// [`Charge`] (of cost `granted`), to give back what goes unused.
+#[derive(Debug, PartialEq, Eq)]
 #[must_use = "only the granted units may be used"]
-pub struct Grant {
+pub struct Partial {
     /// Units taken by this call: `min(max, available)`, possibly 0.
     pub granted: u64,
     /// The limiter after the call: `allowed` is `granted > 0`, `remaining`
     /// what still fits, `retry_after` (when nothing was granted) how long
     /// until one unit fits. Pass it to [`Limiter::headers`].
     pub state: RateLimit,
+    charge: Option<Charge>,
+}
+
+impl Partial {
+    /// The charge of the granted units, when any were granted.
+    pub fn charge_mut(&mut self) -> Option<&mut Charge> {
+        self.charge.as_mut()
+    }
+
+    /// The charge of the granted units, to keep beyond the answer.
+    pub fn into_charge(self) -> Option<Charge> {
+        self.charge
+    }
 }
 
 impl Limiter {
@@ -59,15 +75,20 @@ impl Limiter {
     /// println!("send {} now, {} wait", grant.granted, queued - grant.granted);
     /// # Ok(()) }
     /// ```
-    pub async fn check_at_most<C>(&self, conn: &mut C, key: &str, max: u64) -> Result<Grant>
+    pub async fn check_at_most<C>(&self, conn: &mut C, key: &str, max: u64) -> Result<Partial>
     where
         C: ConnectionLike + Send,
     {
         let call = at_most_call(self, key, max)?;
+        let issuer = self.issuer(key, max);
         let value = call.run(conn).await?;
-        let grant = decode(call.script().name(), value, self.quota().burst(), max)?;
-        crate::observe::decision(self.name(), grant.granted > 0);
-        Ok(grant)
+        let (granted, state) = decode(call.script().name(), value, self.quota().burst(), max)?;
+        crate::observe::decision(self.name(), granted > 0);
+        Ok(Partial {
+            granted,
+            state,
+            charge: (granted > 0).then(|| issuer.charge(granted, state.at, state.reset_after)),
+        })
     }
 }
 
@@ -92,7 +113,12 @@ fn at_most_call(limiter: &Limiter, key: &str, max: u64) -> Result<Invocation> {
 }
 
 /// Decodes `{granted, now, remaining, retry_after, reset_after}`.
-fn decode(script: &'static str, value: redis::Value, limit: u64, max: u64) -> Result<Grant> {
+fn decode(
+    script: &'static str,
+    value: redis::Value,
+    limit: u64,
+    max: u64,
+) -> Result<(u64, RateLimit)> {
     let mut reply = Reply::new(script, value)?;
     let granted = reply.uint()?;
     let at = UNIX_EPOCH + Duration::from_micros(reply.uint()?);
@@ -110,19 +136,17 @@ fn decode(script: &'static str, value: redis::Value, limit: u64, max: u64) -> Re
             })
         }
     };
-    Ok(Grant {
+    Ok((
         granted,
-        state: RateLimit {
+        RateLimit {
             allowed: granted > 0,
             limit,
             remaining,
             retry_after,
             reset_after: Duration::from_millis(reset),
             at,
-            // A refund of a grant gives back at most what was granted.
-            charged: granted,
         },
-    })
+    ))
 }
 
 #[cfg(test)]
@@ -164,15 +188,12 @@ mod tests {
     #[test]
     fn decodes_grants_and_refuses_inconsistent_ones() {
         let arr = |v: [i64; 5]| redis::Value::Array(v.iter().map(|&x| Int(x)).collect());
-        let g = decode("t", arr([7, 1_000_000, 0, -1, 1000]), 10, 20).unwrap();
-        assert_eq!(
-            (g.granted, g.state.allowed, g.state.remaining),
-            (7, true, 0)
-        );
-        assert_eq!(g.state.retry_after, None);
-        let none = decode("t", arr([0, 1_000_000, 0, 100, 1000]), 10, 20).unwrap();
-        assert_eq!(none.state.retry_after, Some(Duration::from_millis(100)));
-        assert!(!none.state.allowed);
+        let (granted, state) = decode("t", arr([7, 1_000_000, 0, -1, 1000]), 10, 20).unwrap();
+        assert_eq!((granted, state.allowed, state.remaining), (7, true, 0));
+        assert_eq!(state.retry_after, None);
+        let (_, none) = decode("t", arr([0, 1_000_000, 0, 100, 1000]), 10, 20).unwrap();
+        assert_eq!(none.retry_after, Some(Duration::from_millis(100)));
+        assert!(!none.allowed);
         assert!(decode("t", arr([0, 1, 0, -1, 0]), 10, 20).is_err());
         assert!(decode("t", arr([3, 1, 0, 5, 0]), 10, 20).is_err());
         assert!(

@@ -1,11 +1,14 @@
 //! A per-process memory of recent denials ([`Limiter::with_local_deny_cache`]).
 //!
 //! After the server denies `cost` units at `key` with `retry_after = r`, a
-//! check of `key` for `cost` or more units sent within `r` of the first
-//! request's *sending* would be denied by the server too (nothing but a
-//! refund frees capacity sooner), so it is answered here, without a round
-//! trip. Measuring `r` from the moment the denied request was sent, before
-//! the server decided, keeps the local answer from outliving the server's.
+//! check of `key` for `cost` or more units sent within `r - 1 ms` of the
+//! first request's *sending* would be denied by the server too (nothing but
+//! a refund or a reset frees capacity sooner), so it is answered here,
+//! without a round trip. `r` is rounded up to the millisecond, so the
+//! server's own wait is more than `r - 1 ms`; measuring from the moment the
+//! denied request was sent, before the server decided, keeps the local
+//! answer from outliving the server's. A refund through one of the
+//! limiter's charges, and the limiter's `reset`, forget the key's entry.
 //! An admission that left the limiter empty is remembered the same way, as
 //! a denial of one unit or more until one unit fits again (the limiter
 //! computes that time from the reply and its quota, rounding down).
@@ -24,6 +27,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::RateLimit;
+
+const MS: Duration = Duration::from_millis(1);
 
 /// One remembered denial.
 #[derive(Debug, Clone, Copy)]
@@ -102,11 +107,11 @@ impl DenyCache {
         }
         let mut decision = *decision;
         let (retry, cost) = match (decision.allowed, decision.retry_after, empty_for) {
-            (false, Some(r), _) if !r.is_zero() => (r, cost),
+            // Rounded up by the server: its own wait is more than r - 1 ms.
+            (false, Some(r), _) if r > MS => (r - MS, cost),
             (true, _, Some(wait)) if decision.remaining == 0 && !wait.is_zero() => {
                 // Replayed as the denial the server would give.
                 decision.allowed = false;
-                decision.charged = 0;
                 decision.retry_after = Some(wait);
                 (wait, 1)
             }
@@ -142,6 +147,15 @@ impl DenyCache {
         );
     }
 
+    /// Forget `key`'s entry: a refund or a reset made room the entry does
+    /// not know of.
+    pub(super) fn forget(&self, key: &str) {
+        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(old) = entries.by_key.remove(key) {
+            entries.by_expiry.remove(&(old.until, old.seq));
+        }
+    }
+
     #[cfg(test)]
     fn len(&self) -> usize {
         let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
@@ -163,19 +177,19 @@ mod tests {
             retry_after: Some(Duration::from_millis(retry_ms)),
             reset_after: Duration::from_millis(retry_ms),
             at: SystemTime::UNIX_EPOCH,
-            charged: 0,
         }
     }
 
     #[test]
-    fn a_denial_covers_its_cost_and_more_until_retry_after_from_sending() {
+    fn a_denial_covers_its_cost_and_more_until_retry_after_less_a_millisecond_from_sending() {
         let cache = DenyCache::new(8);
         let sent = Instant::now();
         cache.record("k", 3, &denial(100), sent, None);
         let soon = sent + Duration::from_millis(40);
         let local = cache.denied("k", 3, soon).expect("covered");
         assert!(!local.allowed);
-        assert_eq!(local.retry_after, Some(Duration::from_millis(60)));
+        // The server's 100 ms is rounded up: its own wait may be 99.001 ms.
+        assert_eq!(local.retry_after, Some(Duration::from_millis(59)));
         assert_eq!(local.reset_after, Duration::from_millis(60));
         assert!(cache.denied("k", 5, soon).is_some(), "a larger cost too");
         assert!(
@@ -184,8 +198,24 @@ mod tests {
         );
         assert!(cache.denied("other", 3, soon).is_none());
         assert!(cache
-            .denied("k", 3, sent + Duration::from_millis(100))
+            .denied("k", 3, sent + Duration::from_millis(99))
             .is_none());
+        // A 1 ms denial may already be over when its reply arrives.
+        cache.record("short", 1, &denial(1), sent, None);
+        assert!(cache.denied("short", 1, sent).is_none());
+    }
+
+    #[test]
+    fn a_forgotten_key_goes_to_the_server_again() {
+        let cache = DenyCache::new(8);
+        let sent = Instant::now();
+        cache.record("k", 1, &denial(100), sent, None);
+        cache.record("j", 1, &denial(100), sent, None);
+        cache.forget("k");
+        cache.forget("absent");
+        assert!(cache.denied("k", 1, sent).is_none());
+        assert!(cache.denied("j", 1, sent).is_some());
+        assert_eq!(cache.len(), 1);
     }
 
     #[test]
@@ -208,13 +238,11 @@ mod tests {
         let mut admitted = denial(0);
         admitted.allowed = true;
         admitted.retry_after = None;
-        admitted.charged = 1;
         cache.record("k", 1, &admitted, sent, Some(Duration::from_millis(50)));
         let local = cache
             .denied("k", 1, sent + Duration::from_millis(20))
             .expect("covered");
         assert!(!local.allowed);
-        assert_eq!(local.charged, 0, "a local denial charges nothing");
         assert_eq!(local.retry_after, Some(Duration::from_millis(30)));
         assert!(cache
             .denied("k", 1, sent + Duration::from_millis(50))

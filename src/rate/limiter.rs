@@ -2,11 +2,14 @@
 
 use redis::aio::ConnectionLike;
 
+use std::fmt;
+use std::ops::Deref;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::charge::{next_id, Issuer};
 use super::deny_cache::DenyCache;
-use super::{headers, Algorithm, Headers, Quota, RateLimit, Refund};
+use super::{headers, Algorithm, Charge, Headers, Quota, RateLimit};
 use crate::script::{run_one, Invocation, Operation};
 use crate::{validate, Error, Result};
 
@@ -82,13 +85,16 @@ impl Limiter {
     /// quota then costs Redis about one call per admission, instead of one
     /// per request.
     ///
-    /// The cache never admits, and never outlives the server's answer: `r`
-    /// counts from when the denied request was *sent*, before the server
-    /// decided. What it gives up: a refund (or a `reset`) elsewhere cannot
-    /// shorten a cached denial. Each entry expires on its own; when the
-    /// cache is full, the denial closest to its end makes room. Clones share
-    /// the cache. [`Limiter::peek`], refunds and batched [`Check`]s do not
-    /// use it.
+    /// The cache never admits, and never outlives the server's answer: a
+    /// denial is kept for `r` less 1 ms (the server rounds `r` up) from
+    /// when the denied request was *sent*, before the server decided. A
+    /// refund through one of this limiter's charges ([`Charge::refund`])
+    /// and [`Limiter::reset`] forget the key's entry, so the next check
+    /// asks the server; a refund or reset made by another process cannot
+    /// reach this cache, and its denial then lasts at most `r`. Each entry
+    /// expires on its own; when the cache is full, the denial closest to
+    /// its end makes room. Clones share the cache. [`Limiter::peek`] and
+    /// batched [`Check`]s do not use it.
     ///
     /// ```
     /// use nolock::rate::{Algorithm, Limiter, Quota};
@@ -115,6 +121,18 @@ impl Limiter {
             name: valid_name(name)?,
             ..self
         })
+    }
+
+    /// What a check of `cost` at `key` needs to hand out its charge.
+    pub(super) fn issuer(&self, key: &str, cost: u64) -> Issuer {
+        Issuer {
+            id: next_id(),
+            algorithm: self.algorithm,
+            quotas: vec![self.quota],
+            keys: vec![key.to_owned()],
+            cost,
+            cache: self.denials.as_ref().map(|d| Arc::clone(&d.0)),
+        }
     }
 
     /// The algorithm.
@@ -158,21 +176,21 @@ impl Limiter {
     /// assert!(d.remaining <= 100);
     /// # Ok(()) }
     /// ```
-    pub async fn check<C>(&self, conn: &mut C, key: &str, cost: u64) -> Result<RateLimit>
+    pub async fn check<C>(&self, conn: &mut C, key: &str, cost: u64) -> Result<Decision>
     where
         C: ConnectionLike + Send,
     {
         let Some(Denials(cache)) = &self.denials else {
-            return self.decide(conn, key, cost, false).await;
+            return run_one(&Check::new(self, key, cost)?, conn).await;
         };
         // Input errors come first, as without the cache.
-        let check = Check::build(self, key, cost, false)?;
+        let check = Check::new(self, key, cost)?;
         let sent = Instant::now();
         if let Some(local) = cache.denied(key, cost, sent) {
-            return Ok(local);
+            crate::observe::decision(&self.name, false);
+            return Ok(Decision::uncharged(local));
         }
         let decision = run_one(&check, conn).await?;
-        crate::observe::decision(&self.name, decision.allowed);
         cache.record(key, cost, &decision, sent, self.empty_for(&decision));
         Ok(decision)
     }
@@ -223,89 +241,15 @@ impl Limiter {
     where
         C: ConnectionLike + Send,
     {
-        self.decide(conn, key, cost, true).await
-    }
-
-    async fn decide<C>(&self, conn: &mut C, key: &str, cost: u64, peek: bool) -> Result<RateLimit>
-    where
-        C: ConnectionLike + Send,
-    {
-        let decision = run_one(&Check::build(self, key, cost, peek)?, conn).await?;
-        if !peek {
-            crate::observe::decision(&self.name, decision.allowed);
-        }
-        Ok(decision)
-    }
-
-    /// Give back `amount` units of an admitted check (`charge`, the
-    /// decision it returned), for example when the work they paid for was
-    /// not done. Returns what was given back and what fits now, and lowers
-    /// `charge.charged` by what was given back, so a later refund of the
-    /// same decision can only give back the rest.
-    ///
-    /// After [`Error::Indeterminate`] a second refund may give the units
-    /// back twice: to send it again safely, use the operation value
-    /// [`RefundCharge`] with an operation id.
-    ///
-    /// A refund undoes only what the charge still holds, so it can never
-    /// leave more room than there would be had the refunded units never been
-    /// charged, however refunds and checks interleave:
-    ///
-    /// * GCRA and token bucket: a charge of `c` units drains one unit per
-    ///   emission interval from its own arrival; only the part not yet
-    ///   drained comes back (`min(amount, c - elapsed / T)`). A refund after
-    ///   the limiter would have refilled anyway gives back nothing.
-    /// * Fixed window: only while the charge's window is still the current
-    ///   one; a refund after that window ended gives back nothing (it never
-    ///   lands in the next window).
-    /// * Sliding window: from the window that counted the charge (current or
-    ///   previous), while it still counts.
-    ///
-    /// The server does not remember refunds: a copy of the decision taken
-    /// before a refund (`RateLimit` is `Copy`) can be refunded again. Keep
-    /// one decision per charge and refund through it.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::EmptyKey`], [`Error::ZeroLimit`] (`amount` 0),
-    /// [`Error::InvalidArgument`] (the charge was denied, a peek, or
-    /// refunded in full; or `amount` is above what it holds), before any
-    /// I/O; [`Error::Redis`]
-    /// (also when the key holds data nolock did not write; nothing is
-    /// changed then) and [`Error::Indeterminate`] from Redis. Retrying after
-    /// [`Error::Indeterminate`] may refund twice.
-    ///
-    /// # Example
-    ///
-    /// ```no_run
-    /// # async fn run(conn: &mut redis::aio::MultiplexedConnection, limiter: &nolock::rate::Limiter)
-    /// #     -> nolock::Result<()> {
-    /// let mut d = limiter.check(conn, "rl:user:42", 5).await?;
-    /// if d.allowed {
-    ///     let upstream_failed = true; // the work was not done
-    ///     if upstream_failed {
-    ///         let r = limiter.refund(conn, "rl:user:42", &mut d, 5).await?;
-    ///         println!("{} units back, {} fit now", r.credited, r.remaining);
-    ///     }
-    /// }
-    /// # Ok(()) }
-    /// ```
-    pub async fn refund<C>(
-        &self,
-        conn: &mut C,
-        key: &str,
-        charge: &mut RateLimit,
-        amount: u64,
-    ) -> Result<Refund>
-    where
-        C: ConnectionLike + Send,
-    {
-        let refund = run_one(&RefundCharge::new(self, key, charge, amount)?, conn).await?;
-        refund.apply_to(charge);
-        Ok(refund)
+        Ok(run_one(&Check::build(self, key, cost, true)?, conn)
+            .await?
+            .rate)
     }
 
     /// Forget the state at `key`: the limiter is full again. Idempotent.
+    /// This limiter's cached denials of `key` are forgotten too
+    /// ([`Limiter::with_local_deny_cache`]); a reset made by another process
+    /// cannot reach this process's cache.
     ///
     /// # Errors
     ///
@@ -325,31 +269,32 @@ impl Limiter {
         C: ConnectionLike + Send,
     {
         validate::key(key)?;
-        super::reset(conn, &[key]).await
+        if let Some(Denials(cache)) = &self.denials {
+            cache.forget(key);
+        }
+        super::reset(conn, &[key]).await?;
+        // A check that was in flight during the reset may have cached a
+        // denial the reset has since made stale.
+        if let Some(Denials(cache)) = &self.denials {
+            cache.forget(key);
+        }
+        Ok(())
     }
 
     /// The `RateLimit-Policy`, `RateLimit` and `Retry-After` header values for
     /// a decision of this limiter. See [`headers`](super::headers).
     ///
-    /// ```
-    /// use std::time::{Duration, UNIX_EPOCH};
-    /// use nolock::rate::{Algorithm, Limiter, Quota, RateLimit};
+    /// ```no_run
+    /// use nolock::rate::{Algorithm, Limiter, Quota};
     ///
-    /// # fn main() -> nolock::Result<()> {
+    /// # async fn run(conn: &mut redis::aio::MultiplexedConnection) -> nolock::Result<()> {
     /// let limiter = Limiter::new(Algorithm::FixedWindow, Quota::per_minute(100)?)?;
-    /// let denied = RateLimit {
-    ///     allowed: false,
-    ///     limit: 100,
-    ///     remaining: 0,
-    ///     retry_after: Some(Duration::from_millis(29_001)),
-    ///     reset_after: Duration::from_millis(29_001),
-    ///     at: UNIX_EPOCH,
-    ///     charged: 0,
-    /// };
-    /// let h = limiter.headers(&denied);
+    /// let decision = limiter.check(conn, "rl:user:42", 1).await?;
+    /// let h = limiter.headers(&decision);
     /// assert_eq!(h.policy, r#""default";q=100;w=60"#);
-    /// assert_eq!(h.rate_limit, r#""default";r=0;t=30"#);
-    /// assert_eq!(h.retry_after.as_deref(), Some("30"));
+    /// // e.g. `"default";r=99;t=60`, and after a denial `"default";r=0;t=30`
+    /// // with `Retry-After: 30`.
+    /// println!("{} / {} / {:?}", h.policy, h.rate_limit, h.retry_after);
     /// # Ok(()) }
     /// ```
     pub fn headers(&self, decision: &RateLimit) -> Headers {
@@ -380,12 +325,19 @@ impl Limiter {
 /// }
 /// # Ok(()) }
 /// ```
+///
+/// Each `Check` value is one charge: an admission it answers carries a
+/// [`Charge`] with the id drawn when the value was built. Build one value
+/// per request; running one value twice (without an operation id) takes
+/// its cost twice, but both admissions share one charge id, so refunds of
+/// the two give back at most one cost in total.
 #[derive(Debug, Clone)]
 pub struct Check {
     call: Invocation,
     quota: Quota,
-    /// What an admitted call takes (0 for a peek).
-    cost: u64,
+    name: String,
+    /// `None` for a peek: it charges nothing.
+    issuer: Option<Issuer>,
 }
 
 impl Check {
@@ -413,112 +365,114 @@ impl Check {
         validate::key(key)?;
         let quotas = [limiter.quota];
         let call = super::decide_call(limiter.algorithm, peek, &[key], &quotas, cost)?;
+        let issuer = (!peek).then(|| limiter.issuer(key, cost));
         Ok(Check {
             call,
             quota: limiter.quota,
-            cost: if peek { 0 } else { cost },
+            name: limiter.name.clone(),
+            issuer,
         })
     }
 }
 
 impl Operation for Check {
-    type Output = RateLimit;
+    type Output = Decision;
 
     fn invocation(&self) -> &Invocation {
         &self.call
     }
 
-    fn decode(&self, reply: redis::Value) -> Result<RateLimit> {
+    fn decode(&self, reply: redis::Value) -> Result<Decision> {
         let script = self.call.script().name();
-        let decision = super::decode_decision(script, reply, &[self.quota], self.cost)?;
-        decision
+        let decided = super::decode_decision(script, reply, &[self.quota])?;
+        let rate = *decided
             .limits
-            .into_iter()
-            .next()
+            .first()
             .ok_or_else(|| Error::UnexpectedReply {
                 script,
                 detail: "no limit in the reply".to_owned(),
-            })
+            })?;
+        let charge = match &self.issuer {
+            Some(issuer) => {
+                crate::observe::decision(&self.name, rate.allowed);
+                rate.allowed
+                    .then(|| issuer.charge(issuer.cost, rate.at, rate.reset_after))
+            }
+            None => None,
+        };
+        Ok(Decision { rate, charge })
     }
 }
 
-/// A refund of an admitted [`Limiter::check`], as an operation value: for a
-/// [`Batch`](crate::Batch), or to give it an operation id
-/// ([`Operation::idempotent`]) so that a refund whose reply was lost can be
-/// sent again ([`crate::retry::retry`]) without giving the units back twice.
+/// The answer of [`Limiter::check`] (and of a [`Check`]): what the limiter
+/// said ([`RateLimit`], which this dereferences to: `decision.allowed`,
+/// `decision.remaining`, ...) and, when it admitted, the [`Charge`] that can
+/// give the units back.
 ///
-/// It gives back what [`Limiter::refund`] would, but it cannot lower the
-/// charge it was built from: apply each answer with [`Refund::apply_to`].
-/// The charge's state when the operation was built is part of its
-/// arguments, so resends of one operation value (with one id) are answered
-/// from the first run's record.
+/// Not `Copy` and not `Clone`: it carries the charge. Copy out the
+/// information with `*decision` (a [`RateLimit`]); take the charge with
+/// [`Decision::into_charge`].
 ///
 /// ```no_run
-/// use std::time::Duration;
-/// use nolock::rate::{Algorithm, Limiter, Quota, RefundCharge};
-/// use nolock::retry::{retry, RetryPolicy};
-/// use nolock::Operation;
-///
-/// # async fn run(conn: &mut redis::aio::ConnectionManager) -> nolock::Result<()> {
-/// let exports = Limiter::new(Algorithm::Gcra, Quota::per_minute(10)?)?;
-/// let mut charge = exports.check(conn, "rl:exports:7", 1).await?;
-/// if charge.allowed {
-///     // The export failed before doing anything: give the unit back, once.
-///     let refund = RefundCharge::new(&exports, "rl:exports:7", &charge, 1)?
-///         .idempotent("export-81f2:refund")?;
-///     let given = retry(&RetryPolicy::new(Duration::from_secs(2)), conn, &refund).await?;
-///     given.apply_to(&mut charge);
+/// # async fn run(conn: &mut redis::aio::MultiplexedConnection, limiter: &nolock::rate::Limiter)
+/// #     -> nolock::Result<()> {
+/// let decision = limiter.check(conn, "rl:user:42", 1).await?;
+/// if !decision.allowed {
+///     println!("429, retry in {:?}", decision.retry_after);
 /// }
+/// let info: nolock::rate::RateLimit = *decision; // the information, Copy
+/// # let _ = info;
 /// # Ok(()) }
 /// ```
-#[derive(Debug, Clone)]
-pub struct RefundCharge {
-    call: Invocation,
+#[derive(PartialEq, Eq)]
+#[must_use = "a denied request must be turned away"]
+pub struct Decision {
+    rate: RateLimit,
+    charge: Option<Charge>,
 }
 
-impl RefundCharge {
-    /// Give back `amount` of `charge`, the decision `limiter.check` returned
-    /// at `key`.
-    ///
-    /// # Errors
-    ///
-    /// As [`Limiter::refund`] before any I/O: [`Error::EmptyKey`],
-    /// [`Error::ZeroLimit`] (`amount` 0), [`Error::InvalidArgument`] (the
-    /// charge holds nothing, or less than `amount`).
-    pub fn new(
-        limiter: &Limiter,
-        key: &str,
-        charge: &RateLimit,
-        amount: u64,
-    ) -> Result<RefundCharge> {
-        validate::key(key)?;
-        let call = super::refund_call(
-            limiter.algorithm,
-            &[key],
-            &[limiter.quota],
-            std::slice::from_ref(charge),
-            amount,
-        )?;
-        Ok(RefundCharge { call })
+impl Decision {
+    /// A decision that charged nothing (a cached or local denial).
+    pub(crate) fn uncharged(rate: RateLimit) -> Decision {
+        Decision { rate, charge: None }
+    }
+
+    /// The charge, when the check admitted.
+    pub fn charge(&self) -> Option<&Charge> {
+        self.charge.as_ref()
+    }
+
+    /// The charge, to refund in place ([`Charge::refund`]).
+    pub fn charge_mut(&mut self) -> Option<&mut Charge> {
+        self.charge.as_mut()
+    }
+
+    /// The charge, to keep beyond the decision (a job's payload, a guard
+    /// that refunds on failure).
+    pub fn into_charge(self) -> Option<Charge> {
+        self.charge
+    }
+
+    /// The information and the charge, apart.
+    pub fn into_parts(self) -> (RateLimit, Option<Charge>) {
+        (self.rate, self.charge)
     }
 }
 
-impl Operation for RefundCharge {
-    type Output = Refund;
+impl Deref for Decision {
+    type Target = RateLimit;
 
-    fn invocation(&self) -> &Invocation {
-        &self.call
+    fn deref(&self) -> &RateLimit {
+        &self.rate
     }
+}
 
-    fn decode(&self, reply: redis::Value) -> Result<Refund> {
-        let script = self.call.script().name();
-        super::decode_refunds(script, reply, 1)?
-            .into_iter()
-            .next()
-            .ok_or_else(|| Error::UnexpectedReply {
-                script,
-                detail: "no limit in the reply".to_owned(),
-            })
+impl fmt::Debug for Decision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Decision")
+            .field("rate", &self.rate)
+            .field("charge", &self.charge)
+            .finish()
     }
 }
 

@@ -4,18 +4,23 @@
 //! Build a [`Limiter`] once from an [`Algorithm`] and a [`Quota`], then call
 //! [`Limiter::check`] per request. Every algorithm answers with the same
 //! [`RateLimit`]: allowed or not, how much is left, when to retry and when the
-//! limiter is full again, in milliseconds. [`MultiLimiter`] checks several
-//! limits (10 per second *and* 1000 per hour *and* a per-tenant limit) in one
-//! script call, all or nothing. [`Limiter::headers`] renders the IETF
-//! `RateLimit-Policy`, `RateLimit` and `Retry-After` header values.
-//! [`Check`] is [`Limiter::check`] as a value: put many in a [`crate::Batch`]
-//! to check a thousand keys in one round trip per server.
+//! limiter is full again, in milliseconds. An admission also carries a
+//! [`Charge`], the receipt that can give its units back ([`Charge::refund`]):
+//! it names the limiter and key it was taken on, so a refund cannot be
+//! pointed anywhere else, and it is neither `Copy` nor `Clone`; the server
+//! keeps a record per charge, so copies of it (serialized, resent) never give
+//! back more than it took. [`MultiLimiter`] checks several limits (10 per
+//! second *and* 1000 per hour *and* a per-tenant limit) in one script call,
+//! all or nothing. [`Limiter::headers`] renders the IETF `RateLimit-Policy`,
+//! `RateLimit` and `Retry-After` header values. [`Check`] is
+//! [`Limiter::check`] as a value: put many in a [`crate::Batch`] to check a
+//! thousand keys in one round trip per server.
 //!
 //! | call | scripts | what it does |
 //! |---|---|---|
-//! | [`Limiter::check`] | `lua/rate/<algorithm>/check.lua` | take `cost` if it fits; a denial takes nothing |
+//! | [`Limiter::check`] | `lua/rate/<algorithm>/check.lua` | take `cost` if it fits; a denial takes nothing; an admission carries a [`Charge`] |
 //! | [`Limiter::peek`] | `lua/rate/<algorithm>/peek.lua` | what `check` would say; read-only (`EVALSHA_RO`) |
-//! | [`Limiter::refund`] | `lua/rate/<algorithm>/refund.lua` | give units back (work not done) |
+//! | [`Charge::refund`] | `lua/rate/<algorithm>/refund.lua` | give units of that charge back (work not done), at most its cost across every copy |
 //! | [`Limiter::reset`] | `DEL` | forget the state: the limiter is full |
 //! | [`Limiter::check_at_most`] | `lua/rate/{gcra,token_bucket}/check_at_most.lua` | take `min(max, available)`; GCRA and token bucket only |
 //! | [`Limiter::until_ready`] | `check`, repeated | sleep the server's `retry_after` (with jitter) until admitted or a deadline |
@@ -78,11 +83,13 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use redis::aio::ConnectionLike;
+use serde::{Deserialize, Serialize};
 
 use crate::script::{Invocation, Reply, Script};
 use crate::{validate, Error, Result};
 
 mod at_most;
+mod charge;
 mod deny_cache;
 mod fixed_window;
 mod gcra;
@@ -94,15 +101,17 @@ mod sliding_window;
 mod token_bucket;
 mod wait;
 
-pub use at_most::Grant;
+pub use at_most::Partial;
+pub use charge::{Charge, MultiCharge, MultiRefundCharge, RefundCharge};
 pub use headers::Headers;
-pub use limiter::{Check, Limiter, RefundCharge};
-pub use multi::{MultiCheck, MultiLimiter, MultiRateLimit, MultiRefundCharge};
+pub use limiter::{Check, Decision, Limiter};
+pub use multi::{MultiCheck, MultiKey, MultiLimiter, MultiRateLimit};
 pub use quota::{Quota, MAX_PERIOD};
 
 /// How a limiter decides. All four take the same [`Quota`] and answer with the
 /// same [`RateLimit`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum Algorithm {
     /// Generic cell rate algorithm: a smooth rate with a burst.
@@ -228,12 +237,16 @@ struct Scripts3 {
     refund: Script,
 }
 
-/// The answer of a rate limiter, the same for every [`Algorithm`].
+/// What a rate limiter said, the same for every [`Algorithm`]: the
+/// information of a decision, without the power to refund (that is the
+/// [`Charge`] an admission carries beside it, in [`Decision`] and
+/// [`MultiRateLimit`]).
 ///
 /// Durations have millisecond precision and are rounded up, so waiting
 /// exactly `retry_after` is enough.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[must_use = "a denied request must be turned away"]
+#[non_exhaustive]
 pub struct RateLimit {
     /// True when the request was admitted (its cost was taken). From
     /// [`Limiter::peek`]: true when it would be.
@@ -256,14 +269,9 @@ pub struct RateLimit {
     /// precision). Add `reset_after` to it for an absolute reset time that
     /// does not depend on the caller's clock.
     pub at: SystemTime,
-    /// The units this decision holds: the call's cost when a check admitted
-    /// it, 0 when it was denied and for a peek. Each refund of this decision
-    /// ([`Limiter::refund`]) gives back at most this much, and lowers it by
-    /// what it gave back.
-    pub charged: u64,
 }
 
-/// What a refund gave back on one limit ([`Limiter::refund`]).
+/// What a refund gave back on one limit ([`Charge::refund`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[must_use = "a refund may give back less than asked (the charge drained, or its window ended)"]
 pub struct Refund {
@@ -274,16 +282,6 @@ pub struct Refund {
     pub credited: u64,
     /// How many units fit right now, after the refund.
     pub remaining: u64,
-}
-
-impl Refund {
-    /// Take what this refund gave back off `charge.charged`, so that a later
-    /// refund of the same charge can give back only the rest.
-    /// [`Limiter::refund`] does this itself; call it after running a
-    /// [`RefundCharge`] operation.
-    pub fn apply_to(&self, charge: &mut RateLimit) {
-        charge.charged = charge.charged.saturating_sub(self.credited);
-    }
 }
 
 /// Validates a cost against every limit: at least 1, at most each burst.
@@ -330,15 +328,26 @@ fn decide_call(
     Ok(invocation(script, algorithm, keys, quotas, cost))
 }
 
+/// A decision on one or more limits, before charges are attached.
+#[derive(Debug)]
+struct Decided {
+    allowed: bool,
+    denied_by: Option<usize>,
+    limits: Vec<RateLimit>,
+}
+
+impl Decided {
+    fn at(&self) -> SystemTime {
+        self.limits.first().map_or(UNIX_EPOCH, |l| l.at)
+    }
+
+    fn resets(&self) -> Vec<Duration> {
+        self.limits.iter().map(|l| l.reset_after).collect()
+    }
+}
+
 /// Decodes `{admitted, now, (fits, remaining, retry_after, reset_after)...}`.
-///
-/// `cost` is what an admitted call took (0 for a peek).
-fn decode_decision(
-    script: &'static str,
-    value: redis::Value,
-    quotas: &[Quota],
-    cost: u64,
-) -> Result<MultiRateLimit> {
+fn decode_decision(script: &'static str, value: redis::Value, quotas: &[Quota]) -> Result<Decided> {
     let mut reply = Reply::new(script, value)?;
     let allowed = reply.flag()?;
     let at = UNIX_EPOCH + Duration::from_micros(reply.uint()?);
@@ -365,7 +374,6 @@ fn decode_decision(
             retry_after,
             reset_after: Duration::from_millis(reset),
             at,
-            charged: 0,
         });
     }
     reply.finish()?;
@@ -376,107 +384,11 @@ fn decode_decision(
             detail: format!("admitted = {allowed}, but limit {denied_by:?} did not fit"),
         });
     }
-    if allowed {
-        for limit in &mut limits {
-            limit.charged = cost;
-        }
-    }
-    Ok(MultiRateLimit {
+    Ok(Decided {
         allowed,
         denied_by,
         limits,
     })
-}
-
-async fn decide<C>(
-    conn: &mut C,
-    algorithm: Algorithm,
-    peek: bool,
-    keys: &[&str],
-    quotas: &[Quota],
-    cost: u64,
-) -> Result<MultiRateLimit>
-where
-    C: ConnectionLike + Send,
-{
-    let call = decide_call(algorithm, peek, keys, quotas, cost)?;
-    let value = call.run(conn).await?;
-    let scripts = algorithm.scripts();
-    let name = if peek {
-        scripts.peek.name()
-    } else {
-        scripts.check.name()
-    };
-    decode_decision(name, value, quotas, if peek { 0 } else { cost })
-}
-
-/// The refund script's call for `amount` of the charge `charges` (one
-/// decision per quota, in order), checked before any I/O.
-fn refund_call(
-    algorithm: Algorithm,
-    keys: &[&str],
-    quotas: &[Quota],
-    charges: &[RateLimit],
-    amount: u64,
-) -> Result<Invocation> {
-    let amount = validate::positive("amount", amount)?;
-    if charges.len() != quotas.len() {
-        return Err(Error::InvalidArgument {
-            what: "charge",
-            reason: format!(
-                "{} decisions for {} limits: pass the decision the check returned",
-                charges.len(),
-                quotas.len()
-            ),
-        });
-    }
-    let held = charges.iter().map(|c| c.charged).max().unwrap_or(0);
-    let at = charges.first().map(|c| c.at).unwrap_or(UNIX_EPOCH);
-    if held == 0 || charges.iter().any(|c| c.at != at) {
-        return Err(Error::InvalidArgument {
-            what: "charge",
-            reason: "holds nothing (denied, a peek, or refunded in full already)".to_owned(),
-        });
-    }
-    if amount > held {
-        return Err(Error::InvalidArgument {
-            what: "amount",
-            reason: format!("{amount} is more than the {held} units the charge still holds"),
-        });
-    }
-    let at = at
-        .duration_since(UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
-        .unwrap_or(0);
-    let script = &algorithm.scripts().refund;
-    let mut call = Invocation::new(script, keys)
-        .arg(amount)
-        .arg(validate::at_most("charge time", at, crate::MAX_INTEGER)?);
-    for (quota, charge) in quotas.iter().zip(charges.iter()) {
-        let [a, b] = algorithm.params(quota);
-        let reset = u64::try_from(charge.reset_after.as_millis()).unwrap_or(u64::MAX);
-        call = call
-            .arg(a)
-            .arg(b)
-            .arg(charge.charged)
-            .arg(validate::at_most("reset_after", reset, crate::MAX_INTEGER)?);
-    }
-    Ok(call)
-}
-
-/// The refund script's reply: `{credited, remaining}` per limit.
-fn decode_refunds(script: &'static str, value: redis::Value, limits: usize) -> Result<Vec<Refund>> {
-    let mut reply = Reply::new(script, value)?;
-    let refunds = (0..limits)
-        .map(|_| {
-            Ok(Refund {
-                credited: reply.uint()?,
-                remaining: reply.uint()?,
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
-    reply.finish()?;
-    Ok(refunds)
 }
 
 /// `DEL` of every key: a missing key is a full limiter, for every algorithm.
@@ -566,7 +478,7 @@ mod tests {
             Int(250),
             Int(1000),
         ]);
-        let d = decode_decision("t", reply, &[q(10, 1000), q(2, 1000)], 1).unwrap();
+        let d = decode_decision("t", reply, &[q(10, 1000), q(2, 1000)]).unwrap();
         assert!(!d.allowed);
         assert_eq!(d.denied_by, Some(1));
         let at = UNIX_EPOCH + Duration::from_micros(1_700_000_000_123_456);
@@ -579,20 +491,22 @@ mod tests {
                 retry_after: None,
                 reset_after: Duration::from_millis(300),
                 at,
-                charged: 0, // the call as a whole was denied
             }
         );
         assert_eq!(d.limits[1].retry_after, Some(Duration::from_millis(250)));
-        assert_eq!(d.retry_after(), Some(Duration::from_millis(250)));
+        assert_eq!(
+            d.limits.iter().filter_map(|l| l.retry_after).max(),
+            Some(Duration::from_millis(250))
+        );
     }
 
     #[test]
     fn inconsistent_replies_are_errors() {
         let fits_with_retry = Array(vec![Int(1), Int(5), Int(1), Int(1), Int(20), Int(0)]);
-        assert!(decode_decision("t", fits_with_retry, &[q(1, 1000)], 1).is_err());
+        assert!(decode_decision("t", fits_with_retry, &[q(1, 1000)]).is_err());
         let admitted_but_denied = Array(vec![Int(1), Int(5), Int(0), Int(0), Int(20), Int(0)]);
-        assert!(decode_decision("t", admitted_but_denied, &[q(1, 1000)], 1).is_err());
+        assert!(decode_decision("t", admitted_but_denied, &[q(1, 1000)]).is_err());
         let short = Array(vec![Int(1), Int(5), Int(1)]);
-        assert!(decode_decision("t", short, &[q(1, 1000)], 1).is_err());
+        assert!(decode_decision("t", short, &[q(1, 1000)]).is_err());
     }
 }

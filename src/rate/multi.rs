@@ -1,13 +1,15 @@
 //! [`MultiLimiter`]: several limits checked and charged together, all or nothing.
 
+use std::fmt;
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 
 use crate::script::{run_one, Invocation, Operation};
 
+use super::charge::{next_id, Issuer};
 use super::limiter::valid_name;
-use super::{headers, Algorithm, Headers, Quota, RateLimit, Refund};
+use super::{headers, Algorithm, Headers, MultiCharge, Quota, RateLimit};
 use crate::{keys, validate, Error, Result};
 
 /// Several limits of one [`Algorithm`], checked in **one** script call: either
@@ -20,19 +22,20 @@ use crate::{keys, validate, Error, Result};
 ///
 /// # Keys
 ///
-/// A call names one *user key*. Each limit added with [`MultiLimiter::limit`]
-/// lives at [`keys::derive(key, name)`](crate::keys::derive), which keeps the
-/// user key's hash tag (or makes the whole key the tag), so all of them share
-/// one cluster slot. Limits added with [`MultiLimiter::shared_limit`] live at
-/// keys the caller passes with each call (a tenant's key, say), in the order
-/// they were added; those must be in the same slot, or the call fails before
-/// anything is sent with [`Error::CrossSlot`]. Put the shared part in a hash
-/// tag: user key `{tenant:7}:user:42` and shared key `{tenant:7}:all`.
+/// A call names one *user key* ([`MultiKey`]). Each limit added with
+/// [`MultiLimiter::limit`] lives at [`keys::derive(key, name)`](crate::keys::derive),
+/// which keeps the user key's hash tag (or makes the whole key the tag), so
+/// all of them share one cluster slot. Limits added with
+/// [`MultiLimiter::shared_limit`] live at keys the caller names with each
+/// call, by the limit's name ([`MultiKey::shared`]: a tenant's key, say);
+/// those must be in the same slot, or the call fails before anything is
+/// sent with [`Error::CrossSlot`]. Put the shared part in a hash tag: user
+/// key `{tenant:7}:user:42` and shared key `{tenant:7}:all`.
 ///
 /// # Example
 ///
 /// ```no_run
-/// use nolock::rate::{Algorithm, MultiLimiter, Quota};
+/// use nolock::rate::{Algorithm, MultiKey, MultiLimiter, Quota};
 ///
 /// # async fn run(conn: &mut redis::aio::MultiplexedConnection) -> nolock::Result<()> {
 /// let limits = MultiLimiter::new(Algorithm::SlidingWindow)
@@ -40,7 +43,8 @@ use crate::{keys, validate, Error, Result};
 ///     .limit("hour", Quota::per_hour(1000)?)?
 ///     .shared_limit("tenant", Quota::per_hour(50_000)?)?;
 ///
-/// let d = limits.check(conn, "{tenant:7}:user:42", &["{tenant:7}:all"], 1).await?;
+/// let key = MultiKey::new("{tenant:7}:user:42").shared("tenant", "{tenant:7}:all");
+/// let d = limits.check(conn, key, 1).await?;
 /// if let Some(i) = d.denied_by {
 ///     println!("denied by {:?}; retry in {:?}", limits.name(i), d.retry_after());
 /// }
@@ -55,50 +59,125 @@ pub struct MultiLimiter {
     shared: Vec<bool>,
 }
 
-/// [`MultiLimiter::check`] as a value: for a [`crate::Batch`], or to carry
-/// an operation id ([`Operation::idempotent`]) so that a resend after a lost
-/// reply charges the limits once. Checked when built.
+/// The keys of one [`MultiLimiter`] call: the user key, and the key of each
+/// shared limit, named.
+///
+/// A limiter without shared limits takes a plain `&str` (it converts); one
+/// with shared limits needs each of them named exactly once, so keys can
+/// never be matched to the wrong limit by their order.
 ///
 /// ```
-/// use nolock::rate::{Algorithm, MultiCheck, MultiLimiter, Quota};
+/// use nolock::rate::{Algorithm, MultiKey, MultiLimiter, Quota};
+///
+/// let limits = MultiLimiter::new(Algorithm::Gcra)
+///     .limit("second", Quota::per_second(10)?)?
+///     .shared_limit("tenant", Quota::per_second(100)?)?;
+/// let key = MultiKey::new("{t7}:u42").shared("tenant", "{t7}:all");
+/// assert_eq!(limits.keys(&key)?, ["{t7}#8:{t7}:u42:second", "{t7}:all"]);
+/// assert!(limits.keys(&MultiKey::new("{t7}:u42")).is_err()); // "tenant" not named
+/// assert!(limits.keys(&key.clone().shared("region", "{t7}:eu")).is_err()); // no such limit
+/// # Ok::<(), nolock::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MultiKey {
+    key: String,
+    shared: Vec<(String, String)>,
+}
+
+impl MultiKey {
+    /// The user key: every limit added with [`MultiLimiter::limit`] derives
+    /// its key from it.
+    pub fn new(key: &str) -> MultiKey {
+        MultiKey {
+            key: key.to_owned(),
+            shared: Vec::new(),
+        }
+    }
+
+    /// The key of the shared limit named `limit` (added with
+    /// [`MultiLimiter::shared_limit`]) for this call.
+    pub fn shared(mut self, limit: &str, key: &str) -> MultiKey {
+        self.shared.push((limit.to_owned(), key.to_owned()));
+        self
+    }
+
+    /// The user key.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+}
+
+impl From<&str> for MultiKey {
+    fn from(key: &str) -> MultiKey {
+        MultiKey::new(key)
+    }
+}
+
+impl From<&String> for MultiKey {
+    fn from(key: &String) -> MultiKey {
+        MultiKey::new(key)
+    }
+}
+
+/// [`MultiLimiter::check`] as a value: for a [`crate::Batch`], or to carry
+/// an operation id ([`Operation::idempotent`]) so that a resend after a lost
+/// reply charges the limits once. Checked when built. Like a
+/// [`Check`](super::Check), each value is one charge.
+///
+/// ```
+/// use nolock::rate::{Algorithm, MultiCheck, MultiKey, MultiLimiter, Quota};
 /// use nolock::Operation;
 ///
 /// let limits = MultiLimiter::new(Algorithm::Gcra)
 ///     .limit("second", Quota::per_second(10)?)?
 ///     .shared_limit("tenant", Quota::per_second(100)?)?;
-/// let op = MultiCheck::new(&limits, "{t7}:u42", &["{t7}:all"], 1)?.idempotent("req-9")?;
-/// assert!(MultiCheck::new(&limits, "u42", &["{t7}:all"], 1).is_err()); // two slots
+/// let key = MultiKey::new("{t7}:u42").shared("tenant", "{t7}:all");
+/// let op = MultiCheck::new(&limits, key, 1)?.idempotent("req-9")?;
+/// let two_slots = MultiKey::new("u42").shared("tenant", "{t7}:all");
+/// assert!(MultiCheck::new(&limits, two_slots, 1).is_err());
 /// # let _ = op;
 /// # Ok::<(), nolock::Error>(())
 /// ```
 #[derive(Debug, Clone)]
 pub struct MultiCheck {
     call: Invocation,
-    quotas: Vec<Quota>,
-    cost: u64,
+    names: Vec<String>,
+    /// `None` for a peek: it charges nothing.
+    issuer: Option<Issuer>,
 }
 
 impl MultiCheck {
-    /// Take `cost` from every limit of `limits` at `key` (and
-    /// `shared_keys`) if each has room; otherwise take nothing.
+    /// Take `cost` from every limit of `limits` at `key` if each has room;
+    /// otherwise take nothing.
     ///
     /// # Errors
     ///
     /// As [`MultiLimiter::check`] before any I/O.
-    pub fn new(
-        limits: &MultiLimiter,
-        key: &str,
-        shared_keys: &[&str],
-        cost: u64,
-    ) -> Result<MultiCheck> {
-        let keys = limits.keys(key, shared_keys)?;
-        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-        let call = super::decide_call(limits.algorithm, false, &keys, &limits.quotas, cost)?;
+    pub fn new(limits: &MultiLimiter, key: impl Into<MultiKey>, cost: u64) -> Result<MultiCheck> {
+        MultiCheck::build(limits, &key.into(), cost, false)
+    }
+
+    fn build(limits: &MultiLimiter, key: &MultiKey, cost: u64, peek: bool) -> Result<MultiCheck> {
+        let keys = limits.keys(key)?;
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let call = super::decide_call(limits.algorithm, peek, &refs, &limits.quotas, cost)?;
+        let issuer = (!peek).then(|| Issuer {
+            id: next_id(),
+            algorithm: limits.algorithm,
+            quotas: limits.quotas.clone(),
+            keys,
+            cost,
+            cache: None,
+        });
         Ok(MultiCheck {
             call,
-            quotas: limits.quotas.clone(),
-            cost,
+            names: limits.names.clone(),
+            issuer,
         })
+    }
+
+    fn quotas(&self) -> Option<&[Quota]> {
+        self.issuer.as_ref().map(|i| i.quotas.as_slice())
     }
 }
 
@@ -111,79 +190,33 @@ impl Operation for MultiCheck {
 
     fn decode(&self, reply: redis::Value) -> Result<MultiRateLimit> {
         let script = self.call.script().name();
-        super::decode_decision(script, reply, &self.quotas, self.cost)
-    }
-}
-
-/// A refund of an admitted [`MultiLimiter::check`], as an operation value:
-/// for a [`Batch`](crate::Batch), or to give it an operation id
-/// ([`Operation::idempotent`]) so that a refund whose reply was lost can be
-/// sent again ([`crate::retry::retry`]) without giving the units back
-/// twice. The multi-limit form of [`RefundCharge`](super::RefundCharge):
-/// apply its answer with [`MultiRateLimit::apply_refunds`].
-///
-/// ```
-/// use nolock::rate::{Algorithm, MultiLimiter, MultiRefundCharge, Quota};
-///
-/// let limits = MultiLimiter::new(Algorithm::Gcra)
-///     .limit("user", Quota::per_minute(10)?)?
-///     .shared_limit("tenant", Quota::per_minute(100)?)?;
-/// # let charge = nolock::rate::MultiRateLimit { allowed: false, denied_by: None, limits: vec![] };
-/// // A charge that holds nothing (here: built by hand) is refused before any I/O.
-/// assert!(MultiRefundCharge::new(&limits, "{t7}:u42", &["{t7}:all"], &charge, 1).is_err());
-/// # Ok::<(), nolock::Error>(())
-/// ```
-#[derive(Debug, Clone)]
-pub struct MultiRefundCharge {
-    call: Invocation,
-    limits: usize,
-}
-
-impl MultiRefundCharge {
-    /// Give back `amount` of `charge`, the decision `limits.check` returned
-    /// at `key` and `shared_keys`.
-    ///
-    /// # Errors
-    ///
-    /// As [`MultiLimiter::refund`] before any I/O.
-    pub fn new(
-        limits: &MultiLimiter,
-        key: &str,
-        shared_keys: &[&str],
-        charge: &MultiRateLimit,
-        amount: u64,
-    ) -> Result<MultiRefundCharge> {
-        let keys = limits.keys(key, shared_keys)?;
-        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-        let call = super::refund_call(
-            limits.algorithm,
-            &keys,
-            &limits.quotas,
-            &charge.limits,
-            amount,
-        )?;
-        Ok(MultiRefundCharge {
-            call,
-            limits: limits.quotas.len(),
+        let Some((issuer, quotas)) = self.issuer.as_ref().zip(self.quotas()) else {
+            return Err(Error::UnexpectedReply {
+                script,
+                detail: "a peek is decoded by its limiter".to_owned(),
+            });
+        };
+        let decided = super::decode_decision(script, reply, quotas)?;
+        // Each limit is counted under its own name: which one denied shows.
+        for (name, limit) in self.names.iter().zip(&decided.limits) {
+            crate::observe::decision(name, limit.allowed && decided.allowed);
+        }
+        let charge = decided
+            .allowed
+            .then(|| issuer.multi_charge(decided.at(), &decided.resets()));
+        Ok(MultiRateLimit {
+            allowed: decided.allowed,
+            denied_by: decided.denied_by,
+            limits: decided.limits,
+            charge,
         })
     }
 }
 
-impl Operation for MultiRefundCharge {
-    type Output = Vec<Refund>;
-
-    fn invocation(&self) -> &Invocation {
-        &self.call
-    }
-
-    fn decode(&self, reply: redis::Value) -> Result<Vec<Refund>> {
-        super::decode_refunds(self.call.script().name(), reply, self.limits)
-    }
-}
-
-/// The answer of a [`MultiLimiter`]: one [`RateLimit`] per limit, in the order
-/// the limits were added.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The answer of a [`MultiLimiter`]: one [`RateLimit`] per limit, in the
+/// order the limits were added, and when admitted the [`MultiCharge`] that
+/// can give the units back. Not `Clone`: it carries the charge.
+#[derive(PartialEq, Eq)]
 #[must_use = "a denied request must be turned away"]
 pub struct MultiRateLimit {
     /// True when every limit had room and each took the cost. When false,
@@ -198,9 +231,20 @@ pub struct MultiRateLimit {
     /// (unchanged when the call was denied); `retry_after` is set on the limits
     /// that had no room.
     pub limits: Vec<RateLimit>,
+    charge: Option<MultiCharge>,
 }
 
 impl MultiRateLimit {
+    /// A decision that charged nothing (a peek, a local fallback).
+    pub(crate) fn uncharged(allowed: bool, limits: Vec<RateLimit>) -> MultiRateLimit {
+        MultiRateLimit {
+            allowed,
+            denied_by: limits.iter().position(|l| !l.allowed),
+            limits,
+            charge: None,
+        }
+    }
+
     /// How long until this same request would be admitted by every limit, if
     /// nothing else arrives: the longest `retry_after`. `None` when admitted.
     pub fn retry_after(&self) -> Option<Duration> {
@@ -212,13 +256,30 @@ impl MultiRateLimit {
         self.limits.iter().map(|l| l.remaining).min().unwrap_or(0)
     }
 
-    /// Take what each refund gave back off its limit's `charged` (one
-    /// [`Refund`] per limit, in order, as a [`MultiRefundCharge`] answers).
-    /// [`MultiLimiter::refund`] does this itself.
-    pub fn apply_refunds(&mut self, refunds: &[Refund]) {
-        for (limit, refund) in self.limits.iter_mut().zip(refunds) {
-            refund.apply_to(limit);
-        }
+    /// The charge, when the check admitted.
+    pub fn charge(&self) -> Option<&MultiCharge> {
+        self.charge.as_ref()
+    }
+
+    /// The charge, to refund in place ([`MultiCharge::refund`]).
+    pub fn charge_mut(&mut self) -> Option<&mut MultiCharge> {
+        self.charge.as_mut()
+    }
+
+    /// The charge, to keep beyond the decision.
+    pub fn into_charge(self) -> Option<MultiCharge> {
+        self.charge
+    }
+}
+
+impl fmt::Debug for MultiRateLimit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MultiRateLimit")
+            .field("allowed", &self.allowed)
+            .field("denied_by", &self.denied_by)
+            .field("limits", &self.limits)
+            .field("charge", &self.charge)
+            .finish()
     }
 }
 
@@ -245,9 +306,9 @@ impl MultiLimiter {
         self.push(name, quota, false)
     }
 
-    /// Add a limit whose key the caller passes with each call (in
-    /// `shared_keys`, in the order shared limits were added): a per-tenant or
-    /// global limit that several user keys draw from.
+    /// Add a limit whose key the caller names with each call
+    /// ([`MultiKey::shared`], by this limit's name): a per-tenant or global
+    /// limit that several user keys draw from.
     ///
     /// # Errors
     ///
@@ -296,58 +357,58 @@ impl MultiLimiter {
         &self.quotas
     }
 
-    /// The Redis keys a call with `key` and `shared_keys` touches, one per
-    /// limit in order, after every check a call makes before sending anything.
+    /// The Redis keys a call with `key` touches, one per limit in order,
+    /// after every check a call makes before sending anything.
     ///
     /// # Errors
     ///
     /// [`Error::EmptyKey`]; [`Error::InvalidArgument`] when there are no
-    /// limits, when `shared_keys` does not hold one key per shared limit, or
-    /// when two limits would share a key; [`Error::CrossSlot`] when the keys
-    /// are not all in one cluster slot.
-    ///
-    /// ```
-    /// use nolock::rate::{Algorithm, MultiLimiter, Quota};
-    ///
-    /// # fn main() -> nolock::Result<()> {
-    /// let limits = MultiLimiter::new(Algorithm::Gcra)
-    ///     .limit("second", Quota::per_second(10)?)?
-    ///     .shared_limit("tenant", Quota::per_second(100)?)?;
-    /// assert_eq!(
-    ///     limits.keys("{t7}:u42", &["{t7}:all"])?,
-    ///     ["{t7}#8:{t7}:u42:second", "{t7}:all"]
-    /// );
-    /// assert!(limits.keys("u42", &["{t7}:all"]).is_err()); // different slots
-    /// # Ok(()) }
-    /// ```
-    pub fn keys(&self, key: &str, shared_keys: &[&str]) -> Result<Vec<String>> {
-        validate::key(key)?;
+    /// limits, when `key` does not name each shared limit exactly once (or
+    /// names one the limiter does not have), or when two limits would share
+    /// a key; [`Error::CrossSlot`] when the keys are not all in one cluster
+    /// slot.
+    pub fn keys(&self, key: &MultiKey) -> Result<Vec<String>> {
+        validate::key(&key.key)?;
         if self.is_empty() {
             return Err(Error::InvalidArgument {
                 what: "limits",
                 reason: "a MultiLimiter needs at least one limit".to_owned(),
             });
         }
-        let wanted = self.shared.iter().filter(|&&s| s).count();
-        if shared_keys.len() != wanted {
-            return Err(Error::InvalidArgument {
-                what: "shared keys",
-                reason: format!(
-                    "{} given, but the limiter has {wanted} shared limit(s)",
-                    shared_keys.len()
-                ),
-            });
+        for (i, (name, _)) in key.shared.iter().enumerate() {
+            let known = self
+                .names
+                .iter()
+                .zip(&self.shared)
+                .any(|(n, &s)| s && n == name);
+            let repeated = key.shared[..i].iter().any(|(n, _)| n == name);
+            if !known || repeated {
+                return Err(Error::InvalidArgument {
+                    what: "shared keys",
+                    reason: format!(
+                        "{name:?} is {} shared limit of this MultiLimiter",
+                        if repeated {
+                            "named twice as a"
+                        } else {
+                            "not a"
+                        }
+                    ),
+                });
+            }
         }
-        let mut shared = shared_keys.iter();
         let mut out: Vec<String> = Vec::with_capacity(self.len());
         for (name, &is_shared) in self.names.iter().zip(&self.shared) {
             let k = if is_shared {
-                // The count was checked above, so `next` always has a key.
-                let k = shared.next().copied().unwrap_or_default();
+                let Some((_, k)) = key.shared.iter().find(|(n, _)| n == name) else {
+                    return Err(Error::InvalidArgument {
+                        what: "shared keys",
+                        reason: format!("no key for the shared limit {name:?}"),
+                    });
+                };
                 validate::key(k)?;
-                k.to_owned()
+                k.clone()
             } else {
-                keys::derive(key, name)
+                keys::derive(&key.key, name)
             };
             if out.contains(&k) {
                 return Err(Error::InvalidArgument {
@@ -363,7 +424,8 @@ impl MultiLimiter {
     }
 
     /// Take `cost` from every limit if each has room; otherwise take nothing.
-    /// One script call, one round trip.
+    /// One script call, one round trip. An admission carries a
+    /// [`MultiCharge`] that can give the units back.
     ///
     /// # Errors
     ///
@@ -375,23 +437,29 @@ impl MultiLimiter {
     /// # Example
     ///
     /// ```no_run
+    /// use nolock::rate::MultiKey;
     /// # async fn run(conn: &mut redis::aio::MultiplexedConnection, limits: &nolock::rate::MultiLimiter)
     /// #     -> nolock::Result<()> {
-    /// let d = limits.check(conn, "{tenant:7}:user:42", &["{tenant:7}:all"], 1).await?;
+    /// let key = MultiKey::new("{tenant:7}:user:42").shared("tenant", "{tenant:7}:all");
+    /// let mut d = limits.check(conn, key, 1).await?;
     /// println!("allowed: {}, {} left on the tightest limit", d.allowed, d.remaining());
+    /// if let Some(charge) = d.charge_mut() {
+    ///     // The work failed: give the unit back to every limit.
+    ///     let back = charge.refund(conn, 1).await?;
+    ///     assert_eq!(back.len(), limits.len());
+    /// }
     /// # Ok(()) }
     /// ```
     pub async fn check<C>(
         &self,
         conn: &mut C,
-        key: &str,
-        shared_keys: &[&str],
+        key: impl Into<MultiKey>,
         cost: u64,
     ) -> Result<MultiRateLimit>
     where
         C: ConnectionLike + Send,
     {
-        self.decide(conn, key, shared_keys, cost, false).await
+        run_one(&MultiCheck::new(self, key, cost)?, conn).await
     }
 
     /// What [`MultiLimiter::check`] would answer, without taking anything
@@ -404,91 +472,32 @@ impl MultiLimiter {
     /// # Example
     ///
     /// ```no_run
+    /// use nolock::rate::MultiKey;
     /// # async fn run(conn: &mut redis::aio::MultiplexedConnection, limits: &nolock::rate::MultiLimiter)
     /// #     -> nolock::Result<()> {
-    /// let d = limits.peek(conn, "{tenant:7}:user:42", &["{tenant:7}:all"], 1).await?;
+    /// let key = MultiKey::new("{tenant:7}:user:42").shared("tenant", "{tenant:7}:all");
+    /// let d = limits.peek(conn, key, 1).await?;
     /// assert_eq!(d.limits.len(), limits.len());
     /// # Ok(()) }
     /// ```
     pub async fn peek<C>(
         &self,
         conn: &mut C,
-        key: &str,
-        shared_keys: &[&str],
+        key: impl Into<MultiKey>,
         cost: u64,
     ) -> Result<MultiRateLimit>
     where
         C: ConnectionLike + Send,
     {
-        self.decide(conn, key, shared_keys, cost, true).await
-    }
-
-    async fn decide<C>(
-        &self,
-        conn: &mut C,
-        key: &str,
-        shared_keys: &[&str],
-        cost: u64,
-        peek: bool,
-    ) -> Result<MultiRateLimit>
-    where
-        C: ConnectionLike + Send,
-    {
-        let keys = self.keys(key, shared_keys)?;
-        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-        let decision = super::decide(conn, self.algorithm, peek, &keys, &self.quotas, cost).await?;
-        if !peek {
-            // Each limit is counted under its own name: which one denied shows.
-            for (name, limit) in self.names.iter().zip(&decision.limits) {
-                crate::observe::decision(name, limit.allowed && decision.allowed);
-            }
-        }
-        Ok(decision)
-    }
-
-    /// Give back `amount` units of an admitted check (`charge`, the
-    /// decision it returned) to every limit, each only as far as the charge
-    /// still holds it (see [`Limiter::refund`](super::Limiter::refund)).
-    /// Returns one [`Refund`] per limit, and lowers each limit's `charged`
-    /// in `charge` by what it gave back. After [`Error::Indeterminate`] a
-    /// second refund may give the units back twice: to send it again
-    /// safely, use the operation value [`MultiRefundCharge`] with an
-    /// operation id.
-    ///
-    /// # Errors
-    ///
-    /// Those of [`MultiLimiter::keys`], [`Error::ZeroLimit`] (`amount` 0),
-    /// [`Error::InvalidArgument`] (a denied charge, or `amount` above what
-    /// it took) before any I/O; [`Error::Redis`] and
-    /// [`Error::Indeterminate`] from Redis.
-    ///
-    /// # Example
-    ///
-    /// ```no_run
-    /// # async fn run(conn: &mut redis::aio::MultiplexedConnection, limits: &nolock::rate::MultiLimiter)
-    /// #     -> nolock::Result<()> {
-    /// let mut d = limits.check(conn, "{tenant:7}:user:42", &["{tenant:7}:all"], 1).await?;
-    /// if d.allowed {
-    ///     let back = limits.refund(conn, "{tenant:7}:user:42", &["{tenant:7}:all"], &mut d, 1).await?;
-    ///     assert_eq!(back.len(), limits.len());
-    /// }
-    /// # Ok(()) }
-    /// ```
-    pub async fn refund<C>(
-        &self,
-        conn: &mut C,
-        key: &str,
-        shared_keys: &[&str],
-        charge: &mut MultiRateLimit,
-        amount: u64,
-    ) -> Result<Vec<Refund>>
-    where
-        C: ConnectionLike + Send,
-    {
-        let op = MultiRefundCharge::new(self, key, shared_keys, charge, amount)?;
-        let refunds = run_one(&op, conn).await?;
-        charge.apply_refunds(&refunds);
-        Ok(refunds)
+        let peek = MultiCheck::build(self, &key.into(), cost, true)?;
+        let value = peek.call.run(conn).await?;
+        let decided = super::decode_decision(peek.call.script().name(), value, &self.quotas)?;
+        Ok(MultiRateLimit {
+            allowed: decided.allowed,
+            denied_by: decided.denied_by,
+            limits: decided.limits,
+            charge: None,
+        })
     }
 
     /// Forget every limit's state, shared ones included: all are full again.
@@ -501,16 +510,17 @@ impl MultiLimiter {
     /// # Example
     ///
     /// ```no_run
+    /// use nolock::rate::MultiKey;
     /// # async fn run(conn: &mut redis::aio::MultiplexedConnection, limits: &nolock::rate::MultiLimiter)
     /// #     -> nolock::Result<()> {
-    /// limits.reset(conn, "{tenant:7}:user:42", &["{tenant:7}:all"]).await?;
+    /// limits.reset(conn, MultiKey::new("{tenant:7}:user:42").shared("tenant", "{tenant:7}:all")).await?;
     /// # Ok(()) }
     /// ```
-    pub async fn reset<C>(&self, conn: &mut C, key: &str, shared_keys: &[&str]) -> Result<()>
+    pub async fn reset<C>(&self, conn: &mut C, key: impl Into<MultiKey>) -> Result<()>
     where
         C: ConnectionLike + Send,
     {
-        let keys = self.keys(key, shared_keys)?;
+        let keys = self.keys(&key.into())?;
         let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
         super::reset(conn, &keys).await
     }
@@ -519,32 +529,19 @@ impl MultiLimiter {
     /// every limit's state in `RateLimit`, and `Retry-After` from
     /// [`MultiRateLimit::retry_after`].
     ///
-    /// ```
-    /// use std::time::{Duration, UNIX_EPOCH};
-    /// use nolock::rate::{Algorithm, MultiLimiter, MultiRateLimit, Quota, RateLimit};
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use nolock::rate::{Algorithm, MultiLimiter, Quota};
     ///
-    /// # fn main() -> nolock::Result<()> {
+    /// # async fn run(conn: &mut redis::aio::MultiplexedConnection) -> nolock::Result<()> {
     /// let limits = MultiLimiter::new(Algorithm::FixedWindow)
     ///     .limit("hour", Quota::per_hour(1000)?)?
     ///     .limit("day", Quota::per(5000, Duration::from_secs(86_400))?)?;
-    /// let state = |remaining, reset_s| RateLimit {
-    ///     allowed: true,
-    ///     limit: 0,
-    ///     remaining,
-    ///     retry_after: None,
-    ///     reset_after: Duration::from_secs(reset_s),
-    ///     at: UNIX_EPOCH,
-    ///     charged: 0,
-    /// };
-    /// let d = MultiRateLimit {
-    ///     allowed: true,
-    ///     denied_by: None,
-    ///     limits: vec![state(900, 1200), state(100, 36_000)],
-    /// };
+    /// let d = limits.check(conn, "user:42", 1).await?;
     /// let h = limits.headers(&d);
     /// assert_eq!(h.policy, r#""hour";q=1000;w=3600, "day";q=5000;w=86400"#);
-    /// assert_eq!(h.rate_limit, r#""hour";r=900;t=1200, "day";r=100;t=36000"#);
-    /// assert_eq!(h.retry_after, None);
+    /// // e.g. `"hour";r=999;t=3600, "day";r=4999;t=86400`
+    /// println!("{}", h.rate_limit);
     /// # Ok(()) }
     /// ```
     pub fn headers(&self, decision: &MultiRateLimit) -> Headers {
@@ -573,6 +570,7 @@ impl MultiLimiter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::UNIX_EPOCH;
 
     fn two() -> MultiLimiter {
         MultiLimiter::new(Algorithm::Gcra)
@@ -582,22 +580,43 @@ mod tests {
             .unwrap()
     }
 
+    fn tenant(key: &str, shared: &str) -> MultiKey {
+        MultiKey::new(key).shared("tenant", shared)
+    }
+
     #[test]
-    fn keys_are_derived_then_shared_in_order() {
+    fn keys_are_derived_or_named() {
         let limits = two().limit("hour", Quota::per_hour(1000).unwrap()).unwrap();
         assert_eq!(
-            limits.keys("{t}:u", &["{t}:all"]).unwrap(),
+            limits.keys(&tenant("{t}:u", "{t}:all")).unwrap(),
             ["{t}#5:{t}:u:second", "{t}:all", "{t}#5:{t}:u:hour"]
         );
         let plain = MultiLimiter::new(Algorithm::FixedWindow)
             .limit("a", Quota::per_second(1).unwrap())
             .unwrap();
-        assert_eq!(plain.keys("user:1", &[]).unwrap(), ["{user:1}:a"]);
+        assert_eq!(plain.keys(&"user:1".into()).unwrap(), ["{user:1}:a"]);
+    }
+
+    #[test]
+    fn shared_keys_go_to_their_named_limit_whatever_the_order() {
+        let limits = MultiLimiter::new(Algorithm::Gcra)
+            .shared_limit("tenant", Quota::per_second(100).unwrap())
+            .unwrap()
+            .shared_limit("global", Quota::per_second(1000).unwrap())
+            .unwrap();
+        let a = MultiKey::new("{t}:u")
+            .shared("global", "{t}:g")
+            .shared("tenant", "{t}:t");
+        let b = MultiKey::new("{t}:u")
+            .shared("tenant", "{t}:t")
+            .shared("global", "{t}:g");
+        assert_eq!(limits.keys(&a).unwrap(), ["{t}:t", "{t}:g"]);
+        assert_eq!(limits.keys(&a).unwrap(), limits.keys(&b).unwrap());
     }
 
     #[test]
     fn cross_slot_keys_are_refused_with_a_hint() {
-        let err = two().keys("u42", &["{t7}:all"]).unwrap_err();
+        let err = two().keys(&tenant("u42", "{t7}:all")).unwrap_err();
         let Error::CrossSlot {
             first,
             second,
@@ -626,15 +645,59 @@ mod tests {
                 "{r:?}"
             )
         };
-        invalid(limits.keys("{t}:u", &[]), "shared keys");
-        invalid(limits.keys("{t}:u", &["{t}:a", "{t}:b"]), "shared keys");
-        invalid(limits.keys("{t}:u", &["{t}#5:{t}:u:second"]), "shared keys");
-        invalid(MultiLimiter::new(Algorithm::Gcra).keys("k", &[]), "limits");
-        assert!(matches!(limits.keys("", &["{t}:a"]), Err(Error::EmptyKey)));
-        assert!(matches!(limits.keys("{t}:u", &[""]), Err(Error::EmptyKey)));
+        invalid(limits.keys(&"{t}:u".into()), "shared keys");
+        invalid(
+            limits.keys(&tenant("{t}:u", "{t}:a").shared("tenant", "{t}:b")),
+            "shared keys",
+        );
+        invalid(
+            limits.keys(&tenant("{t}:u", "{t}:a").shared("second", "{t}:b")),
+            "shared keys",
+        );
+        invalid(
+            limits.keys(&tenant("{t}:u", "{t}#5:{t}:u:second")),
+            "shared keys",
+        );
+        invalid(
+            MultiLimiter::new(Algorithm::Gcra).keys(&"k".into()),
+            "limits",
+        );
+        assert!(matches!(
+            limits.keys(&tenant("", "{t}:a")),
+            Err(Error::EmptyKey)
+        ));
+        assert!(matches!(
+            limits.keys(&tenant("{t}:u", "")),
+            Err(Error::EmptyKey)
+        ));
         assert!(matches!(
             two().limit("second", Quota::per_second(1).unwrap()),
             Err(Error::InvalidArgument { what: "name", .. })
         ));
+    }
+
+    #[test]
+    fn headers_list_every_limit() {
+        let limits = MultiLimiter::new(Algorithm::FixedWindow)
+            .limit("hour", Quota::per_hour(1000).unwrap())
+            .unwrap()
+            .limit(
+                "day",
+                Quota::per(5000, Duration::from_secs(86_400)).unwrap(),
+            )
+            .unwrap();
+        let state = |remaining, reset_s| RateLimit {
+            allowed: true,
+            limit: 0,
+            remaining,
+            retry_after: None,
+            reset_after: Duration::from_secs(reset_s),
+            at: UNIX_EPOCH,
+        };
+        let d = MultiRateLimit::uncharged(true, vec![state(900, 1200), state(100, 36_000)]);
+        let h = limits.headers(&d);
+        assert_eq!(h.policy, r#""hour";q=1000;w=3600, "day";q=5000;w=86400"#);
+        assert_eq!(h.rate_limit, r#""hour";r=900;t=1200, "day";r=100;t=36000"#);
+        assert_eq!(h.retry_after, None);
     }
 }

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
+
 use crate::{validate, Error, Result};
 
 /// The longest period, and the longest burst refill time, a [`Quota`] accepts:
@@ -54,7 +56,8 @@ pub const MAX_PERIOD: Duration = Duration::from_micros(1 << 51);
 /// assert!(Quota::per(10, Duration::ZERO).is_err());
 /// # Ok(()) }
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "QuotaParts", into = "QuotaParts")]
 pub struct Quota {
     rate: u64,
     period_ms: u64,
@@ -194,6 +197,65 @@ impl Quota {
     }
 }
 
+/// A [`Quota`] as serde sees it: its four numbers, checked on the way in.
+#[derive(Serialize, Deserialize)]
+struct QuotaParts {
+    rate: u64,
+    period_ms: u64,
+    burst: u64,
+    interval_us: u64,
+}
+
+impl From<Quota> for QuotaParts {
+    fn from(q: Quota) -> Self {
+        QuotaParts {
+            rate: q.rate,
+            period_ms: q.period_ms,
+            burst: q.burst,
+            interval_us: q.interval_us,
+        }
+    }
+}
+
+impl TryFrom<QuotaParts> for Quota {
+    type Error = Error;
+
+    /// Only what [`Quota::per`] and [`Quota::with_burst`] can build: some
+    /// period in microseconds rounds to both the interval and the window.
+    fn try_from(p: QuotaParts) -> Result<Quota> {
+        let rate = validate::positive("rate", p.rate)?;
+        validate::positive("burst", p.burst)?;
+        // period_us in (interval - 1) × rate + 1 ..= interval × rate, and in
+        // (period_ms - 1) × 1000 + 1 ..= period_ms × 1000.
+        let by_interval = (
+            u128::from(p.interval_us.saturating_sub(1)) * u128::from(rate) + 1,
+            u128::from(p.interval_us) * u128::from(rate),
+        );
+        let by_window = (
+            u128::from(p.period_ms.saturating_sub(1)) * 1000 + 1,
+            u128::from(p.period_ms) * 1000,
+        );
+        let low = by_interval.0.max(by_window.0).max(1000);
+        let high = by_interval.1.min(by_window.1).min(MAX_PERIOD.as_micros());
+        if p.interval_us == 0 || low > high {
+            return Err(Error::InvalidArgument {
+                what: "quota",
+                reason: format!(
+                    "{} per {} ms with an interval of {} µs is no quota Quota::per builds",
+                    p.rate, p.period_ms, p.interval_us
+                ),
+            });
+        }
+        Quota {
+            rate,
+            period_ms: p.period_ms,
+            burst: p.burst,
+            interval_us: p.interval_us,
+        }
+        .checked()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -274,6 +336,27 @@ mod tests {
             Err(Error::DurationTooLong { .. })
         ));
         assert!(q.with_burst(1 << 20).is_ok());
+    }
+
+    #[test]
+    fn quotas_round_trip_through_serde_and_forged_ones_are_refused() {
+        for q in [
+            Quota::per_second(10).unwrap().with_burst(20).unwrap(),
+            Quota::per(3, Duration::from_micros(1_000_500)).unwrap(),
+            Quota::per(1_000, Duration::from_micros(1_999)).unwrap(),
+            Quota::per(1, MAX_PERIOD).unwrap(),
+        ] {
+            let json = serde_json::to_string(&q).unwrap();
+            assert_eq!(serde_json::from_str::<Quota>(&json).unwrap(), q, "{json}");
+        }
+        for forged in [
+            r#"{"rate":10,"period_ms":1000,"burst":10,"interval_us":1}"#,
+            r#"{"rate":0,"period_ms":1000,"burst":10,"interval_us":100000}"#,
+            r#"{"rate":10,"period_ms":1000,"burst":0,"interval_us":100000}"#,
+            r#"{"rate":10,"period_ms":0,"burst":10,"interval_us":0}"#,
+        ] {
+            assert!(serde_json::from_str::<Quota>(forged).is_err(), "{forged}");
+        }
     }
 
     #[test]

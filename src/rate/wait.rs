@@ -6,8 +6,10 @@ use std::time::Duration;
 use redis::aio::ConnectionLike;
 use tokio::time::Instant;
 
-use super::{Limiter, RateLimit};
-use crate::Result;
+#[cfg(doc)]
+use super::RateLimit;
+use super::{Decision, Limiter};
+use crate::{timer, Result};
 
 /// The most jitter added to a wait: a tenth of it, at most this much. Many
 /// callers told the same `retry_after` would otherwise all ask at once.
@@ -27,7 +29,8 @@ impl Limiter {
     /// # Errors
     ///
     /// As [`Limiter::check`], from whichever try failed. Nothing is retried
-    /// after an error.
+    /// after an error. [`crate::Error::NoTimer`] when it must sleep on a
+    /// runtime without timers (never a panic).
     ///
     /// # Example
     ///
@@ -49,7 +52,7 @@ impl Limiter {
         key: &str,
         cost: u64,
         deadline: Instant,
-    ) -> Result<RateLimit>
+    ) -> Result<Decision>
     where
         C: ConnectionLike + Send,
     {
@@ -65,7 +68,7 @@ impl Limiter {
             if wake > deadline {
                 return Ok(decision);
             }
-            tokio::time::sleep_until(wake).await;
+            timer::sleep_until(wake)?.await;
         }
     }
 }

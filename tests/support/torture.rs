@@ -522,26 +522,32 @@ async fn client(
             45..=64 => {
                 let cost = rng.u64(1..=3);
                 let key = keys.rate();
+                let mut charge = None;
                 let o = h
                     .rate
                     .record(process, RateOp::Check { cost }, async {
-                        limiter.check(c, &key, cost).await.map(RateReply::Decision)
+                        limiter.check(c, &key, cost).await.map(|d| {
+                            let (info, taken) = d.into_parts();
+                            charge = taken;
+                            RateReply::Decision(info)
+                        })
                     })
                     .await;
-                match o {
-                    Outcome::Ok(RateReply::Decision(mut d)) if d.allowed && rng.u32(0..5) == 0 => {
+                match (o, charge) {
+                    (o @ Outcome::Ok(_), Some(mut charge)) if rng.u32(0..5) == 0 => {
                         let r = h
                             .rate
                             .record(process, RateOp::Refund { amount: cost }, async {
-                                limiter
-                                    .refund(c, &key, &mut d, cost)
+                                charge
+                                    .refund(c, cost)
                                     .await
                                     .map(|r| RateReply::Refunded(r.credited))
                             })
                             .await;
+                        drop(o);
                         lost(&r)
                     }
-                    o => lost(&o),
+                    (o, _) => lost(&o),
                 }
             }
             65..=79 => {
