@@ -1,6 +1,6 @@
--- lib/gcra: a GCRA limit: its arguments, its state read strictly, its answer.
+-- lib/gcra: a GCRA limit: its arguments and its state, read strictly.
 --
--- The limit's state and answer, shared by check, peek and refund.
+-- Shared by peek, check_at_most and refund (check writes them in place).
 --
 -- gcra_tat(key, now) -> max(TAT, now): the theoretical arrival time stored at
 -- key (integer microseconds since the epoch, server clock), or now when the
@@ -36,10 +36,3 @@ end
 --   reset_after  ms (rounded up) until the limit is full
 -- Every dividend is below 2^53 (t - now <= 2^52), so the divisions are
 -- exact (see lib/div).
-local function gcra_answer(t, now, cost, step, b, fits)
-  local room = b * step - (t - now)
-  local remaining = 0
-  if room > 0 then remaining = math.floor(room / step) end
-  if fits then return 1, remaining, -1, math.ceil((t - now) / 1000) end
-  return 0, remaining, math.ceil((cost * step - room) / 1000), math.ceil((t - now) / 1000)
-end

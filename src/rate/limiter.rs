@@ -334,7 +334,9 @@ impl Limiter {
 #[derive(Debug, Clone)]
 pub struct Check {
     call: Invocation,
+    algorithm: Algorithm,
     quota: Quota,
+    cost: u64,
     name: String,
     /// `None` for a peek: it charges nothing.
     issuer: Option<Issuer>,
@@ -368,7 +370,9 @@ impl Check {
         let issuer = (!peek).then(|| limiter.issuer(key, cost));
         Ok(Check {
             call,
+            algorithm: limiter.algorithm,
             quota: limiter.quota,
+            cost,
             name: limiter.name.clone(),
             issuer,
         })
@@ -384,7 +388,15 @@ impl Operation for Check {
 
     fn decode(&self, reply: redis::Value) -> Result<Decision> {
         let script = self.call.script().name();
-        let decided = super::decode_decision(script, reply, &[self.quota])?;
+        let peek = self.issuer.is_none();
+        let decided = super::decode_decision(
+            script,
+            reply,
+            self.algorithm,
+            &[self.quota],
+            self.cost,
+            peek,
+        )?;
         let rate = *decided
             .limits
             .first()

@@ -85,7 +85,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use redis::aio::ConnectionLike;
 use serde::{Deserialize, Serialize};
 
-use crate::script::{Invocation, Reply, Script};
+use crate::script::{Invocation, Script};
 use crate::{validate, Error, Result};
 
 mod at_most;
@@ -98,6 +98,7 @@ mod limiter;
 mod multi;
 mod quota;
 mod sliding_window;
+mod state;
 mod token_bucket;
 mod wait;
 
@@ -346,37 +347,17 @@ impl Decided {
     }
 }
 
-/// Decodes `{admitted, now, (fits, remaining, retry_after, reset_after)...}`.
-fn decode_decision(script: &'static str, value: redis::Value, quotas: &[Quota]) -> Result<Decided> {
-    let mut reply = Reply::new(script, value)?;
-    let allowed = reply.flag()?;
-    let at = UNIX_EPOCH + Duration::from_micros(reply.uint()?);
-    let mut limits = Vec::with_capacity(quotas.len());
-    for quota in quotas {
-        let fits = reply.flag()?;
-        let remaining = reply.uint()?;
-        let retry = reply.int()?;
-        let reset = reply.uint()?;
-        let retry_after = match (fits, u64::try_from(retry)) {
-            (true, _) if retry == -1 => None,
-            (false, Ok(ms)) => Some(Duration::from_millis(ms)),
-            _ => {
-                return Err(Error::UnexpectedReply {
-                    script,
-                    detail: format!("fits = {fits} with retry_after = {retry}"),
-                })
-            }
-        };
-        limits.push(RateLimit {
-            allowed: fits,
-            limit: quota.burst(),
-            remaining,
-            retry_after,
-            reset_after: Duration::from_millis(reset),
-            at,
-        });
-    }
-    reply.finish()?;
+/// Decodes a check's or peek's `{admitted, now, raw state per limit}` into
+/// one answer per limit ([`state`]), for `cost`.
+fn decode_decision(
+    script: &'static str,
+    value: redis::Value,
+    algorithm: Algorithm,
+    quotas: &[Quota],
+    cost: u64,
+    peek: bool,
+) -> Result<Decided> {
+    let (allowed, _, limits) = state::decode(script, value, algorithm, quotas, cost, peek)?;
     let denied_by = limits.iter().position(|limit| !limit.allowed);
     if allowed != denied_by.is_none() {
         return Err(Error::UnexpectedReply {
@@ -466,22 +447,15 @@ mod tests {
 
     #[test]
     fn decisions_decode_per_limit() {
-        let reply = Array(vec![
-            Int(0),
-            Int(1_700_000_000_123_456),
-            Int(1),
-            Int(7),
-            Int(-1),
-            Int(300),
-            Int(0),
-            Int(0),
-            Int(250),
-            Int(1000),
-        ]);
-        let d = decode_decision("t", reply, &[q(10, 1000), q(2, 1000)]).unwrap();
+        // GCRA, 10/s and 2/s, a denied cost of 1 at N: the first limit's TAT
+        // is 300 ms ahead (7 fit), the second's a full second (none fits).
+        const N: i64 = 1_700_000_000_123_456;
+        let reply = Array(vec![Int(0), Int(N), Int(N + 300_000), Int(N + 1_000_000)]);
+        let quotas = [q(10, 1000), q(2, 1000)];
+        let d = decode_decision("t", reply, Algorithm::Gcra, &quotas, 1, false).unwrap();
         assert!(!d.allowed);
         assert_eq!(d.denied_by, Some(1));
-        let at = UNIX_EPOCH + Duration::from_micros(1_700_000_000_123_456);
+        let at = UNIX_EPOCH + Duration::from_micros(N as u64);
         assert_eq!(
             d.limits[0],
             RateLimit {
@@ -493,20 +467,20 @@ mod tests {
                 at,
             }
         );
-        assert_eq!(d.limits[1].retry_after, Some(Duration::from_millis(250)));
-        assert_eq!(
-            d.limits.iter().filter_map(|l| l.retry_after).max(),
-            Some(Duration::from_millis(250))
-        );
+        assert_eq!(d.limits[1].retry_after, Some(Duration::from_millis(500)));
+        assert_eq!(d.limits[1].reset_after, Duration::from_millis(1000));
     }
 
     #[test]
     fn inconsistent_replies_are_errors() {
-        let fits_with_retry = Array(vec![Int(1), Int(5), Int(1), Int(1), Int(20), Int(0)]);
-        assert!(decode_decision("t", fits_with_retry, &[q(1, 1000)]).is_err());
-        let admitted_but_denied = Array(vec![Int(1), Int(5), Int(0), Int(0), Int(20), Int(0)]);
-        assert!(decode_decision("t", admitted_but_denied, &[q(1, 1000)]).is_err());
-        let short = Array(vec![Int(1), Int(5), Int(1)]);
-        assert!(decode_decision("t", short, &[q(1, 1000)]).is_err());
+        let gcra = |v: Vec<i64>| {
+            let reply = Array(v.into_iter().map(Int).collect());
+            decode_decision("t", reply, Algorithm::Gcra, &[q(1, 1000)], 1, false)
+        };
+        assert!(gcra(vec![0, 5, 5]).is_err(), "denied, yet it fits");
+        assert!(gcra(vec![1, 5, 4]).is_err(), "a TAT behind now");
+        assert!(gcra(vec![1, 5]).is_err(), "short");
+        assert!(gcra(vec![1, 5, 1_000_005, 0]).is_err(), "long");
+        assert!(gcra(vec![1, 5, 1_000_005]).unwrap().allowed);
     }
 }

@@ -141,6 +141,9 @@ impl From<&String> for MultiKey {
 #[derive(Debug, Clone)]
 pub struct MultiCheck {
     call: Invocation,
+    algorithm: Algorithm,
+    quotas: Vec<Quota>,
+    cost: u64,
     names: Vec<String>,
     /// `None` for a peek: it charges nothing.
     issuer: Option<Issuer>,
@@ -171,13 +174,19 @@ impl MultiCheck {
         });
         Ok(MultiCheck {
             call,
+            algorithm: limits.algorithm,
+            quotas: limits.quotas.clone(),
+            cost,
             names: limits.names.clone(),
             issuer,
         })
     }
 
-    fn quotas(&self) -> Option<&[Quota]> {
-        self.issuer.as_ref().map(|i| i.quotas.as_slice())
+    /// Decodes the reply of this check (or peek).
+    fn decided(&self, reply: redis::Value) -> Result<super::Decided> {
+        let script = self.call.script().name();
+        let peek = self.issuer.is_none();
+        super::decode_decision(script, reply, self.algorithm, &self.quotas, self.cost, peek)
     }
 }
 
@@ -189,21 +198,19 @@ impl Operation for MultiCheck {
     }
 
     fn decode(&self, reply: redis::Value) -> Result<MultiRateLimit> {
-        let script = self.call.script().name();
-        let Some((issuer, quotas)) = self.issuer.as_ref().zip(self.quotas()) else {
-            return Err(Error::UnexpectedReply {
-                script,
-                detail: "a peek is decoded by its limiter".to_owned(),
-            });
+        let decided = self.decided(reply)?;
+        let charge = match &self.issuer {
+            Some(issuer) => {
+                // Each limit is counted under its own name: which one denied shows.
+                for (name, limit) in self.names.iter().zip(&decided.limits) {
+                    crate::observe::decision(name, limit.allowed && decided.allowed);
+                }
+                decided
+                    .allowed
+                    .then(|| issuer.multi_charge(decided.at(), &decided.resets()))
+            }
+            None => None,
         };
-        let decided = super::decode_decision(script, reply, quotas)?;
-        // Each limit is counted under its own name: which one denied shows.
-        for (name, limit) in self.names.iter().zip(&decided.limits) {
-            crate::observe::decision(name, limit.allowed && decided.allowed);
-        }
-        let charge = decided
-            .allowed
-            .then(|| issuer.multi_charge(decided.at(), &decided.resets()));
         Ok(MultiRateLimit {
             allowed: decided.allowed,
             denied_by: decided.denied_by,
@@ -489,15 +496,7 @@ impl MultiLimiter {
     where
         C: ConnectionLike + Send,
     {
-        let peek = MultiCheck::build(self, &key.into(), cost, true)?;
-        let value = peek.call.run(conn).await?;
-        let decided = super::decode_decision(peek.call.script().name(), value, &self.quotas)?;
-        Ok(MultiRateLimit {
-            allowed: decided.allowed,
-            denied_by: decided.denied_by,
-            limits: decided.limits,
-            charge: None,
-        })
+        run_one(&MultiCheck::build(self, &key.into(), cost, true)?, conn).await
     }
 
     /// Forget every limit's state, shared ones included: all are full again.

@@ -25,22 +25,22 @@
 -- (written by something else) is given the end now + w, so that it cannot
 -- block forever.
 --
--- Reply: {admitted, now, then per limit: fits, remaining, retry_after, reset_after}
---   admitted     1 when every limit fitted and was charged; else 0
---   now          the server time of the decision, microseconds since the epoch
---   fits         1 when this limit on its own had room for cost
---   remaining    L - count after this call, never below 0
---   retry_after  milliseconds until the window ends (then cost fits); -1
---                when it fits now
---   reset_after  milliseconds until the window ends; 0 when the count is 0
+-- Reply: {admitted, now, then per limit: count, end} -- the raw state,
+-- from which the client derives every answer (src/rate/state.rs):
+--   admitted  1 when every limit fitted and was charged; else 0
+--   now       the server time of the decision, microseconds since the epoch
+--   count     the window's count after the call (0 when it ended)
+--   end       the window's end, ms since the epoch; 0 when there is none
+-- fits (when denied): cost <= L - count; remaining: L - count, never below
+-- 0; retry_after: end - now_ms; reset_after: end - now_ms when count > 0.
 --
 -- Guarantees: every limit is read and decided before the first write; any
 -- number of concurrent callers never push a count past L in one window.
 -- Like every fixed window, up to 2L can pass within w across a window end.
 --
--- Example: limit 3 per 60000 ms, on a missing key at now = N us:
--- {1, N, 1, 2, -1, 60000}; three more calls 2 ms later: the last gets
--- {0, N + 2000, 0, 0, 59998, 59998}.
+-- Example: limit 3 per 60000 ms, on a missing key at now = N us (N / 1000
+-- = M ms): {1, N, 1, M + 60000}; three more calls 2 ms later: the last gets
+-- {0, N + 2000, 3, M + 60000} (retry and reset after 59998 ms).
 
 --@include lib/fail
 --@include lib/rate
@@ -93,8 +93,7 @@ reply[1] = admitted
 -- exactly (Redis prints them with %.17g, or as integers since 7.2).
 for i = 1, n do
   local j = 4 * i - 1
-  local c, e, w, l = reply[j], reply[j + 1], reply[j + 2], reply[j + 3]
-  local fits = cost <= l - c
+  local c, e, w = reply[j], reply[j + 1], reply[j + 2]
   if admitted == 1 and e == 0 then
     c, e = cost, now + w
     redis.call('SET', KEYS[i], c, 'PXAT', e)
@@ -105,11 +104,7 @@ for i = 1, n do
       redis.call('PEXPIREAT', KEYS[i], e)
     end
   end
-  local retry, reset = -1, 0
-  if e ~= 0 and c > 0 then reset = e - now end
-  if not fits then retry = e - now end
-  local remaining = l - c
-  if remaining < 0 then remaining = 0 end
-  reply[j], reply[j + 1], reply[j + 2], reply[j + 3] = fits and 1 or 0, remaining, retry, reset
+  reply[2 * i + 1], reply[2 * i + 2] = c, e
 end
+for k = 2 * n + 3, 4 * n + 2 do reply[k] = nil end
 return reply

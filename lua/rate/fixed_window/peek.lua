@@ -5,16 +5,16 @@
 -- counter whose expiry is its window's end; ARGV[1] cost, then window w in ms
 -- and limit L per key).
 --
--- Reply: {admitted, now, then per limit: fits, remaining, retry_after, reset_after}
---   as rate/fixed_window/check, except that nothing is charged: admitted
---   says whether check would admit, and remaining is L - count now. A
---   counter without an expiry is reported as if its window ended at now + w.
+-- Reply: {admitted, now, then per limit: count, end} as
+--   rate/fixed_window/check, except that nothing is charged: admitted says
+--   whether check would admit, and count is the count now. A counter
+--   without an expiry is reported as if its window ended at now + w.
 --
 -- Read-only (flags=no-writes): it runs with EVALSHA_RO, replicas accept it,
 -- and Redis itself refuses any write from it.
 --
 -- Example: limit 3, count 3, window ending 1200 ms from now: peeking cost 1
--- gives {0, now, 0, 0, 1200, 1200}.
+-- gives {0, now, 3, now_ms + 1200} (retry and reset after 1200 ms).
 
 --@include lib/fail
 --@include lib/args
@@ -41,17 +41,8 @@ for i = 1, n do
   local c, e = fixed_read(KEYS[i], now)
   if not c then return fail('key ' .. KEYS[i] .. ' does not hold a counter') end
   if e == -1 then e = now + w end
-  local fits = cost <= l - c
-  local retry, reset = -1, 0
-  if e ~= nil and c > 0 then reset = e - now end
-  if not fits then
-    admitted = 0
-    retry = e - now
-  end
-  reply[#reply + 1] = fits and 1 or 0
-  reply[#reply + 1] = math.max(0, l - c)
-  reply[#reply + 1] = retry
-  reply[#reply + 1] = reset
+  if cost > l - c then admitted = 0 end
+  reply[2 * i + 1], reply[2 * i + 2] = c, e or 0
 end
 reply[1] = admitted
 return reply

@@ -22,42 +22,41 @@
 -- When every limit fits, each stores TAT' = tat + cost x T; otherwise
 -- nothing is written (a denied call consumes nothing, on any limit).
 --
--- Reply: {admitted, now, then per limit: fits, remaining, retry_after, reset_after}
---   admitted     1 when every limit fitted and was charged; else 0
---   now          the server time of the decision, microseconds since the epoch
---   fits         1 when this limit on its own had room for cost
---   remaining    units that fit right now, after this call:
---                floor((b x T - (tat - now)) / T), never below 0
---   retry_after  milliseconds (rounded up) until cost fits on this limit if
---                nothing else arrives; -1 when it fits now
---   reset_after  milliseconds (rounded up) until this limit is full again
+-- Reply: {admitted, now, then per limit: tat} -- the raw state; the
+-- client derives every answer from it (src/rate/state.rs), so the server
+-- spends nothing on arithmetic no decision needs.
+--   admitted  1 when every limit fitted and was charged; else 0
+--   now       the server time of the decision, microseconds since the epoch
+--   tat       limit i's TAT after the call: max(TAT, now), plus cost x T
+--             when admitted. From it and the quota: fits (when denied:
+--             (tat - now) + cost x T <= b x T), remaining (floor((b x T -
+--             (tat - now)) / T), never below 0), retry_after and
+--             reset_after (ceil((tat - now) / 1000) ms).
 --
 -- Guarantees: every limit is read and decided before the first write, so the
 -- call is all or nothing even across several keys. Any number of concurrent
 -- callers never get more than b + floor(d / T) units in d microseconds.
 --
 -- Example: 10 per second, burst 10 (T = 100000, b = 10), on a missing key at
--- now = N: {1, N, 1, 9, -1, 100}. Ten quick calls leave remaining 9, 8, ..., 0;
--- an eleventh at N + 2000 gets {0, N + 2000, 0, 0, 98, 998}.
+-- now = N: {1, N, N + 100000} (9 remaining). Ten quick calls leave TAT at
+-- N + 1000000; an eleventh at N + 2000 gets {0, N + 2000, N + 1000000}
+-- (0 remaining, retry after 98 ms, full again after 998 ms).
 
 --@include lib/fail
 --@include lib/rate
 
-local MAX = 9007199254740991      -- 2^53 - 1: Lua numbers are doubles
 local MAX_FILL = 2251799813685248 -- 2^51 microseconds, about 71 years
 
 -- The checks of lib/args, lib/stored and lib/gcra, written in place: on a
 -- hot key the server's time per call is the ceiling, and a helper costs a
--- closure and a call per check. No table is built but the reply, which
--- also keeps each limit's state between the decision and the writes.
+-- closure and a call per check. No table is built but the reply, whose slot
+-- i + 2 holds limit i's TAT; T and b are read again from ARGV for a write.
 
 local n, cost, now = rate_begin()
 if not n then return fail(cost) end
-local floor, ceil = math.floor, math.ceil
 
--- Decide every limit before any write. Slots 4i-1 .. 4i+2 of the reply hold
--- limit i's fits, TAT, T and b until its answer replaces them.
-local reply, admitted = {0, now, 0, 0, 0, 0}, 1
+-- Decide every limit before any write.
+local reply, admitted = {0, now}, 1
 for i = 1, n do
   local step, b = tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
   if not step or not b or step % 1 ~= 0 or b % 1 ~= 0 or step < 1 or b < 1
@@ -75,29 +74,19 @@ for i = 1, n do
     end
     if v > now then tat = v end
   end
-  local fits = (tat - now) + cost * step <= b * step
-  if not fits then admitted = 0 end
-  local j = 4 * i - 1
-  reply[j], reply[j + 1], reply[j + 2], reply[j + 3] = fits, tat, step, b
+  if (tat - now) + cost * step > b * step then admitted = 0 end
+  reply[i + 2] = tat
 end
 reply[1] = admitted
 
 -- Numbers are passed to Redis as they are: integers below 2^53 are sent
--- exactly (Redis prints them with %.17g, or as integers since 7.2). Every
--- dividend below is under 2^53 (a TAT is at most now + 2^52), so
--- math.floor and math.ceil of the quotients are exact (see lib/div).
-for i = 1, n do
-  local j = 4 * i - 1
-  local fits, t, step, b = reply[j], reply[j + 1], reply[j + 2], reply[j + 3]
-  if admitted == 1 then
-    t = t + cost * step
-    redis.call('SET', KEYS[i], t, 'PXAT', ceil(t / 1000))
+-- exactly (Redis prints them with %.17g, or as integers since 7.2). A TAT
+-- is at most now + 2^52, so the expiry's quotient is exact (see lib/div).
+if admitted == 1 then
+  for i = 1, n do
+    local t = reply[i + 2] + cost * ARGV[2 * i]
+    redis.call('SET', KEYS[i], t, 'PXAT', math.ceil(t / 1000))
+    reply[i + 2] = t
   end
-  local room = b * step - (t - now)
-  local remaining, retry = 0, -1
-  if room > 0 then remaining = floor(room / step) end
-  if not fits then retry = ceil((cost * step - room) / 1000) end
-  reply[j], reply[j + 1], reply[j + 2], reply[j + 3] =
-    fits and 1 or 0, remaining, retry, ceil((t - now) / 1000)
 end
 return reply

@@ -5,44 +5,41 @@
 -- microseconds since the Unix epoch; ARGV[1] cost, then interval T and burst b
 -- per key).
 --
--- Reply: {admitted, now, then per limit: fits, remaining, retry_after, reset_after}
---   as rate/gcra/check, except that nothing is charged: admitted says whether
---   check would admit, and remaining counts the units that fit now,
---   floor((b x T - (tat - now)) / T), before any charge.
+-- Reply: {admitted, now, then per limit: tat} as rate/gcra/check, except
+--   that nothing is charged: admitted says whether check would admit, and
+--   tat is max(TAT, now), from which the client counts the units that fit
+--   now, before any charge.
 --
 -- Read-only (flags=no-writes): it runs with EVALSHA_RO, replicas accept it,
 -- and Redis itself refuses any write from it.
 --
 -- Example: 10 per second, burst 10, after 3 quick admissions at N, peeking
--- cost 1 at N + 1000: {1, N + 1000, 1, 7, -1, 299}.
+-- cost 1 at N + 1000: {1, N + 1000, N + 300000} (7 fit; full in 299 ms).
 
 --@include lib/fail
 --@include lib/args
 --@include lib/time
 --@include lib/gcra
 
-local MAX = 9007199254740991
+-- As rate/gcra/check decides, without the charge.
 
 local n = #KEYS
 if n < 1 or #ARGV ~= 1 + 2 * n then
   return fail('expected 1 + 2 arguments per key, got ' .. #ARGV .. ' for ' .. n .. ' keys')
 end
-local cost = arg_int(1, 1, MAX)
+local cost = arg_int(1, 1, 9007199254740991)
 if not cost then return fail('bad cost: ' .. tostring(ARGV[1])) end
 
 local now = now_us()
 
--- As rate/gcra/check decides, without the charge.
 local reply, admitted = {0, now}, 1
 for i = 1, n do
   local step, b = gcra_limit(i, cost)
   if not step then return fail('bad interval or burst, or cost above the burst, for key ' .. i) end
   local t = gcra_tat(KEYS[i], now)
   if not t then return fail('key ' .. KEYS[i] .. ' does not hold a GCRA state') end
-  local fits = (t - now) + cost * step <= b * step
-  if not fits then admitted = 0 end
-  local j = 4 * i - 1
-  reply[j], reply[j + 1], reply[j + 2], reply[j + 3] = gcra_answer(t, now, cost, step, b, fits)
+  if (t - now) + cost * step > b * step then admitted = 0 end
+  reply[i + 2] = t
 end
 reply[1] = admitted
 return reply

@@ -26,24 +26,28 @@
 -- When every limit fits, each stores count + cost; otherwise nothing is
 -- written (a denied call consumes nothing, on any limit).
 --
--- Reply: {admitted, now, then per limit: fits, remaining, retry_after, reset_after}
---   admitted     1 when every limit fitted and was charged; else 0
---   now          the server time of the decision, microseconds since the epoch
---   fits         1 when this limit on its own had room for cost
---   remaining    units that fit right now, after this call:
---                L - count - ceil(previous x (w - e) / w), never below 0
---   retry_after  milliseconds until cost fits on this limit if nothing else
---                arrives (the estimate only falls as time passes); -1 when it
---                fits now
---   reset_after  milliseconds until the estimate is 0: the end of the next
---                window when count > 0, of this one when only previous > 0
+-- Reply: {admitted, now, then per limit: start, count, previous} -- the
+-- raw state, rolled to now (and clamped to L), from which the client
+-- derives every answer (src/rate/state.rs):
+--   admitted  1 when every limit fitted and was charged; else 0
+--   now       the server time of the decision, microseconds since the epoch
+--   start     the current window's start, ms (e = now_ms - start, at least 0)
+--   count     units in it, after the call
+--   previous  units in the window before
+-- fits (when denied): count + cost <= L and previous x (w - e) <= (L -
+-- count - cost) x w; remaining: L - count - ceil(previous x (w - e) / w),
+-- never below 0; retry_after: when the estimate leaves room for cost (the
+-- estimate only falls as time passes); reset_after: when the estimate is 0,
+-- the end of the next window when count > 0, of this one when only
+-- previous > 0.
 --
 -- Guarantees: every limit is read and decided before the first write. In
 -- each aligned window at most L units are admitted, and at each admission
 -- the weighted estimate, this admission included, is at most L.
 --
 -- Example: limit 10 per 1000 ms; previous = 10, count = 0, e = 300: the
--- estimate is 7, so cost 3 fits and cost 4 waits until e = 400 (retry 100).
+-- estimate is 7, so cost 3 fits ({1, now, start, 3, 10}) and cost 4 waits
+-- until e = 400 ({0, now, start, 0, 10}: retry after 100 ms).
 
 --@include lib/fail
 --@include lib/rate
@@ -58,10 +62,12 @@ local MAX = 9007199254740991
 
 local n, cost, micros = rate_begin()
 if not n then return fail(cost) end
-local floor, ceil = math.floor, math.ceil
+local floor = math.floor
 local now = floor(micros / 1000) -- exact: micros < 2^53 (lib/div)
 
-local reply, admitted, extra = {0, micros, 0, 0, 0, 0, 0, 0}, 1, 4 * n + 1
+-- Slots 3i, 3i + 1, 3i + 2 of the reply hold limit i's start, count and
+-- previous.
+local reply, admitted = {0, micros}, 1
 for i = 1, n do
   local w, l = tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
   if not w or not l or w % 1 ~= 0 or l % 1 ~= 0 or w < 1 or l < 1 or l * w > MAX then
@@ -99,49 +105,16 @@ for i = 1, n do
   local e = now - cur
   if e < 0 then e = 0 end
   if not (c + cost <= l and p * (w - e) <= (l - c - cost) * w) then admitted = 0 end
-  local j = 4 * i - 1
-  reply[j], reply[j + 1], reply[j + 2] = cur, c, p
-  reply[extra + 2 * i], reply[extra + 2 * i + 1] = w, l
+  reply[3 * i], reply[3 * i + 1], reply[3 * i + 2] = cur, c, p
 end
 reply[1] = admitted
 
--- Numbers are passed to Redis as they are: integers below 2^53 are sent
--- exactly (Redis prints them with %.17g, or as integers since 7.2). Every
--- product and dividend below is at most L x w <= 2^53 - 1, so the divisions
--- are exact (lib/div).
-for i = 1, n do
-  local j = 4 * i - 1
-  local cur, c, p = reply[j], reply[j + 1], reply[j + 2]
-  local w, l = reply[extra + 2 * i], reply[extra + 2 * i + 1]
-  local e = now - cur
-  if e < 0 then e = 0 end
-  local fits = c + cost <= l and p * (w - e) <= (l - c - cost) * w
-  if admitted == 1 then
-    c = c + cost
+if admitted == 1 then
+  for i = 1, n do
+    local cur, c, p = reply[3 * i], reply[3 * i + 1] + cost, reply[3 * i + 2]
     redis.call('HSET', KEYS[i], 'start', cur, 'count', c, 'previous', p)
-    redis.call('PEXPIREAT', KEYS[i], cur + 2 * w)
+    redis.call('PEXPIREAT', KEYS[i], cur + 2 * ARGV[2 * i])
+    reply[3 * i + 1] = c
   end
-  local remaining = l - c - ceil(p * (w - e) / w)
-  if remaining < 0 then remaining = 0 end
-  local retry, reset = -1, 0
-  if not fits then
-    -- Still in this window, once previous x (w - e') <= x x w; else in the
-    -- next one, where previous = count and count = 0.
-    local x = l - c - cost
-    local e1 = w
-    if x >= 0 and p > 0 then e1 = w - floor(x * w / p) end
-    if e1 < w then
-      retry = e1 - e
-    elseif c == 0 then
-      retry = w - e
-    else
-      local e2 = w - floor((l - cost) * w / c)
-      if e2 < 0 then e2 = 0 end
-      retry = w - e + e2
-    end
-  end
-  if c > 0 then reset = cur + 2 * w - now elseif p > 0 then reset = cur + w - now end
-  reply[j], reply[j + 1], reply[j + 2], reply[j + 3] = fits and 1 or 0, remaining, retry, reset
 end
-for k = extra + 2, extra + 2 * n + 1 do reply[k] = nil end
 return reply

@@ -4,16 +4,16 @@
 -- KEYS and ARGV are those of rate/sliding_window/check (state: hash {start,
 -- count, previous}; ARGV[1] cost, then window w in ms and limit L per key).
 --
--- Reply: {admitted, now, then per limit: fits, remaining, retry_after, reset_after}
---   as rate/sliding_window/check, except that nothing is charged: admitted
---   says whether check would admit, and remaining counts what fits now,
---   L - count - ceil(previous x (w - e) / w), before any charge.
+-- Reply: {admitted, now, then per limit: start, count, previous} as
+--   rate/sliding_window/check, except that nothing is charged: admitted
+--   says whether check would admit, and the state is the one now.
 --
 -- Read-only (flags=no-writes): it runs with EVALSHA_RO, replicas accept it,
 -- and Redis itself refuses any write from it.
 --
 -- Example: limit 10 per 1000 ms; previous = 10, count = 0, e = 300: peeking
--- cost 4 gives fits 0, remaining 3, retry_after 100, reset_after 700.
+-- cost 4 gives {0, now, start, 0, 10} (3 fit, retry after 100 ms, empty
+-- in 700 ms).
 
 --@include lib/fail
 --@include lib/args
@@ -33,17 +33,6 @@ if not cost then return fail('bad cost: ' .. tostring(ARGV[1])) end
 local micros = now_us()
 local now = floor_div(micros, 1000)
 
-local function retry_ms(c, p, e, w, l)
-  local x = l - c - cost
-  if x >= 0 and p > 0 then
-    local e1 = w - floor_div(x * w, p)
-    if e1 < w then return e1 - e end
-  end
-  if c == 0 then return w - e end
-  local e2 = math.max(0, w - floor_div((l - cost) * w, c))
-  return w - e + e2
-end
-
 local reply, admitted = {0, micros}, 1
 for i = 1, n do
   local w, l = arg_int(2 * i, 1, MAX), arg_int(2 * i + 1, 1, MAX)
@@ -55,17 +44,8 @@ for i = 1, n do
   if not cur then return fail('key ' .. KEYS[i] .. ' does not hold a sliding window') end
   c, p = math.min(c, l), math.min(p, l)
   local e = math.max(0, now - cur)
-  local fits = c + cost <= l and p * (w - e) <= (l - c - cost) * w
-  local retry, reset = -1, 0
-  if not fits then
-    admitted = 0
-    retry = retry_ms(c, p, e, w, l)
-  end
-  if c > 0 then reset = cur + 2 * w - now elseif p > 0 then reset = cur + w - now end
-  reply[#reply + 1] = fits and 1 or 0
-  reply[#reply + 1] = math.max(0, l - c - ceil_div(p * (w - e), w))
-  reply[#reply + 1] = retry
-  reply[#reply + 1] = reset
+  if not (c + cost <= l and p * (w - e) <= (l - c - cost) * w) then admitted = 0 end
+  reply[3 * i], reply[3 * i + 1], reply[3 * i + 2] = cur, c, p
 end
 reply[1] = admitted
 return reply

@@ -24,21 +24,22 @@
 -- When every bucket fits, each stores {tokens - cost, at}; otherwise nothing
 -- is written (a denied call consumes nothing, on any bucket).
 --
--- Reply: {admitted, now, then per bucket: fits, remaining, retry_after, reset_after}
---   admitted     1 when every bucket fitted and was charged; else 0
---   now          the server time of the decision, microseconds since the epoch
---   fits         1 when this bucket on its own had `cost` tokens
---   remaining    tokens left after this call
---   retry_after  milliseconds (rounded up) until the bucket holds `cost`
---                tokens if nothing else arrives; -1 when it fits now
---   reset_after  milliseconds (rounded up) until the bucket is full again
+-- Reply: {admitted, now, then per bucket: tokens, at} -- the raw state,
+-- from which the client derives every answer (src/rate/state.rs).
+--   admitted  1 when every bucket fitted and was charged; else 0
+--   now       the server time of the decision, microseconds since the epoch
+--   tokens    bucket i's tokens after refill, less cost when admitted (the
+--             remaining units; when denied it fitted alone iff cost <= tokens)
+--   at        the instant refill is credited up to: retry_after is
+--             ceil((at + (cost - tokens) x T - now) / 1000) ms, reset_after
+--             ceil((at + (C - tokens) x T - now) / 1000) ms
 --
 -- Guarantees: every bucket is read and decided before the first write. The
 -- decisions are exactly those of rate/gcra/check for the same T and burst = C
 -- (TAT = at + (C - tokens) x T); only the stored form differs.
 --
 -- Example: capacity 10, 10 per second (T = 100000), on a missing key at now = N:
--- {1, N, 1, 9, -1, 100}, state {tokens = 9, at = N}.
+-- {1, N, 9, N}, state {tokens = 9, at = N} (9 remaining, full in 100 ms).
 
 --@include lib/fail
 --@include lib/rate
@@ -48,14 +49,12 @@ local MAX_FILL = 2251799813685248
 
 -- The checks of lib/args and lib/bucket, written in place (see
 -- rate/gcra/check): no helper calls, no table but the reply, whose slots
--- 4i-1 .. 4i+2 keep bucket i's tokens, at, T and C between the decision and
--- the writes.
+-- 2i + 1 and 2i + 2 keep bucket i's tokens and at.
 
 local n, cost, now = rate_begin()
 if not n then return fail(cost) end
-local floor, ceil = math.floor, math.ceil
 
-local reply, admitted = {0, now, 0, 0, 0, 0}, 1
+local reply, admitted = {0, now}, 1
 for i = 1, n do
   local step, cap = tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
   if not step or not cap or step % 1 ~= 0 or cap % 1 ~= 0 or step < 1 or cap < 1
@@ -83,34 +82,24 @@ for i = 1, n do
     end
     -- Refill up to now, one token per T; a lowered capacity clamps.
     if now > a then
-      local add = floor((now - a) / step)
+      local add = math.floor((now - a) / step)
       if k + add >= cap then k, a = cap, now else k, a = k + add, a + add * step end
     end
     if k > cap then k = cap end
   end
   if cost > k then admitted = 0 end
-  local j = 4 * i - 1
-  reply[j], reply[j + 1], reply[j + 2], reply[j + 3] = k, a, step, cap
+  reply[2 * i + 1], reply[2 * i + 2] = k, a
 end
 reply[1] = admitted
 
 -- Numbers are passed to Redis as they are: integers below 2^53 are sent
 -- exactly (Redis prints them with %.17g, or as integers since 7.2).
-for i = 1, n do
-  local j = 4 * i - 1
-  local k, a, step, cap = reply[j], reply[j + 1], reply[j + 2], reply[j + 3]
-  local fits = cost <= k
-  if admitted == 1 then
-    k = k - cost
+if admitted == 1 then
+  for i = 1, n do
+    local k, a = reply[2 * i + 1] - cost, reply[2 * i + 2]
     redis.call('HSET', KEYS[i], 'tokens', k, 'at', a)
-    redis.call('PEXPIREAT', KEYS[i], ceil((a + (cap - k) * step) / 1000))
+    redis.call('PEXPIREAT', KEYS[i], math.ceil((a + (ARGV[2 * i + 1] - k) * ARGV[2 * i]) / 1000))
+    reply[2 * i + 1] = k
   end
-  local retry, reset = -1, 0
-  if not fits then retry = ceil((a + (cost - k) * step - now) / 1000) end
-  if k < cap then
-    local full = a + (cap - k) * step - now
-    if full > 0 then reset = ceil(full / 1000) end
-  end
-  reply[j], reply[j + 1], reply[j + 2], reply[j + 3] = fits and 1 or 0, k, retry, reset
 end
 return reply

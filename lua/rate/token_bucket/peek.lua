@@ -4,20 +4,19 @@
 -- KEYS and ARGV are those of rate/token_bucket/check (state: hash {tokens,
 -- at}; ARGV[1] cost, then interval T and capacity C per key).
 --
--- Reply: {admitted, now, then per bucket: fits, remaining, retry_after, reset_after}
---   as rate/token_bucket/check, except that nothing is charged: admitted
---   says whether check would admit, and remaining is the tokens in the
---   bucket now (refill included), before any charge.
+-- Reply: {admitted, now, then per bucket: tokens, at} as
+--   rate/token_bucket/check, except that nothing is charged: admitted says
+--   whether check would admit, and tokens are those in the bucket now.
 --
 -- Read-only (flags=no-writes): it runs with EVALSHA_RO, replicas accept it,
 -- and Redis itself refuses any write from it.
 --
 -- Example: capacity 10, T = 100000, state {tokens = 2, at = N - 250000}, at
--- now = N, cost 5: two tokens were earned, {0, N, 0, 4, 50, 550}.
+-- now = N, cost 5: two tokens were earned, {0, N, 4, N - 50000} (retry
+-- after 50 ms, full in 550 ms).
 
 --@include lib/fail
 --@include lib/args
---@include lib/div
 --@include lib/time
 --@include lib/bucket
 
@@ -42,16 +41,8 @@ for i = 1, n do
   if cost > cap then return fail('cost is above the capacity of key ' .. i) end
   local k, a = bucket_read(KEYS[i], now, step, cap)
   if not k then return fail('key ' .. KEYS[i] .. ' does not hold a token bucket') end
-  local retry, reset = -1, 0
-  if cost > k then
-    admitted = 0
-    retry = ceil_div(a + (cost - k) * step - now, 1000)
-  end
-  if k < cap then reset = ceil_div(math.max(0, a + (cap - k) * step - now), 1000) end
-  reply[#reply + 1] = cost <= k and 1 or 0
-  reply[#reply + 1] = k
-  reply[#reply + 1] = retry
-  reply[#reply + 1] = reset
+  if cost > k then admitted = 0 end
+  reply[2 * i + 1], reply[2 * i + 2] = k, a
 end
 reply[1] = admitted
 return reply
