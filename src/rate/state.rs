@@ -291,6 +291,7 @@ mod tests {
         (fits, k, retry, reset)
     }
 
+    #[allow(clippy::too_many_arguments)] // the Lua's own locals, one by one
     fn lua_sliding(
         cur: u64,
         c: u64,
