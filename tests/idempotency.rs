@@ -740,3 +740,50 @@ async fn foreign_data_at_a_record_key_refuses_the_operation_and_writes_nothing()
     assert_eq!(op.run(&mut conn).await.unwrap().count, 1);
     assert_eq!(count(&mut conn, &key).await, 1);
 }
+
+/// A settlement whose reply was lost, sent again with its id, charges its
+/// excess once and answers with the first reply; without an id the resend
+/// changes nothing either (the server recorded the settlement) but says so.
+#[tokio::test]
+async fn a_lost_settlement_is_applied_once() {
+    let (_server, proxy, mut conn, mut direct) = setup().await;
+    for algorithm in [
+        Algorithm::Gcra,
+        Algorithm::TokenBucket,
+        Algorithm::SlidingWindow,
+        Algorithm::FixedWindow,
+    ] {
+        let key = format!("{}settle", prefix("idem"));
+        let limiter = Limiter::new(algorithm, Quota::per_hour(10).unwrap()).unwrap();
+        let charge = limiter
+            .check(&mut direct, &key, 4)
+            .await
+            .unwrap()
+            .into_charge()
+            .unwrap();
+        let op = nolock::rate::SettleCharge::new(&charge, 7)
+            .unwrap()
+            .idempotent("settle-1")
+            .unwrap();
+        proxy.lose_replies(1);
+        let err = op.run(&mut conn).await.unwrap_err();
+        assert!(matches!(err, Error::Indeterminate(_)), "{err}");
+        let first = retry(&policy(), &mut conn, &op).await.unwrap();
+        let Some(s) = first.clone().settled() else {
+            panic!("{algorithm:?}: {first:?}")
+        };
+        assert_eq!(s.charged, 3, "{algorithm:?}");
+        assert_eq!(
+            op.run(&mut conn).await.unwrap(),
+            first,
+            "the recorded answer"
+        );
+        assert_eq!(
+            charge.settle(&mut direct, 7).await.unwrap(),
+            nolock::rate::Settle::AlreadySettled,
+            "{algorithm:?}: a plain resend changes nothing"
+        );
+        let left = limiter.peek(&mut direct, &key, 1).await.unwrap();
+        assert_eq!(left.remaining, 3, "{algorithm:?}: 7 charged, once");
+    }
+}

@@ -1,55 +1,81 @@
--- lib/refund: what every rate refund starts and ends with: its arguments,
--- and the charge's record, which caps all refunds of one charge at its cost
--- whatever copies of the charge the clients hold.
+-- lib/refund: what every rate refund and settlement starts and ends with:
+-- its arguments, and the charge's record, which caps all refunds of one
+-- charge at its cost and lets it be settled once, whatever copies of the
+-- charge the clients hold.
 --
 -- KEYS[1..n]   the limits, as the algorithm's check writes them.
 -- KEYS[n + 1]  the charge's record: keys::derive(first key, "charge#<id>"),
---              in the limits' slot. A string "h_1,...,h_n": the units of the
+--              in the limits' slot. Either "h_1,...,h_n", the units of the
 --              charge still held on each limit (canonical integers), written
---              by the first refund that gives anything back and kept until
---              the charge can give nothing back on any limit. Missing: no
---              refund of this charge gave anything back yet.
--- ARGV[1]      amount  integer >= 1: units to give back.
--- ARGV[2]      at      integer microseconds: the server time of the charge.
--- ARGV[3]      cost    integer >= 1: what the charge took (every copy of a
+--              by the first refund that gives anything back, or "s": the
+--              charge was settled (nothing of it can be given back or
+--              settled again). Kept until no copy of the charge could act
+--              on it any more. Missing: no refund gave anything back yet,
+--              and it was not settled.
+-- ARGV[1]      amount  integer >= 0: for a refund, the units to give back
+--                      (0 for a settlement).
+-- ARGV[2]      actual  integer >= 0: for a settlement, the charge's real
+--                      cost (0 for a refund).
+-- ARGV[3]      at      integer microseconds: the server time of the charge.
+-- ARGV[4]      cost    integer >= 1: what the charge took (every copy of a
 --                      charge carries the same cost).
--- ARGV[4i .. 4i+3]     limit i: two numbers of its quota (as its check takes
+-- ARGV[5]      settle  0 for a refund; for a settlement, its deadline:
+--                      integer milliseconds since the epoch after which the
+--                      charge counts as settled at its cost.
+-- ARGV[6]      cap     integer >= 0: how many units a settlement may push a
+--                      limit beyond empty (2^53 - 1: no cap).
+-- ARGV[4i+3 .. 4i+6]   limit i: two numbers of its quota (as its check takes
 --                      them), held (the client's count of units still held,
---                      <= cost) and reset (the charge's reset_after on limit i, ms).
+--                      <= cost) and reset (the charge's reset_after on limit
+--                      i, ms).
 --
--- refund_begin() -> n, amount, at, cost, held: held[i] is the least of the
--- client's count, the cost and the record's h_i; or nil and the message to
--- fail with (before any write). A record that is not exactly n canonical
+-- refund_begin(now_ms) -> n, give, excess, at, cost, settle, cap, held,
+-- status: held[i] is the least of the client's count, the cost and the
+-- record's h_i. Per limit, give[i] is what to give back (a refund:
+-- min(amount, held[i]); a settlement: held[i] - actual when positive) and
+-- excess[i] what to charge beyond the charge (a settlement: actual -
+-- held[i] when positive, even past the limit: into debt). status 0 when the
+-- call may act, 1 when the charge was settled already, 2 when a
+-- settlement's deadline has passed; when it is not 0, give and excess are
+-- all 0: the call changes nothing. Or nil and the message to fail with
+-- (before any write). A record that is neither "s" nor exactly n canonical
 -- integers <= cost is foreign data: a definite error, nothing written.
 --
--- refund_end(n, held, credited, until_ms): when anything was credited,
--- stores h_i = held[i] - credited[i] with PXAT until_ms, the instant after
--- which no copy of the charge could credit anything on any limit (each
--- algorithm's own rule says when), so the record costs memory only while
--- it matters. A resend or a copy then finds the record and gives back at
--- most what is left.
+-- refund_end(n, held, credited, until_ms, settle, status): a
+-- settlement that acted stores "s" until the later of until_ms and its
+-- deadline; a refund that gave anything back stores h_i = held[i] -
+-- credited[i] until until_ms, the instant after which no copy of the
+-- charge could credit anything on any limit (each algorithm's own rule
+-- says when). So the record costs memory only while it matters.
 
 --@include lib/args
 
-local function refund_begin()
+local function refund_begin(now_ms)
   local n = #KEYS - 1
-  if n < 1 or #ARGV ~= 3 + 4 * n then
-    return nil, 'expected 3 + 4 arguments per limit and a record key, got ' .. #ARGV
+  if n < 1 or #ARGV ~= 6 + 4 * n then
+    return nil, 'expected 6 + 4 arguments per limit and a record key, got ' .. #ARGV
       .. ' arguments for ' .. #KEYS .. ' keys'
   end
   local MAX = 9007199254740991
-  local amount, at, cost = arg_int(1, 1, MAX), arg_int(2, 0, MAX), arg_int(3, 1, MAX)
-  if not amount or not at or not cost then return nil, 'bad amount, charge time or cost' end
+  local amount, actual = arg_int(1, 0, MAX), arg_int(2, 0, MAX)
+  local at, cost, settle = arg_int(3, 0, MAX), arg_int(4, 1, MAX), arg_int(5, 0, MAX)
+  local cap = arg_int(6, 0, MAX)
+  if not amount or not actual or not at or not cost or not settle or not cap then
+    return nil, 'bad amount, excess, charge time, cost, deadline or cap'
+  end
   local held = {}
   for i = 1, n do
-    local h = arg_int(4 * i + 2, 0, cost)
-    if not h or not arg_int(4 * i + 3, 0, MAX) then
+    local h = arg_int(4 * i + 5, 0, cost)
+    if not h or not arg_int(4 * i + 6, 0, MAX) then
       return nil, 'bad held or reset for limit ' .. i
     end
     held[i] = h
   end
+  local status = 0
   local record = redis.call('GET', KEYS[n + 1])
-  if record then
+  if record == 's' then
+    status = 1
+  elseif record then
     -- n canonical integers <= cost, separated by commas, as refund_end writes them.
     local i, pos, ok = 0, 1, #record <= 17 * n
     while ok do
@@ -66,10 +92,26 @@ local function refund_begin()
       return nil, 'key ' .. KEYS[n + 1] .. ' does not hold a refund record of this charge'
     end
   end
-  return n, amount, at, cost, held
+  if status == 0 and settle > 0 and now_ms > settle then status = 2 end
+  local give, excess = {}, {}
+  for i = 1, n do
+    if status ~= 0 then
+      give[i], excess[i] = 0, 0
+    elseif settle > 0 then
+      give[i], excess[i] = math.max(0, held[i] - actual), math.max(0, actual - held[i])
+    else
+      give[i], excess[i] = math.min(amount, held[i]), 0
+    end
+  end
+  return n, give, excess, at, cost, settle, cap, held, status
 end
 
-local function refund_end(n, held, credited, until_ms)
+local function refund_end(n, held, credited, until_ms, settle, status)
+  if status ~= 0 then return end
+  if settle > 0 then
+    redis.call('SET', KEYS[n + 1], 's', 'PXAT', math.max(until_ms, settle + 1))
+    return
+  end
   local any, left = false, {}
   for i = 1, n do
     if credited[i] > 0 then any = true end

@@ -143,6 +143,7 @@ impl Local {
                 retry_after,
                 reset_after: ms_up(tat - now),
                 at,
+                debt: 0,
             });
         }
         Ok((admitted, out))

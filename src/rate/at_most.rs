@@ -145,6 +145,7 @@ fn decode(
             retry_after,
             reset_after: Duration::from_millis(reset),
             at,
+            debt: 0,
         },
     ))
 }

@@ -23,12 +23,15 @@ use redis::aio::ConnectionLike;
 use serde::{Deserialize, Serialize};
 
 use super::deny_cache::DenyCache;
+use super::settle::Terms;
+use super::state::State;
+use super::RateLimit;
 use super::{Algorithm, Quota, Refund};
 use crate::script::{run_one, Invocation, Operation, Reply};
 use crate::{keys, validate, Error, Result};
 
 /// What a [`Charge`] and a [`MultiCharge`] hold.
-struct Receipt {
+pub(super) struct Receipt {
     /// 32 lowercase hex digits, unique per check.
     id: String,
     algorithm: Algorithm,
@@ -42,6 +45,11 @@ struct Receipt {
     held: Vec<u64>,
     /// Per limit: the admission's `reset_after`, milliseconds.
     reset_ms: Vec<u64>,
+    /// How far a settlement may push a limit past empty, in units.
+    debt_cap: Option<u64>,
+    /// After this server time (ms since the epoch) the charge counts as
+    /// settled at its cost.
+    settle_by_ms: u64,
     /// The issuing limiter's deny cache: a refund that gave anything back
     /// forgets its cached denials of these keys.
     cache: Option<Arc<DenyCache>>,
@@ -68,19 +76,42 @@ impl Receipt {
                 reason: format!("{amount} is more than the {held} units the charge still holds"),
             });
         }
+        Ok(self.call(amount, 0, 0))
+    }
+
+    /// The settlement's call at the real cost `actual`.
+    pub(super) fn settle_call(&self, actual: u64) -> Result<Invocation> {
+        let actual = validate::at_most("actual", actual, crate::MAX_INTEGER)?;
+        Ok(self.call(0, actual, self.settle_by_ms.max(1)))
+    }
+
+    /// `lua/rate/<algorithm>/refund.lua` for a refund of `amount` or a
+    /// settlement at `actual` with deadline `settle` (see `lua/lib/refund`).
+    fn call(&self, amount: u64, actual: u64, settle: u64) -> Invocation {
         let record = keys::derive(&self.keys[0], &format!("charge#{}", self.id));
         let mut keys: Vec<&str> = self.keys.iter().map(String::as_str).collect();
         keys.push(&record);
         let script = &self.algorithm.scripts().refund;
         let mut call = Invocation::new(script, &keys)
             .arg(amount)
+            .arg(actual)
             .arg(self.at_us)
-            .arg(self.cost);
+            .arg(self.cost)
+            .arg(settle)
+            .arg(self.debt_cap.unwrap_or(crate::MAX_INTEGER));
         for ((quota, held), reset) in self.quotas.iter().zip(&self.held).zip(&self.reset_ms) {
             let [a, b] = self.algorithm.params(quota);
             call = call.arg(a).arg(b).arg(*held).arg(*reset);
         }
-        Ok(call)
+        call
+    }
+
+    pub(super) fn reading(&self) -> Reading {
+        Reading {
+            algorithm: self.algorithm,
+            quotas: self.quotas.clone(),
+            cache: self.cache.clone().map(|c| (c, self.keys.clone())),
+        }
     }
 
     fn apply(&mut self, refunds: &[Refund]) {
@@ -145,6 +176,7 @@ pub(super) struct Issuer {
     pub(super) quotas: Vec<Quota>,
     pub(super) keys: Vec<String>,
     pub(super) cost: u64,
+    pub(super) terms: Terms,
     pub(super) cache: Option<Arc<DenyCache>>,
 }
 
@@ -165,6 +197,7 @@ impl Issuer {
         let at_us = at
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+        let within = u64::try_from(self.terms.settle_within.as_millis()).unwrap_or(u64::MAX);
         Receipt {
             id: self.id.clone(),
             algorithm: self.algorithm,
@@ -177,6 +210,10 @@ impl Issuer {
                 .iter()
                 .map(|r| u64::try_from(r.as_millis()).unwrap_or(u64::MAX))
                 .collect(),
+            debt_cap: self.terms.debt_cap,
+            settle_by_ms: (at_us / 1000)
+                .saturating_add(within)
+                .min(crate::MAX_INTEGER),
             cache: self.cache.clone(),
         }
     }
@@ -284,6 +321,18 @@ macro_rules! receipt_accessors {
 }
 
 receipt_accessors!(Charge);
+
+impl Charge {
+    pub(super) fn receipt(&self) -> &Receipt {
+        &self.0
+    }
+}
+
+impl MultiCharge {
+    pub(super) fn receipt(&self) -> &Receipt {
+        &self.0
+    }
+}
 receipt_accessors!(MultiCharge);
 
 impl Charge {
@@ -428,7 +477,7 @@ impl Refund {
 #[derive(Debug, Clone)]
 pub struct RefundCharge {
     call: Invocation,
-    cache: Option<(Arc<DenyCache>, String)>,
+    reading: Reading,
 }
 
 impl RefundCharge {
@@ -442,7 +491,7 @@ impl RefundCharge {
     pub fn new(charge: &Charge, amount: u64) -> Result<RefundCharge> {
         Ok(RefundCharge {
             call: charge.0.refund_call(amount)?,
-            cache: charge.0.cache.clone().map(|c| (c, charge.key().to_owned())),
+            reading: charge.0.reading(),
         })
     }
 }
@@ -456,19 +505,14 @@ impl Operation for RefundCharge {
 
     fn decode(&self, reply: redis::Value) -> Result<Refund> {
         let script = self.call.script().name();
-        let refund =
-            decode_refunds(script, reply, 1)?
-                .pop()
-                .ok_or_else(|| Error::UnexpectedReply {
-                    script,
-                    detail: "no limit in the reply".to_owned(),
-                })?;
-        if let Some((cache, key)) = &self.cache {
-            if refund.credited > 0 {
-                cache.forget(key);
-            }
-        }
-        Ok(refund)
+        let (_, mut limits) = self.reading.decode(script, reply, false)?;
+        limits
+            .pop()
+            .map(|l| l.refund())
+            .ok_or_else(|| Error::UnexpectedReply {
+                script,
+                detail: "no limit in the reply".to_owned(),
+            })
     }
 }
 
@@ -477,7 +521,7 @@ impl Operation for RefundCharge {
 #[derive(Debug, Clone)]
 pub struct MultiRefundCharge {
     call: Invocation,
-    limits: usize,
+    reading: Reading,
 }
 
 impl MultiRefundCharge {
@@ -489,7 +533,7 @@ impl MultiRefundCharge {
     pub fn new(charge: &MultiCharge, amount: u64) -> Result<MultiRefundCharge> {
         Ok(MultiRefundCharge {
             call: charge.0.refund_call(amount)?,
-            limits: charge.0.quotas.len(),
+            reading: charge.0.reading(),
         })
     }
 }
@@ -502,23 +546,109 @@ impl Operation for MultiRefundCharge {
     }
 
     fn decode(&self, reply: redis::Value) -> Result<Vec<Refund>> {
-        decode_refunds(self.call.script().name(), reply, self.limits)
+        let (_, limits) = self
+            .reading
+            .decode(self.call.script().name(), reply, false)?;
+        Ok(limits.iter().map(Adjusted::refund).collect())
     }
 }
 
-/// The refund script's reply: `{credited, remaining}` per limit.
-fn decode_refunds(script: &'static str, value: redis::Value, limits: usize) -> Result<Vec<Refund>> {
-    let mut reply = Reply::new(script, value)?;
-    let refunds = (0..limits)
-        .map(|_| {
-            Ok(Refund {
-                credited: reply.uint()?,
-                remaining: reply.uint()?,
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
-    reply.finish()?;
-    Ok(refunds)
+/// What reading the refund script's reply takes: the charge's algorithm
+/// and quotas, and the deny cache its refunds clear.
+#[derive(Clone)]
+pub(super) struct Reading {
+    algorithm: Algorithm,
+    quotas: Vec<Quota>,
+    cache: Option<(Arc<DenyCache>, Vec<String>)>,
+}
+
+impl fmt::Debug for Reading {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Reading")
+            .field("algorithm", &self.algorithm)
+            .field("quotas", &self.quotas)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One limit's part of a refund or settlement.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Adjusted {
+    /// Units of the charge given back.
+    pub(super) credited: u64,
+    /// Units charged beyond the charge (a settlement above it).
+    pub(super) charged: u64,
+    /// Units the settlement asked to charge beyond the charge.
+    pub(super) excess: u64,
+    /// The limit afterwards, as a check of one unit would see it.
+    pub(super) state: RateLimit,
+}
+
+impl Adjusted {
+    fn refund(&self) -> Refund {
+        Refund {
+            credited: self.credited,
+            remaining: self.state.remaining,
+        }
+    }
+}
+
+/// What the refund script answered: applied, or why not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Status {
+    Applied,
+    Settled,
+    Expired,
+}
+
+impl Reading {
+    /// Reads `{status, now, (credited, charged, excess, state...)...}`, and
+    /// forgets the cached denials of the keys when anything came back.
+    /// `settle`: the call was a settlement (only then may it have expired).
+    pub(super) fn decode(
+        &self,
+        script: &'static str,
+        value: redis::Value,
+        settle: bool,
+    ) -> Result<(Status, Vec<Adjusted>)> {
+        let bad = |detail: String| Error::UnexpectedReply { script, detail };
+        let mut reply = Reply::new(script, value)?;
+        let status = match reply.uint()? {
+            0 => Status::Applied,
+            1 => Status::Settled,
+            2 if settle => Status::Expired,
+            other => return Err(bad(format!("status {other}"))),
+        };
+        let now = reply.uint()?;
+        let mut limits = Vec::with_capacity(self.quotas.len());
+        for quota in &self.quotas {
+            let (credited, charged, excess) = (reply.uint()?, reply.uint()?, reply.uint()?);
+            let state = State::read(self.algorithm, &mut reply)?;
+            let answer = state
+                .answer(quota, now, 1, false)
+                .ok_or_else(|| bad(format!("{state:?} at {now}")))?;
+            if charged > excess || (status != Status::Applied && credited + charged > 0) {
+                return Err(bad(format!(
+                    "{status:?}: credited {credited}, charged {charged} of {excess}"
+                )));
+            }
+            limits.push(Adjusted {
+                credited,
+                charged,
+                excess,
+                state: answer,
+            });
+        }
+        reply.finish()?;
+        if let Some((cache, keys)) = &self.cache {
+            if limits.iter().any(|l| l.credited > 0) {
+                for key in keys {
+                    cache.forget(key);
+                }
+            }
+        }
+        Ok((status, limits))
+    }
 }
 
 /// A charge as serde sees it; checked on the way in.
@@ -533,6 +663,9 @@ struct Wire {
     cost: u64,
     held: Vec<u64>,
     reset_ms: Vec<u64>,
+    #[serde(default)]
+    debt_cap: Option<u64>,
+    settle_by_ms: u64,
 }
 
 impl From<&Receipt> for Wire {
@@ -546,6 +679,8 @@ impl From<&Receipt> for Wire {
             cost: r.cost,
             held: r.held.clone(),
             reset_ms: r.reset_ms.clone(),
+            debt_cap: r.debt_cap,
+            settle_by_ms: r.settle_by_ms,
         }
     }
 }
@@ -590,6 +725,10 @@ impl TryFrom<Wire> for Receipt {
         for &reset in &w.reset_ms {
             validate::at_most("reset_after", reset, crate::MAX_INTEGER)?;
         }
+        validate::at_most("settle deadline", w.settle_by_ms, crate::MAX_INTEGER)?;
+        if let Some(cap) = w.debt_cap {
+            validate::at_most("debt cap", cap, crate::MAX_INTEGER)?;
+        }
         Ok(Receipt {
             id: w.id,
             algorithm: w.algorithm,
@@ -599,6 +738,8 @@ impl TryFrom<Wire> for Receipt {
             cost: w.cost,
             held: w.held,
             reset_ms: w.reset_ms,
+            debt_cap: w.debt_cap,
+            settle_by_ms: w.settle_by_ms,
             cache: None,
         })
     }
@@ -650,6 +791,7 @@ mod tests {
             quotas,
             keys: keys.iter().map(|k| (*k).to_owned()).collect(),
             cost: 3,
+            terms: Terms::default(),
             cache: None,
         }
     }
@@ -680,12 +822,30 @@ mod tests {
                 "rl:a",
                 record.as_str(),
                 "2",
+                "0",
                 "1700000000000001",
                 "3",
+                "0",
+                "9007199254740991",
                 "100000",
                 "10",
                 "3",
                 "300"
+            ]
+        );
+        // A settlement at 5: no amount, the actual cost, the deadline (an
+        // hour after the charge by default) and no debt cap.
+        let settle = charge.0.settle_call(5).unwrap();
+        let words = words(settle.command());
+        assert_eq!(
+            words[5..11],
+            [
+                "0",
+                "5",
+                "1700000000000001",
+                "3",
+                "1700003600000",
+                "9007199254740991"
             ]
         );
         Refund {

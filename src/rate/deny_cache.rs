@@ -177,6 +177,7 @@ mod tests {
             retry_after: Some(Duration::from_millis(retry_ms)),
             reset_after: Duration::from_millis(retry_ms),
             at: SystemTime::UNIX_EPOCH,
+            debt: 0,
         }
     }
 

@@ -133,6 +133,7 @@ mod tests {
             retry_after: retry_ms.map(Duration::from_millis),
             reset_after: Duration::from_millis(reset_ms),
             at: UNIX_EPOCH,
+            debt: 0,
         }
     }
 

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use super::charge::{next_id, Issuer};
 use super::deny_cache::DenyCache;
+use super::settle::Terms;
 use super::{headers, Algorithm, Charge, Headers, Quota, RateLimit};
 use crate::script::{run_one, Invocation, Operation};
 use crate::{validate, Error, Result};
@@ -40,6 +41,8 @@ pub struct Limiter {
     algorithm: Algorithm,
     quota: Quota,
     name: String,
+    /// What its charges may do when settled.
+    terms: Terms,
     /// Opt-in local memory of denials, shared by clones.
     denials: Option<Denials>,
 }
@@ -71,6 +74,7 @@ impl Limiter {
             algorithm,
             quota,
             name: "default".to_owned(),
+            terms: Terms::default(),
             denials: None,
         })
     }
@@ -109,6 +113,48 @@ impl Limiter {
         }
     }
 
+    /// The same limiter, with a cap on how far one settlement of its
+    /// charges ([`Charge::settle`]) may push the limit past empty: at most
+    /// `units` of debt. An excess beyond it is not charged, and the
+    /// settlement says so ([`super::Settlement::uncharged`]). Default: no cap.
+    ///
+    /// ```
+    /// use nolock::rate::{Algorithm, Limiter, Quota};
+    /// // Tokens per minute; one call may overrun its estimate by a minute's worth at most.
+    /// let tpm = Limiter::new(Algorithm::Gcra, Quota::per_minute(100_000)?)?.with_debt_cap(100_000);
+    /// # let _ = tpm;
+    /// # Ok::<(), nolock::Error>(())
+    /// ```
+    pub fn with_debt_cap(self, units: u64) -> Limiter {
+        Limiter {
+            terms: Terms {
+                debt_cap: Some(units.min(crate::MAX_INTEGER)),
+                ..self.terms
+            },
+            ..self
+        }
+    }
+
+    /// The same limiter, whose charges can be settled ([`Charge::settle`])
+    /// for `within` after their check; after that a charge counts as settled
+    /// at its reservation. Default [`super::DEFAULT_SETTLE_WITHIN`] (an
+    /// hour). A settled charge's record is kept that long.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ZeroDuration`] under 1 ms; [`Error::DurationTooLong`] above
+    /// [`crate::MAX_TTL`].
+    pub fn settle_within(self, within: Duration) -> Result<Limiter> {
+        let ms = validate::millis("settle_within", within)?;
+        Ok(Limiter {
+            terms: Terms {
+                settle_within: Duration::from_millis(ms),
+                ..self.terms
+            },
+            ..self
+        })
+    }
+
     /// The same limiter under another name: the policy name in the
     /// `RateLimit-Policy` and `RateLimit` headers.
     ///
@@ -131,6 +177,7 @@ impl Limiter {
             quotas: vec![self.quota],
             keys: vec![key.to_owned()],
             cost,
+            terms: self.terms,
             cache: self.denials.as_ref().map(|d| Arc::clone(&d.0)),
         }
     }

@@ -21,6 +21,7 @@
 //! | [`Limiter::check`] | `lua/rate/<algorithm>/check.lua` | take `cost` if it fits; a denial takes nothing; an admission carries a [`Charge`] |
 //! | [`Limiter::peek`] | `lua/rate/<algorithm>/peek.lua` | what `check` would say; read-only (`EVALSHA_RO`) |
 //! | [`Charge::refund`] | `lua/rate/<algorithm>/refund.lua` | give units of that charge back (work not done), at most its cost across every copy |
+//! | [`Charge::settle`] | the same script | settle the charge at its real cost, once: give back the rest, or charge the excess into debt |
 //! | [`Limiter::reset`] | `DEL` | forget the state: the limiter is full |
 //! | [`Limiter::check_at_most`] | `lua/rate/{gcra,token_bucket}/check_at_most.lua` | take `min(max, available)`; GCRA and token bucket only |
 //! | [`Limiter::until_ready`] | `check`, repeated | sleep the server's `retry_after` (with jitter) until admitted or a deadline |
@@ -46,6 +47,40 @@
 //! safe on replicas and in the AOF. A client that waits
 //! [`RateLimit::retry_after`] and asks again is admitted, if nothing else
 //! was admitted in between: `retry_after` is rounded up to the millisecond.
+//!
+//! # Reserve now, settle later
+//!
+//! A request whose cost is known only after the work (the tokens of a model
+//! call, the bytes of an upload) is checked with an estimate; when the work
+//! ends, its charge is settled at the real cost. Below the estimate, the
+//! difference is given back under the rules of a refund (only what the
+//! charge still holds of the limit). Above it, the excess is charged even
+//! if it does not fit (the work already happened): the limit goes into
+//! **debt**, checks are denied until the debt has drained, and their
+//! `retry_after`, `reset_after`, `debt` and headers say so.
+//!
+//! * **Once.** A charge is settled once: the call takes it by value, and the
+//!   server records the settlement under the charge's id, so a copy of the
+//!   charge (serialized, or the same settlement resent after a lost reply)
+//!   finds [`Settle::AlreadySettled`] and changes nothing. A settled charge
+//!   can no longer be refunded either.
+//! * **A deadline.** A reservation that is never settled (the process died)
+//!   stays charged at its estimate. After its limiter's settle deadline
+//!   ([`Limiter::settle_within`], default [`DEFAULT_SETTLE_WITHIN`] after
+//!   the check), it counts as settled at its estimate: a late settlement is
+//!   [`Settle::Expired`] and changes nothing.
+//! * **Bounded debt.** [`Limiter::with_debt_cap`] caps how far one
+//!   settlement may push a limit past empty (default: no cap); the part of
+//!   an excess beyond the cap is not charged and is reported as
+//!   [`Settlement::uncharged`].
+//!
+//! How each algorithm holds a debt: GCRA and the token bucket push their
+//! schedule past empty, so the debt drains at the limit's own rate (one
+//! unit per emission interval). The fixed window counts above its limit
+//! until the window ends, which forgets the debt. The sliding window counts
+//! above its limit in the current window; in the next one that window
+//! weighs as a full one (checks read a previous window as at most the
+//! limit), so a debt beyond one window's worth is forgotten there.
 //!
 //! # Memory
 //!
@@ -97,6 +132,7 @@ pub mod headers;
 mod limiter;
 mod multi;
 mod quota;
+mod settle;
 mod sliding_window;
 mod state;
 mod token_bucket;
@@ -108,6 +144,7 @@ pub use headers::Headers;
 pub use limiter::{Check, Decision, Limiter};
 pub use multi::{MultiCheck, MultiKey, MultiLimiter, MultiRateLimit};
 pub use quota::{Quota, MAX_PERIOD};
+pub use settle::{MultiSettleCharge, Settle, SettleCharge, Settlement, DEFAULT_SETTLE_WITHIN};
 
 /// How a limiter decides. All four take the same [`Quota`] and answer with the
 /// same [`RateLimit`].
@@ -270,6 +307,13 @@ pub struct RateLimit {
     /// precision). Add `reset_after` to it for an absolute reset time that
     /// does not depend on the caller's clock.
     pub at: SystemTime,
+    /// Units charged beyond empty: a settlement above its reservation
+    /// ([`Charge::settle`]) may push a limit past what it admits, and checks
+    /// are then denied until this debt has drained (`retry_after` and
+    /// `reset_after` count it). 0 otherwise. GCRA and token bucket: the
+    /// units until the limit is merely empty again; windows: the units
+    /// counted above the limit in the current window.
+    pub debt: u64,
 }
 
 /// What a refund gave back on one limit ([`Charge::refund`]).
@@ -465,6 +509,7 @@ mod tests {
                 retry_after: None,
                 reset_after: Duration::from_millis(300),
                 at,
+                debt: 0,
             }
         );
         assert_eq!(d.limits[1].retry_after, Some(Duration::from_millis(500)));

@@ -9,6 +9,7 @@ use crate::script::{run_one, Invocation, Operation};
 
 use super::charge::{next_id, Issuer};
 use super::limiter::valid_name;
+use super::settle::Terms;
 use super::{headers, Algorithm, Headers, MultiCharge, Quota, RateLimit};
 use crate::{keys, validate, Error, Result};
 
@@ -53,6 +54,8 @@ use crate::{keys, validate, Error, Result};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MultiLimiter {
     algorithm: Algorithm,
+    /// What its charges may do when settled.
+    terms: Terms,
     names: Vec<String>,
     quotas: Vec<Quota>,
     /// Per limit: true when its key is passed by the caller.
@@ -170,6 +173,7 @@ impl MultiCheck {
             quotas: limits.quotas.clone(),
             keys,
             cost,
+            terms: limits.terms,
             cache: None,
         });
         Ok(MultiCheck {
@@ -296,6 +300,7 @@ impl MultiLimiter {
     pub fn new(algorithm: Algorithm) -> MultiLimiter {
         MultiLimiter {
             algorithm,
+            terms: Terms::default(),
             names: Vec::new(),
             quotas: Vec::new(),
             shared: Vec::new(),
@@ -337,6 +342,35 @@ impl MultiLimiter {
         self.quotas.push(quota);
         self.shared.push(shared);
         Ok(self)
+    }
+
+    /// [`Limiter::with_debt_cap`](super::Limiter::with_debt_cap) for every
+    /// limit: how far one settlement may push each past empty.
+    pub fn with_debt_cap(self, units: u64) -> MultiLimiter {
+        MultiLimiter {
+            terms: Terms {
+                debt_cap: Some(units.min(crate::MAX_INTEGER)),
+                ..self.terms
+            },
+            ..self
+        }
+    }
+
+    /// [`Limiter::settle_within`](super::Limiter::settle_within) for this
+    /// limiter's charges.
+    ///
+    /// # Errors
+    ///
+    /// As [`Limiter::settle_within`](super::Limiter::settle_within).
+    pub fn settle_within(self, within: Duration) -> Result<MultiLimiter> {
+        let ms = validate::millis("settle_within", within)?;
+        Ok(MultiLimiter {
+            terms: Terms {
+                settle_within: Duration::from_millis(ms),
+                ..self.terms
+            },
+            ..self
+        })
     }
 
     /// The algorithm of every limit.
@@ -692,6 +726,7 @@ mod tests {
             retry_after: None,
             reset_after: Duration::from_secs(reset_s),
             at: UNIX_EPOCH,
+            debt: 0,
         };
         let d = MultiRateLimit::uncharged(true, vec![state(900, 1200), state(100, 36_000)]);
         let h = limits.headers(&d);

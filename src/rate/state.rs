@@ -79,7 +79,7 @@ impl State {
     ) -> Option<RateLimit> {
         let at = UNIX_EPOCH + Duration::from_micros(now);
         let ms = Duration::from_millis;
-        let (fits, remaining, retry, reset) = match self {
+        let (fits, remaining, retry, reset, debt) = match self {
             State::Gcra { tat } => {
                 let (t, b) = (i128::from(quota.interval_us()), i128::from(quota.burst()));
                 let (tat, now_, cost) = (i128::from(tat), i128::from(now), i128::from(cost));
@@ -94,7 +94,8 @@ impl State {
                 let room = b * t - ahead;
                 let remaining = if room > 0 { room / t } else { 0 };
                 let retry = (!fits).then(|| ceil_ms(cost * t - room));
-                (fits, remaining, retry, ceil_ms(ahead))
+                let debt = if room < 0 { ceil_div(-room, t) } else { 0 };
+                (fits, remaining, retry, ceil_ms(ahead), debt)
             }
             State::Bucket { tokens, at: from } => {
                 let (t, cap) = (i128::from(quota.interval_us()), i128::from(quota.burst()));
@@ -111,7 +112,13 @@ impl State {
                 } else {
                     0
                 };
-                (fits, k, retry, reset)
+                // An empty bucket whose refill starts in the future is in debt.
+                let debt = if k == 0 && a > now_ {
+                    ceil_div(a - now_, t)
+                } else {
+                    0
+                };
+                (fits, k, retry, reset, debt)
             }
             State::Sliding {
                 start,
@@ -119,11 +126,14 @@ impl State {
                 previous,
             } => {
                 let (w, l) = (i128::from(quota.period_ms()), i128::from(quota.rate()));
-                let (s, c, p) = (i128::from(start), i128::from(count), i128::from(previous));
+                let (s, count, p) = (i128::from(start), i128::from(count), i128::from(previous));
                 let (now_ms, cost) = (i128::from(now / 1000), i128::from(cost));
-                if c > l || p > l || (applied && c < cost) {
+                if applied && count < cost {
                     return None;
                 }
+                // Counts above the limit (a lowered limit, or a debt) weigh
+                // as the limit, as the scripts clamp them.
+                let (c, p) = (count.min(l), p.min(l));
                 let e = (now_ms - s).max(0).min(w);
                 let before = if applied { c - cost } else { c };
                 let fits =
@@ -147,7 +157,7 @@ impl State {
                 } else {
                     0
                 };
-                (fits, remaining, retry, reset.max(0))
+                (fits, remaining, retry, reset.max(0), (count - l).max(0))
             }
             State::Fixed { count, end } => {
                 let (l, c, e) = (i128::from(quota.rate()), i128::from(count), i128::from(end));
@@ -158,7 +168,7 @@ impl State {
                 let fits = applied || cost <= l - c;
                 let retry = (!fits).then(|| e - now_ms);
                 let reset = if e != 0 && c > 0 { e - now_ms } else { 0 };
-                (fits, (l - c).max(0), retry, reset)
+                (fits, (l - c).max(0), retry, reset, (c - l).max(0))
             }
         };
         Some(RateLimit {
@@ -171,6 +181,7 @@ impl State {
             },
             reset_after: ms(u64::try_from(reset).ok()?),
             at,
+            debt: u64::try_from(debt).ok()?,
         })
     }
 }
@@ -449,13 +460,34 @@ mod tests {
         assert!(State::Bucket { tokens: 11, at: N }
             .answer(&quota, N, 1, false)
             .is_none());
+        // An admission whose count is below its own cost.
         assert!(State::Sliding {
-            start: 0,
-            count: 11,
+            start: N / 1000,
+            count: 0,
             previous: 0
         }
-        .answer(&quota, N, 1, false)
+        .answer(&quota, N, 1, true)
         .is_none());
+        // Debt: 2 units past the limit of 10 in this window.
+        let owed = State::Sliding {
+            start: N / 1000,
+            count: 12,
+            previous: 0,
+        }
+        .answer(&quota, N, 1, false)
+        .unwrap();
+        assert_eq!((owed.allowed, owed.remaining, owed.debt), (false, 0, 2));
+        assert_eq!(far.debt, 20, "3 s of a 1 s burst of 10: 20 units owed");
+        let bucket = State::Bucket {
+            tokens: 0,
+            at: N + 250_000,
+        }
+        .answer(&quota, N, 1, false)
+        .unwrap();
+        assert_eq!(
+            (bucket.debt, bucket.retry_after),
+            (3, Some(Duration::from_millis(350)))
+        );
         assert!(State::Fixed { count: 1, end: 0 }
             .answer(&quota, N, 1, false)
             .is_none());

@@ -1,39 +1,45 @@
 #!lua flags=allow-oom
--- rate/fixed_window/refund: give back units of one admitted charge, only while the charge's window is still counted.
+-- rate/fixed_window/refund: give back units of one admitted charge (only while the charge's window is still counted), or settle it at its real cost (charging an excess to the current window, even past its limit).
 --
 -- KEYS[i]     limit i (i = 1..n): a counter as written by
 --             rate/fixed_window/check, whose expiry is its window's end;
 --             KEYS[n + 1] the charge's record (lib/refund).
--- ARGV[1]     amount  integer >= 1: units to give back.
--- ARGV[2]     at      integer microseconds: the server time of the charge
---                     (the `now` of its reply).
--- ARGV[3]     cost    integer >= 1: what the charge took.
--- ARGV[4i]    window  w of limit i, integer milliseconds >= 1.
--- ARGV[4i+1]  limit   L of limit i, integer >= 1.
--- ARGV[4i+2]  held    integer in [0, cost]: the units of the charge not yet
---                     given back on limit i, as the client counts them; the
---                     record's count wins when lower.
--- ARGV[4i+3]  reset   the charge's reset_after on limit i, integer ms.
+-- ARGV        as lib/refund: amount, actual, at, cost, settle, cap, then per
+--             limit: window w (ms >= 1), limit L (>= 1), held, reset (the
+--             charge's reset_after, ms).
 --
--- The charge was counted in the window ending at end = floor(at / 1000) +
--- reset (check answers reset = end - now in ms, exactly). A counter whose
--- window still ends at `end` drops by min(amount, held, count); a counter of any
--- other window (the charge's window ended, a new one began) is left alone:
--- units refunded there would be units the new window never charged. The
--- window (expiry) is kept. The record keeps what is left of the charge
--- until the last of its windows ends.
+-- Refund (and a settlement below the reservation, which gives back give =
+-- held - actual): the charge was counted in the window ending at end =
+-- floor(at / 1000) + reset (check answers reset = end - now in ms,
+-- exactly). A counter whose window still ends at `end` drops by min(give,
+-- count); a
+-- counter of any other window (the charge's window ended, a new one began)
+-- is left alone: units refunded there would be units the new window never
+-- charged. The window (expiry) is kept.
 --
--- Reply: {credited_1, remaining_1, ..., credited_n, remaining_n}
---   credited   units taken off counter i
---   remaining  L - count afterwards, never below 0
+-- Excess (a settlement above the reservation: actual - held): the current
+-- window counts e = min(excess, L + cap - count) more units, never below 0 (a window is
+-- opened, [now, now + w), when there is none): past L, a debt that denies
+-- every check until the window ends.
+--
+-- The record keeps what is left of the charge until the last of its
+-- windows ends; a settlement marks it settled until its deadline.
+--
+-- Reply: {status, now, then per limit: credited, charged, excess, count, end}
+--   status    0 applied; 1 settled already; 2 past the settlement's deadline
+--   credited  units taken off counter i
+--   charged   e: the excess units counted
+--   excess    the units the settlement asked to count (actual - held)
+--   count, end  the window afterwards: its count and its end (ms; 0 when
+--             there is none) -- the raw state (src/rate/state.rs)
 --
 -- Runs on a full server (allow-oom): giving back must not fail for lack of
 -- memory. Every key, the record included, is read and checked before the
 -- first write.
 --
 -- Example: limit 10, 7 counted in the window ending at E; a refund of 3
--- from a charge whose end is E gives {3, 6}; from a charge of the window
--- before, {0, 3}.
+-- from a charge whose end is E gives {0, now, 3, 0, 0, 4, E}; from a charge
+-- of the window before, {0, now, 0, 0, 0, 7, E}.
 
 --@include lib/fail
 --@include lib/args
@@ -44,32 +50,49 @@
 
 local MAX = 9007199254740991
 
-local n, amount, at, cost, held = refund_begin()
-if not n then return fail(amount) end
-
-local now = floor_div(now_us(), 1000)
+local micros = now_us()
+local now = floor_div(micros, 1000)
+local n, give, excess, at, cost, settle, cap, held, status = refund_begin(now)
+if not n then return fail(give) end
 local charged_in = floor_div(at, 1000)
 
-local limit, count, take, until_ms = {}, {}, {}, now
+local window, limit, count, ends, take, until_ms = {}, {}, {}, {}, {}, now
 for i = 1, n do
-  local w, l = arg_int(4 * i, 1, MAX), arg_int(4 * i + 1, 1, MAX)
-  local reset = arg_int(4 * i + 3, 0, MAX)
+  local w, l = arg_int(4 * i + 3, 1, MAX), arg_int(4 * i + 4, 1, MAX)
+  local reset = arg_int(4 * i + 6, 0, MAX)
   if not w or not l then return fail('bad window or limit for key ' .. i) end
   local c, e = fixed_read(KEYS[i], now)
   if not c then return fail('key ' .. KEYS[i] .. ' does not hold a counter') end
-  limit[i], count[i], take[i] = l, c, 0
-  if e == charged_in + reset then take[i] = math.min(amount, held[i], c) end
+  window[i], limit[i], count[i], ends[i], take[i] = w, l, c, e, 0
+  if e == charged_in + reset then take[i] = math.min(give[i], c) end
   until_ms = math.max(until_ms, charged_in + reset)
 end
 
 -- Numbers are passed to Redis as they are: integers below 2^53 are sent
 -- exactly (Redis prints them with %.17g, or as integers since 7.2).
-local reply = {}
+local reply = {status, micros}
 for i = 1, n do
-  local c = count[i]
+  local c, e = count[i], ends[i]
   if take[i] > 0 then c = redis.call('DECRBY', KEYS[i], take[i]) end
-  reply[#reply + 1] = take[i]
-  reply[#reply + 1] = math.max(0, limit[i] - c)
+  local charged = 0
+  if excess[i] > 0 then
+    charged = math.max(0, math.min(excess[i], limit[i] + cap - c, MAX - c))
+    if charged > 0 then
+      if not e then
+        c, e = charged, now + window[i]
+        redis.call('SET', KEYS[i], c, 'PXAT', e)
+      else
+        c = redis.call('INCRBY', KEYS[i], charged)
+        if e == -1 then
+          e = now + window[i]
+          redis.call('PEXPIREAT', KEYS[i], e)
+        end
+      end
+    end
+  end
+  if e == -1 then e = now + window[i] end
+  local j = 5 * i - 2
+  reply[j], reply[j + 1], reply[j + 2], reply[j + 3], reply[j + 4] = take[i], charged, excess[i], c, e or 0
 end
-refund_end(n, held, take, until_ms + 1)
+refund_end(n, held, take, until_ms + 1, settle, status)
 return reply

@@ -27,7 +27,8 @@
 -- written (a denied call consumes nothing, on any limit).
 --
 -- Reply: {admitted, now, then per limit: start, count, previous} -- the
--- raw state, rolled to now (and clamped to L), from which the client
+-- raw state, rolled to now, counts as stored (the client weighs them as at
+-- most L, as this script decides), from which the client
 -- derives every answer (src/rate/state.rs):
 --   admitted  1 when every limit fitted and was charged; else 0
 --   now       the server time of the decision, microseconds since the epoch
@@ -99,12 +100,16 @@ for i = 1, n do
     elseif s == cur - w then c, p = 0, c
     else c, p = 0, 0 end
   end
-  -- A lowered limit: clamp so that the products below stay exact.
-  if c > l then c = l end
-  if p > l then p = l end
+  -- Counts above the limit (a lowered limit, or a debt) decide as the
+  -- limit, so that the products below stay exact; they are returned as
+  -- stored, so the client sees a debt.
   local e = now - cur
   if e < 0 then e = 0 end
-  if not (c + cost <= l and p * (w - e) <= (l - c - cost) * w) then admitted = 0 end
+  if c + cost > l then
+    admitted = 0
+  elseif (p < l and p or l) * (w - e) > (l - c - cost) * w then
+    admitted = 0
+  end
   reply[3 * i], reply[3 * i + 1], reply[3 * i + 2] = cur, c, p
 end
 reply[1] = admitted

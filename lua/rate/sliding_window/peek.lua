@@ -42,9 +42,10 @@ for i = 1, n do
   if cost > l then return fail('cost is above the limit of key ' .. i) end
   local cur, c, p = window_read(KEYS[i], now, w)
   if not cur then return fail('key ' .. KEYS[i] .. ' does not hold a sliding window') end
-  c, p = math.min(c, l), math.min(p, l)
+  -- Counts above the limit (a lowered limit, or a debt) decide as the
+  -- limit, and are returned as stored.
   local e = math.max(0, now - cur)
-  if not (c + cost <= l and p * (w - e) <= (l - c - cost) * w) then admitted = 0 end
+  if not (c + cost <= l and math.min(p, l) * (w - e) <= (l - c - cost) * w) then admitted = 0 end
   reply[3 * i], reply[3 * i + 1], reply[3 * i + 2] = cur, c, p
 end
 reply[1] = admitted

@@ -1,32 +1,39 @@
 #!lua flags=allow-oom
--- rate/sliding_window/refund: give back units of one admitted charge, from the window that counted it, while it still counts.
+-- rate/sliding_window/refund: give back units of one admitted charge (from the window that counted it, while it still counts), or settle it at its real cost (charging an excess to the current window, even past its limit).
 --
 -- KEYS[i]     limit i (i = 1..n): a hash {start, count, previous} as
 --             written by rate/sliding_window/check; KEYS[n + 1] the charge's
 --             record (lib/refund).
--- ARGV[1]     amount  integer >= 1: units to give back.
--- ARGV[2]     at      integer microseconds: the server time of the charge
---                     (the `now` of its reply).
--- ARGV[3]     cost    integer >= 1: what the charge took.
--- ARGV[4i]    window  w of limit i, integer milliseconds >= 1.
--- ARGV[4i+1]  limit   L of limit i, integer >= 1, with L x w <= 2^53-1.
--- ARGV[4i+2]  held    integer in [0, cost]: the units of the charge not yet
---                     given back on limit i, as the client counts them; the
---                     record's count wins when lower.
--- ARGV[4i+3]  reset   the charge's reset_after on limit i (unused: windows
---                     are aligned on the epoch, so `at` names the window).
+-- ARGV        as lib/refund: amount, actual, at, cost, settle, cap, then per
+--             limit: window w (ms >= 1), limit L (>= 1, with L x w <=
+--             2^53 - 1), held, reset (unused: windows are aligned on the
+--             epoch, so `at` names the window).
 --
--- The charge was counted in the aligned window s = floor(at_ms / w) x w.
--- After rolling the state to now (as check does): when the current window
--- is s, its count drops by min(amount, held, count); when it is s + w, the
--- charge is in `previous`, which drops by min(amount, held, previous); when the charge's
--- window is older, it no longer counts and nothing is given back. The
--- state is stored rolled; a state that becomes empty is deleted.
+-- Refund (and a settlement below the reservation, which gives back give =
+-- held - actual): the charge was counted in the aligned window s = floor(at_ms / w)
+-- x w. After rolling the state to now (as check does): when the current
+-- window is s, its count drops by min(amount, held, count); when it is
+-- s + w, the charge is in `previous`, which drops by min(amount, held,
+-- previous); when the charge's window is older, it no longer counts and
+-- nothing is given back.
 --
--- Reply: {credited_1, remaining_1, ..., credited_n, remaining_n}
---   credited   units taken off the window that counted the charge
---   remaining  units that fit now on limit i, after the refund:
---              L - count - ceil(previous x (w - e) / w), never below 0
+-- Excess (a settlement above the reservation: actual - held): the current
+-- window counts e = min(excess, L + cap - count) more units, never below 0: past L, a
+-- debt that denies every check of this window; in the next one it weighs
+-- as `previous`, which checks read as at most L.
+--
+-- The state is stored rolled; a state that becomes empty is deleted. The
+-- record keeps what is left of the charge until s + 2w (the end of the
+-- window after s), after which the charge counts nowhere; a settlement
+-- marks it settled until its deadline.
+--
+-- Reply: {status, now, then per limit: credited, charged, excess, start, count, previous}
+--   status    0 applied; 1 settled already; 2 past the settlement's deadline
+--   credited  units taken off the window that counted the charge
+--   charged   e: the excess units counted
+--   excess    the units the settlement asked to count (actual - held)
+--   start, count, previous  the state afterwards, rolled to now (the raw
+--             state, src/rate/state.rs)
 --
 -- Runs on a full server (allow-oom): giving back must not fail for lack of
 -- memory. Every key, the record included, is read and checked before the
@@ -34,7 +41,7 @@
 --
 -- Example: limit 10 per 1000 ms; 4 charged at 1500 ms (window 1000), state
 -- rolled at 2300 ms to {start 2000, count 2, previous 4}: a refund of 4
--- takes them from previous: {4, 8}.
+-- takes them from previous: {0, now, 4, 0, 0, 2000, 2, 0}.
 
 --@include lib/fail
 --@include lib/args
@@ -45,16 +52,16 @@
 
 local MAX = 9007199254740991
 
-local n, amount, at, cost, held = refund_begin()
-if not n then return fail(amount) end
-
-local now = floor_div(now_us(), 1000)
+local micros = now_us()
+local now = floor_div(micros, 1000)
+local n, give, excess, at, cost, settle, cap, held, status = refund_begin(now)
+if not n then return fail(give) end
 local charged_ms = floor_div(at, 1000)
 
 local window, limit, start, count, previous, from, most = {}, {}, {}, {}, {}, {}, {}
 local until_ms = now
 for i = 1, n do
-  local w, l = arg_int(4 * i, 1, MAX), arg_int(4 * i + 1, 1, MAX)
+  local w, l = arg_int(4 * i + 3, 1, MAX), arg_int(4 * i + 4, 1, MAX)
   if not w or not l or l * w > MAX then
     return fail('bad window or limit for key ' .. i)
   end
@@ -63,13 +70,13 @@ for i = 1, n do
   local s = floor_div(charged_ms, w) * w
   if cur == s then from[i] = 'count' elseif cur == s + w then from[i] = 'previous' end
   window[i], limit[i], start[i], count[i], previous[i] = w, l, cur, c, p
-  most[i] = math.min(amount, held[i])
+  most[i] = give[i]
   until_ms = math.max(until_ms, s + 2 * w)
 end
 
 -- Numbers are passed to Redis as they are: integers below 2^53 are sent
 -- exactly (Redis prints them with %.17g, or as integers since 7.2).
-local reply, credited = {}, {}
+local reply, credited = {status, micros}, {}
 for i = 1, n do
   local w, l, cur, c, p = window[i], limit[i], start[i], count[i], previous[i]
   local back = 0
@@ -80,7 +87,12 @@ for i = 1, n do
     back = math.min(most[i], p)
     p = p - back
   end
-  if back > 0 then
+  local charged = 0
+  if excess[i] > 0 then
+    charged = math.max(0, math.min(excess[i], l + cap - c, MAX - c))
+    c = c + charged
+  end
+  if back > 0 or charged > 0 then
     if c == 0 and p == 0 then
       redis.call('DEL', KEYS[i])
     else
@@ -88,11 +100,10 @@ for i = 1, n do
       redis.call('PEXPIREAT', KEYS[i], cur + 2 * w)
     end
   end
-  local e = math.max(0, now - cur)
-  c, p = math.min(c, l), math.min(p, l)
   credited[i] = back
-  reply[#reply + 1] = back
-  reply[#reply + 1] = math.max(0, l - c - ceil_div(p * (w - e), w))
+  local j = 6 * i - 3
+  reply[j], reply[j + 1], reply[j + 2], reply[j + 3], reply[j + 4], reply[j + 5] =
+    back, charged, excess[i], cur, c, p
 end
-refund_end(n, held, credited, until_ms + 1)
+refund_end(n, held, credited, until_ms + 1, settle, status)
 return reply

@@ -1,0 +1,447 @@
+//! Reserve now, settle the real cost later (`Charge::settle`): below, equal
+//! and above the reservation on every algorithm; a settlement past the
+//! burst puts the limit into debt, denied until it drained by the server
+//! clock; a second settlement (a copy, a resend) changes nothing; a
+//! settlement after the charge drained gives nothing back; the deadline and
+//! the debt cap. Then random histories of reservations, settlements and
+//! pauses against a GCRA model that says when the limiter recovers.
+
+mod support;
+
+use std::time::{Duration, UNIX_EPOCH};
+
+use nolock::rate::{
+    Algorithm, Charge, Limiter, MultiKey, MultiLimiter, Quota, Settle, SettleCharge, Settlement,
+};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, FileFailurePersistence, TestRunner};
+use support::{prefix, RedisServer};
+
+type Conn = redis::aio::MultiplexedConnection;
+
+async fn reserve(conn: &mut Conn, l: &Limiter, key: &str, estimate: u64) -> Charge {
+    l.check(conn, key, estimate)
+        .await
+        .unwrap()
+        .into_charge()
+        .expect("admitted")
+}
+
+fn settled(s: Settle) -> Settlement {
+    match s {
+        Settle::Settled(s) => s,
+        other => panic!("not settled: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_settlement_below_equal_or_above_its_reservation_lands_at_the_real_cost() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    for algorithm in Algorithm::ALL {
+        // An hour-long quota: nothing drains during the test.
+        let l = Limiter::new(algorithm, Quota::per_hour(10).unwrap()).unwrap();
+        for (actual, credited, charged) in [(3, 2, 0), (5, 0, 0), (8, 0, 3), (0, 5, 0)] {
+            let key = format!("{}{algorithm}:{actual}", prefix("settle"));
+            let charge = reserve(&mut conn, &l, &key, 5).await;
+            let s = settled(charge.settle(&mut conn, actual).await.unwrap());
+            assert_eq!(
+                (s.credited, s.charged, s.uncharged),
+                (credited, charged, 0),
+                "{algorithm} {actual}"
+            );
+            assert_eq!(
+                s.state.remaining,
+                10 - actual,
+                "{algorithm} {actual}: {s:?}"
+            );
+            assert_eq!(s.state.debt, 0);
+            let peek = l.peek(&mut conn, &key, 1).await.unwrap();
+            assert_eq!(
+                peek.remaining,
+                10 - actual,
+                "{algorithm} {actual}: {peek:?}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_settlement_past_the_burst_is_a_debt_denied_until_it_drained() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    for algorithm in Algorithm::ALL {
+        // 10 per 100 ms: T = 10 ms, windows of 100 ms.
+        let l = Limiter::new(
+            algorithm,
+            Quota::per(10, Duration::from_millis(100)).unwrap(),
+        )
+        .unwrap();
+        let key = format!("{}{algorithm}", prefix("debt"));
+        let charge = reserve(&mut conn, &l, &key, 10).await;
+        let s = settled(charge.settle(&mut conn, 14).await.unwrap());
+        assert_eq!((s.credited, s.charged), (0, 4), "{algorithm}");
+        assert_eq!(
+            (s.state.remaining, s.state.debt),
+            (0, 4),
+            "{algorithm}: {s:?}"
+        );
+        assert!(!s.state.allowed);
+        let peek = l.peek(&mut conn, &key, 1).await.unwrap();
+        assert_eq!(peek.debt, 4, "{algorithm}: peek reports the debt");
+        let denied = l.check(&mut conn, &key, 1).await.unwrap();
+        assert!(!denied.allowed, "{algorithm}: in debt");
+        let wait = denied.retry_after.expect("a denial says when");
+        match algorithm {
+            // 4 units of debt and one more unit: 50 ms of schedule.
+            Algorithm::Gcra | Algorithm::TokenBucket => {
+                assert!(
+                    wait > Duration::from_millis(40) && wait <= Duration::from_millis(50),
+                    "{algorithm}: {wait:?}"
+                )
+            }
+            // The window that holds the debt ends.
+            _ => assert!(wait <= Duration::from_millis(200), "{algorithm}: {wait:?}"),
+        }
+        // Half way through the wait: still denied, by the server clock.
+        tokio::time::sleep(wait / 2).await;
+        let midway = l.check(&mut conn, &key, 1).await.unwrap();
+        assert!(!midway.allowed, "{algorithm}: {midway:?}");
+        // The server's own answer now, then after it: admitted.
+        let wait = midway.retry_after.unwrap();
+        tokio::time::sleep(wait).await;
+        let after = l.check(&mut conn, &key, 1).await.unwrap();
+        assert!(
+            after.allowed,
+            "{algorithm}: admitted once the debt drained: {after:?}"
+        );
+        assert_eq!(after.debt, 0);
+    }
+}
+
+#[tokio::test]
+async fn a_charge_is_settled_once_whatever_copies_say() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let mut other = server.conn().await;
+    for algorithm in Algorithm::ALL {
+        let l = Limiter::new(algorithm, Quota::per_hour(10).unwrap()).unwrap();
+        let key = format!("{}{algorithm}", prefix("once"));
+        let charge = reserve(&mut conn, &l, &key, 5).await;
+        let copy = serde_json::to_string(&charge).unwrap();
+        let resend = SettleCharge::new(&charge, 7).unwrap();
+        let s = settled(charge.settle(&mut conn, 7).await.unwrap());
+        assert_eq!(s.charged, 2, "{algorithm}");
+        // The same settlement again (a resend without an id), and a copy
+        // settling at another cost: nothing changes.
+        let mut again = nolock::Batch::new();
+        again.push(resend);
+        assert_eq!(
+            again.run(&mut other).await.pop().unwrap().unwrap(),
+            Settle::AlreadySettled
+        );
+        let copy_charge: Charge = serde_json::from_str(&copy).unwrap();
+        assert_eq!(
+            copy_charge.settle(&mut other, 1).await.unwrap(),
+            Settle::AlreadySettled
+        );
+        // Nor can a copy refund a settled charge.
+        let mut copy_charge: Charge = serde_json::from_str(&copy).unwrap();
+        assert_eq!(
+            copy_charge.refund(&mut other, 5).await.unwrap().credited,
+            0,
+            "{algorithm}"
+        );
+        assert_eq!(
+            l.peek(&mut conn, &key, 1).await.unwrap().remaining,
+            3,
+            "{algorithm}: 7 charged"
+        );
+    }
+    // Multi-limit: every limit settles once.
+    let limits = MultiLimiter::new(Algorithm::Gcra)
+        .limit("user", Quota::per_hour(10).unwrap())
+        .unwrap()
+        .shared_limit("all", Quota::per_hour(100).unwrap())
+        .unwrap();
+    let tag = prefix("once_multi");
+    let key = MultiKey::new(&format!("{{{tag}}}:u")).shared("all", &format!("{{{tag}}}:all"));
+    let charge = limits
+        .check(&mut conn, key.clone(), 4)
+        .await
+        .unwrap()
+        .into_charge()
+        .unwrap();
+    let copy = serde_json::to_string(&charge).unwrap();
+    let Settle::Settled(per_limit) = charge.settle(&mut conn, 6).await.unwrap() else {
+        panic!("settled")
+    };
+    assert_eq!(
+        per_limit.iter().map(|s| s.charged).collect::<Vec<_>>(),
+        [2, 2]
+    );
+    let copy: nolock::rate::MultiCharge = serde_json::from_str(&copy).unwrap();
+    assert_eq!(
+        copy.settle(&mut other, 6).await.unwrap(),
+        Settle::AlreadySettled
+    );
+    let peek = limits.peek(&mut conn, key, 1).await.unwrap();
+    assert_eq!(
+        peek.limits.iter().map(|l| l.remaining).collect::<Vec<_>>(),
+        [4, 94]
+    );
+}
+
+#[tokio::test]
+async fn a_settlement_after_the_charge_drained_gives_nothing_back() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    for algorithm in [Algorithm::Gcra, Algorithm::TokenBucket] {
+        // T = 10 ms: a charge of 5 has drained after 50 ms.
+        let l = Limiter::new(
+            algorithm,
+            Quota::per(10, Duration::from_millis(100)).unwrap(),
+        )
+        .unwrap();
+        let key = format!("{}{algorithm}", prefix("drained"));
+        let charge = reserve(&mut conn, &l, &key, 5).await;
+        tokio::time::sleep(Duration::from_millis(80)).await;
+        let s = settled(charge.settle(&mut conn, 1).await.unwrap());
+        assert_eq!(
+            (s.credited, s.charged),
+            (0, 0),
+            "{algorithm}: drained already"
+        );
+        assert_eq!(s.state.remaining, 10, "{algorithm}: full, never more");
+    }
+}
+
+#[tokio::test]
+async fn after_its_deadline_a_charge_counts_as_settled_at_its_reservation() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let l = Limiter::new(Algorithm::Gcra, Quota::per_hour(10).unwrap())
+        .unwrap()
+        .settle_within(Duration::from_millis(40))
+        .unwrap();
+    let key = prefix("deadline");
+    let charge = reserve(&mut conn, &l, &key, 5).await;
+    tokio::time::sleep(Duration::from_millis(80)).await;
+    assert_eq!(charge.settle(&mut conn, 9).await.unwrap(), Settle::Expired);
+    assert_eq!(
+        l.peek(&mut conn, &key, 1).await.unwrap().remaining,
+        5,
+        "still 5 charged"
+    );
+    assert!(l.clone().settle_within(Duration::ZERO).is_err());
+}
+
+#[tokio::test]
+async fn the_debt_cap_bounds_one_settlement() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    for algorithm in Algorithm::ALL {
+        let l = Limiter::new(algorithm, Quota::per_hour(10).unwrap())
+            .unwrap()
+            .with_debt_cap(2);
+        let key = format!("{}{algorithm}", prefix("cap"));
+        let charge = reserve(&mut conn, &l, &key, 10).await;
+        let s = settled(charge.settle(&mut conn, 15).await.unwrap());
+        assert_eq!(
+            (s.charged, s.uncharged, s.state.debt),
+            (2, 3, 2),
+            "{algorithm}: {s:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_settlement_refuses_foreign_data_and_writes_nothing() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let l = Limiter::new(Algorithm::Gcra, Quota::per_hour(10).unwrap()).unwrap();
+    let key = prefix("settle_foreign");
+    let charge = reserve(&mut conn, &l, &key, 5).await;
+    let record = nolock::keys::derive(&key, &format!("charge#{}", charge.id()));
+    let _: () = redis::cmd("SET")
+        .arg(&record)
+        .arg("x")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let before: String = redis::cmd("GET")
+        .arg(&key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let err = charge.settle(&mut conn, 9).await.unwrap_err();
+    assert!(err.is_definite(), "{err}");
+    let after: String = redis::cmd("GET")
+        .arg(&key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(before, after);
+}
+
+/// One step of a reservation history.
+#[derive(Debug, Clone)]
+enum Op {
+    /// Reserve `estimate` after `pause_ms`.
+    Reserve { estimate: u64, pause_ms: u64 },
+    /// Settle the oldest open reservation at `actual` after `pause_ms`.
+    Settle { actual: u64, pause_ms: u64 },
+}
+
+fn history() -> impl Strategy<Value = Vec<Op>> {
+    let pause = prop::sample::select(vec![0u64, 0, 2, 7, 20]);
+    let op = prop_oneof![
+        (1u64..=5, pause.clone())
+            .prop_map(|(estimate, pause_ms)| Op::Reserve { estimate, pause_ms }),
+        (0u64..=12, pause).prop_map(|(actual, pause_ms)| Op::Settle { actual, pause_ms }),
+    ];
+    prop::collection::vec(op, 1..30)
+}
+
+/// GCRA, as `lua/rate/gcra/*` document it, with settlements: the model's
+/// TAT says what every check answers and when the limiter recovers.
+struct Model {
+    t: u64,
+    b: u64,
+    tat: u64,
+}
+
+impl Model {
+    fn check(&mut self, now: u64, cost: u64) -> (bool, u64, u64) {
+        let tat = self.tat.max(now);
+        let fits = tat - now + cost * self.t <= self.b * self.t;
+        if fits {
+            self.tat = tat + cost * self.t;
+        }
+        let after = self.tat.max(now);
+        let room = (self.b * self.t) as i64 - (after - now) as i64;
+        let debt = if room < 0 {
+            (-room as u64).div_ceil(self.t)
+        } else {
+            0
+        };
+        (fits, if room > 0 { room as u64 / self.t } else { 0 }, debt)
+    }
+
+    /// Settles a charge of `cost` admitted at `at` at `actual`, at `now`.
+    fn settle(&mut self, now: u64, at: u64, cost: u64, actual: u64) -> (u64, u64) {
+        let mut tat = self.tat.max(now);
+        // The tail of the charge goes back: its first units drained first.
+        let give = cost.saturating_sub(actual).min(self.b);
+        let back = (give * self.t).min((at + cost.min(self.b) * self.t).saturating_sub(now));
+        let before = tat;
+        if back > 0 && tat > now {
+            tat = (tat - back).max(now);
+        }
+        let credited = (before - tat).div_ceil(self.t);
+        let excess = actual.saturating_sub(cost);
+        tat += excess * self.t; // no cap: (b + 2^53) x T is past 2^51, never reached here
+        self.tat = tat;
+        (credited, excess)
+    }
+}
+
+#[test]
+fn reservation_histories_follow_the_model_and_never_admit_more() {
+    let server = RedisServer::start();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let conn = rt.block_on(server.conn());
+    let mut runner = TestRunner::new(Config {
+        cases: 16,
+        source_file: Some(file!()),
+        failure_persistence: Some(Box::new(FileFailurePersistence::SourceParallel(
+            "proptest-regressions",
+        ))),
+        ..Config::default()
+    });
+    runner
+        .run(&history(), |ops| {
+            // 10 per 100 ms, burst 10: T = 10 ms.
+            let quota = Quota::per(10, Duration::from_millis(100)).unwrap();
+            let l = Limiter::new(Algorithm::Gcra, quota).unwrap();
+            let key = prefix("settle_model");
+            let mut conn = conn.clone();
+            let mut model = Model {
+                t: 10_000,
+                b: 10,
+                tat: 0,
+            };
+            let us =
+                |t: std::time::SystemTime| t.duration_since(UNIX_EPOCH).unwrap().as_micros() as u64;
+            rt.block_on(async {
+                let mut open: std::collections::VecDeque<(Charge, u64)> = Default::default();
+                // (server time, units charged net of credits, an admission?)
+                let mut events: Vec<(u64, i64, bool)> = Vec::new();
+                for op in &ops {
+                    match *op {
+                        Op::Reserve { estimate, pause_ms } => {
+                            tokio::time::sleep(Duration::from_millis(pause_ms)).await;
+                            let d = l.check(&mut conn, &key, estimate).await.unwrap();
+                            let now = us(d.at);
+                            let (fits, remaining, debt) = model.check(now, estimate);
+                            prop_assert_eq!(
+                                (d.allowed, d.remaining, d.debt),
+                                (fits, remaining, debt),
+                                "{:?}",
+                                op
+                            );
+                            if let Some(charge) = d.into_charge() {
+                                events.push((now, estimate as i64, true));
+                                open.push_back((charge, estimate));
+                            }
+                        }
+                        Op::Settle { actual, pause_ms } => {
+                            let Some((charge, cost)) = open.pop_front() else {
+                                continue;
+                            };
+                            tokio::time::sleep(Duration::from_millis(pause_ms)).await;
+                            let at = us(charge.at());
+                            let s = match charge.settle(&mut conn, actual).await.unwrap() {
+                                Settle::Settled(s) => s,
+                                other => return Err(TestCaseError::fail(format!("{other:?}"))),
+                            };
+                            let now = us(s.state.at);
+                            let (credited, charged) = model.settle(now, at, cost, actual);
+                            prop_assert_eq!(
+                                (s.credited, s.charged),
+                                (credited, charged),
+                                "{:?}",
+                                op
+                            );
+                            events.push((now, charged as i64 - credited as i64, false));
+                        }
+                    }
+                }
+                // Units admitted by checks, plus the excess settlements
+                // charged, less what they gave back: from any event to any
+                // later admission, at most b + span / T. (TAT rises by T per
+                // unit admitted or charged, falls by at most T per unit
+                // credited, is never behind the server clock, and an
+                // admission leaves it at most b x T ahead.)
+                for (i, (t1, _, _)) in events.iter().enumerate() {
+                    let mut sum = 0i64;
+                    for (t2, units, admission) in &events[i..] {
+                        sum += units;
+                        let bound = 10 + ((t2 - t1) / 10_000) as i64;
+                        prop_assert!(
+                            !admission || sum <= bound,
+                            "{} units in {} us > {}",
+                            sum,
+                            t2 - t1,
+                            bound
+                        );
+                    }
+                }
+                Ok(())
+            })
+        })
+        .unwrap();
+}
