@@ -30,7 +30,7 @@ fn main() {
         let target = out.join(format!("{name}.lua"));
         fs::create_dir_all(target.parent().expect("a script path has a parent"))
             .expect("create $OUT_DIR/lua");
-        // The at-most-once variant of a script that writes (issue 14).
+        // The at-most-once variant of a script that writes.
         if let Some(variant) = compose::once(name, &composed) {
             let path = out.join(format!("{name}{}.lua", compose::ONCE_SUFFIX));
             fs::write(path, variant).expect("write a script's once variant");

@@ -16,7 +16,7 @@
 //! "admit" rows use a quota no call reaches (every call writes); "deny" rows
 //! use an exhausted limiter (every call reads and decides, writes nothing).
 //!
-//! The second table holds nolock to the targets of issue 10, each as a ratio
+//! The second table holds nolock to its server-cost targets, each as a ratio
 //! to a reference script measured in the same run. The references do the
 //! least that gives the same decision, and no more: no argument checks, no
 //! check of what is stored, a two-field reply (see [`REF_GCRA`],
@@ -335,7 +335,7 @@ fn fence_rows() -> Vec<Row> {
     vec![nolock, reference]
 }
 
-/// The targets of issue 10: (what, ours, reference, at most this ratio).
+/// The server-cost targets: (what, ours, reference, at most this ratio).
 const TARGETS: [(&str, &str, &str, f64); 9] = [
     ("GCRA check, admit", GCRA_ADMIT, REF_GCRA_ADMIT, 1.0),
     ("GCRA check, deny", GCRA_DENY, REF_GCRA_DENY, 1.0),
@@ -416,7 +416,7 @@ async fn main() -> Result<(), Error> {
     }
 
     println!();
-    println!("| target (issue 10) | nolock µs | reference µs | ratio | at most | met |");
+    println!("| target | nolock µs | reference µs | ratio | at most | met |");
     println!("|---|---:|---:|---:|---:|---|");
     for (what, ours, reference, most) in TARGETS {
         let (ours, reference) = (medians[ours], medians[reference]);

@@ -7,8 +7,8 @@
 //!
 //! **Tracing** (`tracing` feature): one span `nolock.script` per script
 //! call, with fields `script` (its path under `lua/`), `outcome` (`ok`,
-//! `definite`, `indeterminate`), `fallback` (a `NOSCRIPT` made it resend with
-//! `EVAL`), `redirects` (cluster `MOVED`/`READONLY` resends); one span
+//! `definite`, `indeterminate`), `fallback` (a `NOSCRIPT` made it load the
+//! script and send it again), `redirects` (cluster `MOVED`/`READONLY` resends); one span
 //! `nolock.batch` per [`crate::Batch::run`] (`script`, `size`, `errors`).
 //! Keys are never recorded unless [`record_keys_in_spans`] turns it on (a key
 //! often holds a user id or an IP address). Events: `debug` on a `NOSCRIPT`
@@ -26,8 +26,10 @@
 //! | `nolock_lease_losses_total` | counter | |
 //! | `nolock_fallback_decisions_total` | counter | `policy` (`fail_open`/`fail_closed`/`local`) |
 //! | `nolock_operation_duration_seconds` | histogram | `script` |
+// Each hook uses its arguments under one feature or the other: with only
+// one of them (or none), some go unused.
 #![cfg_attr(
-    not(any(feature = "metrics", feature = "tracing")),
+    not(all(feature = "metrics", feature = "tracing")),
     allow(unused_variables, dead_code, clippy::unused_self)
 )]
 
@@ -96,7 +98,7 @@ impl Call {
         #[cfg(feature = "tracing")]
         {
             self.span.record("fallback", true);
-            tracing::debug!(parent: &self.span, script = self.script, "NOSCRIPT: resending with EVAL");
+            tracing::debug!(parent: &self.span, script = self.script, "NOSCRIPT: loading the script and sending it again");
         }
         #[cfg(feature = "metrics")]
         metrics::counter!("nolock_noscript_fallbacks_total", "script" => self.script).increment(1);
@@ -134,27 +136,59 @@ fn outcome<T>(result: &Result<T, Error>) -> &'static str {
     }
 }
 
-/// A whole [`crate::Batch::run`]: `script` of its first entry, its size, and
-/// each entry's result. Entries also count as calls for the error counters
-/// and the duration histogram (one sample per batch).
-pub(crate) fn batch<T>(script: Option<&'static str>, start: Instant, results: &[Result<T, Error>]) {
-    let script = script.unwrap_or("none");
+/// A whole [`crate::Batch::run`]: its span opens before anything is sent
+/// (so the entries' own spans nest in it) and records the batch's `script`
+/// (of its first entry), `size` and, at the end, `errors`. Entries also
+/// count as calls for the error counters and the duration histogram (one
+/// sample per batch).
+#[derive(Debug)]
+pub(crate) struct BatchRun {
+    script: &'static str,
+    start: Instant,
     #[cfg(feature = "tracing")]
-    {
-        let errors = results.iter().filter(|r| r.is_err()).count();
-        let _span = tracing::info_span!("nolock.batch", script, size = results.len(), errors);
-    }
-    #[cfg(feature = "metrics")]
-    {
-        for result in results {
-            let outcome = outcome(result);
-            if outcome != "ok" {
-                metrics::counter!("nolock_errors_total", "script" => script, "kind" => outcome)
-                    .increment(1);
-            }
+    span: tracing::Span,
+}
+
+impl BatchRun {
+    pub(crate) fn start(script: Option<&'static str>, size: usize) -> BatchRun {
+        let script = script.unwrap_or("none");
+        BatchRun {
+            script,
+            start: Instant::now(),
+            #[cfg(feature = "tracing")]
+            span: tracing::info_span!("nolock.batch", script, size, errors = tracing::field::Empty),
         }
-        metrics::histogram!("nolock_operation_duration_seconds", "script" => script)
-            .record(start.elapsed().as_secs_f64());
+    }
+
+    /// Runs `work` inside the batch's span.
+    pub(crate) async fn within<F: std::future::Future>(&self, work: F) -> F::Output {
+        #[cfg(feature = "tracing")]
+        {
+            use tracing::Instrument;
+            work.instrument(self.span.clone()).await
+        }
+        #[cfg(not(feature = "tracing"))]
+        {
+            work.await
+        }
+    }
+
+    pub(crate) fn finish<T>(self, results: &[Result<T, Error>]) {
+        #[cfg(feature = "tracing")]
+        self.span
+            .record("errors", results.iter().filter(|r| r.is_err()).count());
+        #[cfg(feature = "metrics")]
+        {
+            for result in results {
+                let outcome = outcome(result);
+                if outcome != "ok" {
+                    metrics::counter!("nolock_errors_total", "script" => self.script, "kind" => outcome)
+                        .increment(1);
+                }
+            }
+            metrics::histogram!("nolock_operation_duration_seconds", "script" => self.script)
+                .record(self.start.elapsed().as_secs_f64());
+        }
     }
 }
 
@@ -164,7 +198,7 @@ pub(crate) fn batch_noscript(script: Option<&'static str>, entries: u64) {
     tracing::debug!(
         script,
         entries,
-        "NOSCRIPT in a batch: resending those entries with EVAL"
+        "NOSCRIPT in a batch: loading their scripts and sending those entries again"
     );
     #[cfg(feature = "metrics")]
     metrics::counter!("nolock_noscript_fallbacks_total", "script" => script.unwrap_or("none"))

@@ -1,4 +1,4 @@
-//! Operation ids (issue 14): a resend after a lost reply is answered from
+//! Operation ids: a resend after a lost reply is answered from
 //! the record and applies nothing; the plain calls are unchanged.
 //!
 //! Faults come from `support::proxy::FaultProxy::lose_replies`: the proxy

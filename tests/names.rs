@@ -1,4 +1,4 @@
-//! User-chosen names cannot collide (issue 11): resources `x` and `{x}` are
+//! User-chosen names cannot collide: resources `x` and `{x}` are
 //! independent locks and fences, and user ids `alice` and `{alice}` are
 //! independent multi-limiters, on a real redis-server. The key layout itself
 //! is proven injective by the property test in `src/keys.rs`.

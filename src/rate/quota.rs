@@ -272,7 +272,7 @@ mod tests {
 
     #[test]
     fn rounding_is_never_permissive() {
-        // Issue 11: 1000 per 1.999 ms used to become 1000 per 1 ms (twice the rate).
+        // 1000 per 1.999 ms once became 1000 per 1 ms (twice the rate).
         let q = Quota::per(1_000, Duration::from_micros(1_999)).unwrap();
         assert_eq!(q.interval_us(), 2, "1.999 µs rounds up");
         assert_eq!(q.period(), Duration::from_millis(2), "the window rounds up");

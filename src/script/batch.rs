@@ -320,8 +320,19 @@ impl<O: Operation> Batch<O> {
         C: BatchConnection,
     {
         BATCHES.fetch_add(1, Relaxed);
-        let start = std::time::Instant::now();
         let calls: Vec<&Invocation> = self.ops.iter().map(Operation::invocation).collect();
+        let run = observe::BatchRun::start(calls.first().map(|c| c.script().name()), calls.len());
+        let results = run.within(self.send(conn, &calls)).await;
+        run.finish(&results);
+        results
+    }
+
+    /// Sends every entry (one pipeline per server, entries that got
+    /// `NOSCRIPT` again after loading their scripts) and decodes the replies.
+    async fn send<C>(&self, conn: &mut C, calls: &[&Invocation]) -> Vec<Result<O::Output>>
+    where
+        C: BatchConnection,
+    {
         let mut replies: Vec<Option<Result<Value>>> = Vec::with_capacity(calls.len());
         let mut ready = Vec::with_capacity(calls.len());
         for (index, call) in calls.iter().enumerate() {
@@ -385,7 +396,6 @@ impl<O: Operation> Batch<O> {
                 }),
             })
             .collect();
-        observe::batch(calls.first().map(|c| c.script().name()), start, &results);
         results
     }
 }

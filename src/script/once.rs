@@ -35,8 +35,13 @@ pub const MAX_ID_LEN: usize = 256;
 /// * **Where the record lives**: at
 ///   [`keys::derive`]`(first key, "once#<id>")`, a string of the
 ///   operation's fingerprint (a SHA1 of the script name, keys and
-///   arguments) and its packed reply, about 100 bytes, with a TTL of the
-///   horizon. The id is scoped by the operation's first key: the same id on
+///   arguments, 40 bytes) and its reply packed with MessagePack, with a TTL
+///   of the horizon. A reply of integers (a count, a decision) packs into a
+///   few dozen bytes, so a record is about 100 bytes with Redis' own
+///   overhead; a reply that carries a value (a `SetIfVersion` conflict
+///   answers with the stored document, a fenced read with the value) is
+///   kept whole, so its record is as large as that value, up to
+///   [`crate::MAX_VALUE_LEN`]. The id is scoped by the operation's first key: the same id on
 ///   two keys names two records. A first key with a `}` but no hash tag
 ///   derives a record in another slot; such a call is refused with
 ///   [`Error::CrossSlot`] before I/O (give the key a hash tag).

@@ -15,8 +15,9 @@
 //! taken over the composed text, as for nolock's scripts.
 //!
 //! A [`Call`] runs through the same code as nolock's own operations (see the
-//! [module docs](super)): cross-slot check before I/O, `EVALSHA` then one
-//! `EVAL` on `NOSCRIPT` (counted in [`crate::stats`]), the `MOVED`/`READONLY`
+//! [module docs](super)): cross-slot check before I/O, `EVALSHA` then, on
+//! `NOSCRIPT`, `SCRIPT LOAD` + `EVALSHA` in one pipeline (`EVAL` only where
+//! loading is refused; counted in [`crate::stats`]), the `MOVED`/`READONLY`
 //! resend, definite and indeterminate errors; it is an
 //! [`Operation`](crate::Operation), so it goes in a [`crate::Batch`] with
 //! per-entry `NOSCRIPT` recovery.

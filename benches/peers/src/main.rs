@@ -306,7 +306,7 @@ fn print_gcra(rows: &[Row]) {
     }
 }
 
-/// Table 3: the cost targets of issue 10, with their ratios.
+/// Table 3: the server-cost targets, with their ratios.
 fn print_targets(rows: &[Row]) {
     println!("\n### Cost targets (server time per call or per lock/unlock pair)\n");
     println!("| operation | ops/s | p50 µs | p99 µs | server µs min | median | round trips |");

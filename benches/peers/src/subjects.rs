@@ -196,7 +196,7 @@ fn redis_rate_gcra(conns: &Conns, regime: Regime) -> Result<Call, Error> {
     }))
 }
 
-// ---- Reference scripts for the cost targets of issue 10 (written here) ----
+// ---- Reference scripts for the server-cost targets (written here) ----
 
 /// The design card's bounded counter: GET, compare, INCR, EXPIRE.
 /// KEYS[1] counter; ARGV limit, window ms, n. Reply {admitted, count}.
