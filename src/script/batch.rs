@@ -349,7 +349,7 @@ impl<O: Operation> Batch<O> {
         if ready.is_empty() {
             // Nothing to send.
         } else if let Some(cluster) = conn.as_cluster() {
-            match node_groups(cluster, &calls, ready).await {
+            match node_groups(cluster, calls, ready).await {
                 Ok(groups) => {
                     let parts = groups.into_iter().map(|(slot, indices)| {
                         let mut node = ClusterNode {
@@ -378,7 +378,7 @@ impl<O: Operation> Batch<O> {
                 }
             }
         } else {
-            let results = send_part(conn, &calls, &ready, false).await;
+            let results = send_part(conn, calls, &ready, false).await;
             for (index, result) in ready.into_iter().zip(results) {
                 replies[index] = Some(result);
             }
