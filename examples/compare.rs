@@ -157,6 +157,29 @@ async fn compare(json: bool) -> common::Result<()> {
             run.calls_per_decision()
         );
     }
+    eprint!("one hot limit, one call per decision against reservoirs ... ");
+    let hot = common::hot_key::runs(&client).await?;
+    eprintln!("done");
+    println!(
+        "\nOne limit for every task ({} tasks, {:?} each run; a Reservoir takes batches of up to {} units and gives back what it held unused for {:?}):\n",
+        common::hot_key::TASKS,
+        common::hot_key::LENGTH,
+        common::hot_key::MAX_BATCH,
+        common::hot_key::HOLD,
+    );
+    println!("| limiter | decisions/s | admitted | bound (server clock) | over-admitted | Redis calls per decision |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    for run in &hot {
+        println!(
+            "| {} | {} | {} | {} | {} | {:.3} |",
+            run.label,
+            report::thousands(run.per_second()),
+            run.admitted,
+            run.bound,
+            run.over_admitted(),
+            run.calls_per_decision()
+        );
+    }
     println!(
         "\nround trips: requests sent per call. vs lock: throughput over the lock's, same operation and tasks.\n\
          pauses: {} tasks x {} calls on one key that allows {}; one call in {} pauses {:?} \

@@ -20,6 +20,7 @@
 
 pub mod conn;
 pub mod deny_cache;
+pub mod hot_key;
 pub mod latency;
 pub mod lock;
 pub mod ops;

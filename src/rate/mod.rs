@@ -132,6 +132,7 @@ pub mod headers;
 mod limiter;
 mod multi;
 mod quota;
+mod reservoir;
 mod settle;
 mod sliding_window;
 mod state;
@@ -144,6 +145,7 @@ pub use headers::Headers;
 pub use limiter::{Check, Decision, Limiter};
 pub use multi::{MultiCheck, MultiKey, MultiLimiter, MultiRateLimit};
 pub use quota::{Quota, MAX_PERIOD};
+pub use reservoir::{Draw, Reservoir, ReservoirStats};
 pub use settle::{MultiSettleCharge, Settle, SettleCharge, Settlement, DEFAULT_SETTLE_WITHIN};
 
 /// How a limiter decides. All four take the same [`Quota`] and answer with the

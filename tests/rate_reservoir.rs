@@ -1,0 +1,263 @@
+//! `rate::Reservoir`: a hot limit decided locally from batches taken from
+//! Redis. Four reservoirs (four connections, as four processes) and 64 tasks
+//! on one limit never admit more than the limit's bound by the server
+//! clock, and never more locally than the server granted them; an idle
+//! reservoir gives its units back, a dropped one at once; a killed process
+//! loses at most its batch; a lost reply of a batch call adds nothing.
+
+mod support;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nolock::rate::{Algorithm, Limiter, Quota, Reservoir};
+use nolock::Error;
+use support::proxy::FaultProxy;
+use support::{prefix, RedisServer};
+
+type Conn = redis::aio::MultiplexedConnection;
+
+async fn server_micros(conn: &mut Conn) -> u64 {
+    let (s, us): (u64, u64) = redis::cmd("TIME").query_async(conn).await.unwrap();
+    s * 1_000_000 + us
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_processes_and_64_tasks_never_admit_more_than_the_limit() {
+    let server = RedisServer::start();
+    let mut probe = server.conn().await;
+    // 2 000 per second, burst 100: T = 500 us.
+    let limiter = Limiter::new(
+        Algorithm::Gcra,
+        Quota::per_second(2_000).unwrap().with_burst(100).unwrap(),
+    )
+    .unwrap();
+    let key = prefix("hot");
+    let mut reservoirs = Vec::new();
+    for _ in 0..4 {
+        let conn = server.conn().await;
+        reservoirs.push(Arc::new(
+            Reservoir::new(conn, limiter.clone(), &key, 50, Duration::from_millis(50)).unwrap(),
+        ));
+    }
+    let start_us = server_micros(&mut probe).await;
+    let admitted = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for t in 0..64 {
+        let r = Arc::clone(&reservoirs[t % 4]);
+        let admitted = Arc::clone(&admitted);
+        tasks.push(tokio::spawn(async move {
+            let begin = Instant::now();
+            while begin.elapsed() < Duration::from_millis(600) {
+                let cost = 1 + fastrand::u64(0..3);
+                if r.check(cost).await.unwrap().allowed {
+                    admitted.fetch_add(cost, Ordering::Relaxed);
+                }
+                match fastrand::u16(0..200) {
+                    0..=9 => tokio::time::sleep(Duration::from_millis(fastrand::u64(1..20))).await,
+                    10 => break, // a request dropped: the task ends early
+                    _ => tokio::task::yield_now().await,
+                }
+            }
+        }));
+    }
+    // Sampled while it runs: no reservoir ever admitted more than it was
+    // granted and has not returned.
+    let sampling = {
+        let reservoirs = reservoirs.clone();
+        tokio::spawn(async move {
+            for _ in 0..60 {
+                for r in &reservoirs {
+                    let s = r.stats();
+                    assert!(
+                        s.admitted + r.held() + s.returned <= s.granted,
+                        "{s:?}, held {}",
+                        r.held()
+                    );
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+    };
+    for t in tasks {
+        t.await.unwrap();
+    }
+    sampling.await.unwrap();
+    let end_us = server_micros(&mut probe).await;
+    let total = admitted.load(Ordering::Relaxed);
+    let bound = 100 + (end_us - start_us) / 500;
+    let calls: u64 = reservoirs.iter().map(|r| r.stats().batch_calls).sum();
+    let decided: u64 = reservoirs
+        .iter()
+        .map(|r| r.stats().local + r.stats().batch_calls)
+        .sum();
+    eprintln!(
+        "{total} units admitted (bound {bound}), {calls} batch calls for {decided} decisions"
+    );
+    assert!(total <= bound, "{total} admitted > {bound}");
+    assert!(total > bound / 4, "the limit was used: {total} of {bound}");
+    let by_stats: u64 = reservoirs.iter().map(|r| r.stats().admitted).sum();
+    assert_eq!(by_stats, total);
+}
+
+#[tokio::test]
+async fn an_idle_or_dropped_reservoir_gives_its_units_back() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    // An hour-long quota: nothing drains, so every unit's way shows.
+    let limiter = Limiter::new(Algorithm::Gcra, Quota::per_hour(100).unwrap()).unwrap();
+    let key = prefix("idle");
+    let r = Reservoir::new(
+        server.conn().await,
+        limiter.clone(),
+        &key,
+        40,
+        Duration::from_millis(30),
+    )
+    .unwrap();
+    // Build up a local rate, so batches grow past the cost.
+    for _ in 0..30 {
+        let _ = r.check(1).await.unwrap();
+    }
+    let held = r.held();
+    assert!(held > 0, "a batch larger than the cost is held");
+    let admitted = r.stats().admitted;
+    let before = limiter.peek(&mut conn, &key, 1).await.unwrap().remaining;
+    assert_eq!(before, 100 - admitted - held);
+    // Idle for its hold and one tick: back on the server.
+    tokio::time::sleep(Duration::from_millis(30 + 10 + 10)).await;
+    assert_eq!(r.held(), 0);
+    assert_eq!(
+        limiter.peek(&mut conn, &key, 1).await.unwrap().remaining,
+        100 - admitted
+    );
+
+    // Dropped while holding: its task gives everything back.
+    let r = Reservoir::new(
+        server.conn().await,
+        limiter.clone(),
+        &key,
+        40,
+        Duration::from_secs(60),
+    )
+    .unwrap();
+    for _ in 0..30 {
+        let _ = r.check(1).await.unwrap();
+    }
+    let (held, admitted_2) = (r.held(), r.stats().admitted);
+    assert!(held > 0);
+    drop(r);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        limiter.peek(&mut conn, &key, 1).await.unwrap().remaining,
+        100 - admitted - admitted_2
+    );
+}
+
+#[test]
+fn a_killed_process_loses_at_most_its_batch_and_the_limit_recovers() {
+    let server = RedisServer::start();
+    // 100 per second, burst 100: T = 10 ms; a batch of 40 drains in 400 ms.
+    let limiter = Limiter::new(Algorithm::Gcra, Quota::per_second(100).unwrap()).unwrap();
+    let key = prefix("killed");
+    let doomed = tokio::runtime::Runtime::new().unwrap();
+    let held = doomed.block_on(async {
+        let r = Reservoir::new(
+            server.conn().await,
+            limiter.clone(),
+            &key,
+            40,
+            Duration::from_secs(60),
+        )
+        .unwrap();
+        for _ in 0..30 {
+            let _ = r.check(1).await.unwrap();
+        }
+        let held = r.held();
+        std::mem::forget(r); // the process dies: no drop, no return
+        held
+    });
+    doomed.shutdown_background();
+    assert!(held > 0 && held <= 40);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut conn = server.conn().await;
+        let now = limiter.peek(&mut conn, &key, 1).await.unwrap();
+        assert!(
+            now.remaining <= 100 - held,
+            "{now:?}: the held units are not back"
+        );
+        tokio::time::sleep(now.reset_after + Duration::from_millis(5)).await;
+        assert_eq!(
+            limiter.peek(&mut conn, &key, 1).await.unwrap().remaining,
+            100,
+            "recovered"
+        );
+    });
+}
+
+#[tokio::test]
+async fn a_lost_batch_reply_adds_nothing_locally() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port).await;
+    let mut direct = server.conn().await;
+    nolock::Scripts::load(&mut direct).await.unwrap();
+    let through = redis::Client::open(proxy.url())
+        .unwrap()
+        .get_connection_manager()
+        .await
+        .unwrap();
+    let limiter = Limiter::new(Algorithm::Gcra, Quota::per_hour(100).unwrap()).unwrap();
+    let key = prefix("lost_batch");
+    let r = Reservoir::new(through, limiter.clone(), &key, 40, Duration::from_secs(60)).unwrap();
+    proxy.lose_replies(1);
+    let err = r.check(1).await.unwrap_err();
+    assert!(matches!(err, Error::Indeterminate(_)), "{err}");
+    assert_eq!(
+        r.held(),
+        0,
+        "nothing the server may have granted is used here"
+    );
+    let charged = 100 - limiter.peek(&mut direct, &key, 1).await.unwrap().remaining;
+    assert!(charged >= 1, "the lost call did run");
+    assert_eq!(r.stats().admitted, 0);
+    // The next call works through the new connection.
+    assert!(r.check(1).await.unwrap().allowed);
+}
+
+#[tokio::test]
+async fn bad_input_is_refused_before_anything_is_sent() {
+    let server = RedisServer::start();
+    let gcra = Limiter::new(Algorithm::Gcra, Quota::per_second(10).unwrap()).unwrap();
+    let window = Limiter::new(Algorithm::FixedWindow, Quota::per_second(10).unwrap()).unwrap();
+    let conn = || async { server.conn().await };
+    let ms = Duration::from_millis(10);
+    assert!(matches!(
+        Reservoir::new(conn().await, gcra.clone(), "", 5, ms),
+        Err(Error::EmptyKey)
+    ));
+    assert!(matches!(
+        Reservoir::new(conn().await, window, "k", 5, ms),
+        Err(Error::InvalidArgument {
+            what: "algorithm",
+            ..
+        })
+    ));
+    assert!(matches!(
+        Reservoir::new(conn().await, gcra.clone(), "k", 0, ms),
+        Err(Error::ZeroLimit { .. })
+    ));
+    assert!(matches!(
+        Reservoir::new(conn().await, gcra.clone(), "k", 11, ms),
+        Err(Error::InsufficientCapacity { .. })
+    ));
+    assert!(Reservoir::new(conn().await, gcra.clone(), "k", 5, Duration::ZERO).is_err());
+    let r = Reservoir::new(conn().await, gcra, "k", 5, ms).unwrap();
+    assert!(matches!(r.check(0).await, Err(Error::ZeroLimit { .. })));
+    assert!(matches!(
+        r.check(11).await,
+        Err(Error::InsufficientCapacity { .. })
+    ));
+    assert_eq!(r.stats().batch_calls, 0);
+}
