@@ -1,30 +1,5 @@
 //! [`Reservoir`]: a hot limit decided mostly in this process, from units
-//! taken from Redis in batches.
-//!
-//! A limit shared by a whole fleet lives on one key, so on one Redis shard,
-//! and one script call per decision makes that shard's single thread the
-//! ceiling. A reservoir takes a batch of units in one call
-//! ([`Limiter::check_at_most`]: as many as fit, up to the batch) and admits
-//! from it locally, without a round trip, until it runs dry. What it did not
-//! use goes back (a refund of that batch's [`Charge`]) when it has been held
-//! for the reservoir's `hold` (so an idle process returns its units) and
-//! when the reservoir is dropped.
-//!
-//! **The invariant**: the units admitted locally never exceed the units
-//! charged on the server, at any instant, in any number of processes. A
-//! unit is admitted only out of a batch the server granted, and a refund
-//! takes the unused units out of the pool before the server gives any back
-//! (it may give back fewer: a GCRA batch drains while it is held). So the
-//! limit's global bound holds exactly as with one call per decision. A lost
-//! reply of a batch call adds nothing locally (the units it may have taken
-//! are lost to the limit until they drain); a process killed while holding
-//! units loses at most its pool, which the limit gets back as it drains.
-//!
-//! **The trade**: a replica can hold up to its batch while another is
-//! denied. The batch adapts to the local rate (about what this process
-//! admits in `hold`, at least the cost asked for, at most `max_batch`), so a
-//! lightly loaded replica takes little; cap `max_batch` well below the
-//! burst when replicas are many.
+//! taken from Redis in batches (see its docs).
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -52,7 +27,36 @@ pub struct Draw {
     pub retry_after: Option<Duration>,
 }
 
-/// A hot limit decided mostly locally; see the [module docs](self).
+/// A hot limit decided mostly in this process, from units taken from
+/// Redis in batches.
+///
+/// A limit shared by a whole fleet lives on one key, so on one Redis shard,
+/// and one script call per decision makes that shard's single thread the
+/// ceiling. A reservoir takes a batch of units in one call
+/// ([`Limiter::check_at_most`]: as many as fit, up to the batch) and admits
+/// from it locally, without a round trip, until it runs dry. What it did
+/// not use goes back (a refund of that batch's [`Charge`]) when it has been
+/// held for `hold` (so an idle process returns its units) and when the
+/// reservoir is dropped. After a batch comes back short (the limit is
+/// drained), it lets units build up on the server for a quarter of a batch
+/// before the next call, denying locally meanwhile what it cannot serve.
+///
+/// **The invariant**: the units admitted locally never exceed the units
+/// charged on the server, at any instant, in any number of processes. A
+/// unit is admitted only out of a batch the server granted, and a refund
+/// takes the unused units out of the pool before the server gives any back
+/// (it may give back fewer: a GCRA batch drains while it is held). So the
+/// limit's global bound holds exactly as with one call per decision. A lost
+/// reply of a batch call adds nothing locally (the units it may have taken
+/// are lost to the limit until they drain); a process killed while holding
+/// units loses at most its pool, which the limit gets back as it drains.
+///
+/// **The trade**: a replica can hold up to its batch while another is
+/// denied. The batch adapts to the local rate (about what this process
+/// admits in `hold`, at least the cost asked for, at most `max_batch`), so
+/// a lightly loaded replica takes little; cap `max_batch` well below the
+/// burst when replicas are many. A reservoir's decisions carry no charge:
+/// its units cannot be refunded one request at a time.
 ///
 /// Owns a connection, used for its batch calls and, from a background
 /// task, to return units held past `hold` and on drop: pass a
@@ -484,9 +488,13 @@ mod tests {
             500,
             "capped"
         );
-        pool.since = 1; // then one unit in a second: the rate falls
-        let b = pool.batch(1, hold, 500, t0 + Duration::from_millis(1010));
-        assert!((1..500).contains(&b), "{b}");
+        // Then one unit a second: the smoothed rate halves at each call.
+        let mut b = 500;
+        for s in 1..=8 {
+            pool.since = 1;
+            b = pool.batch(1, hold, 500, t0 + Duration::from_millis(10 + 1000 * s));
+        }
+        assert!((1..10).contains(&b), "light traffic, small batches: {b}");
         assert_eq!(
             pool.batch(7, hold, 5, t0 + Duration::from_secs(60)),
             7,
