@@ -7,6 +7,7 @@
 //! Cluster, and [`deployment::Deployment`] runs one test body against either.
 #![allow(dead_code)]
 
+pub mod clock;
 pub mod cluster;
 pub mod deployment;
 pub mod faults;

@@ -20,6 +20,12 @@ pub struct RedisServer {
     child: Option<Child>,
     dir: PathBuf,
     extra_args: Vec<String>,
+    /// The binary, when not [`redis_server_binary`].
+    binary: Option<String>,
+    /// Extra environment (e.g. libfaketime's `LD_PRELOAD`).
+    env: Vec<(String, String)>,
+    /// How long a start may take to answer `PING`.
+    ready: Duration,
 }
 
 /// The binary to run: `$NOLOCK_REDIS_SERVER` or `redis-server`.
@@ -66,9 +72,31 @@ impl RedisServer {
 
     /// Start a server with extra `redis-server` arguments (e.g. `--maxmemory`).
     pub fn start_with(args: &[&str]) -> Self {
+        Self::start_as(None, &[], args).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Start `binary` (default: [`redis_server_binary`]) with `env` added to
+    /// its environment and extra arguments; an error when it never answers.
+    pub fn start_as(
+        binary: Option<&str>,
+        env: &[(String, String)],
+        args: &[&str],
+    ) -> Result<Self, String> {
+        Self::start_tries(binary, env, args, 5, Duration::from_secs(10))
+    }
+
+    /// [`Self::start_as`] with `tries` ports, each given `ready` to answer:
+    /// a quick probe of whether a binary runs at all.
+    pub fn start_tries(
+        binary: Option<&str>,
+        env: &[(String, String)],
+        args: &[&str],
+        tries: usize,
+        ready: Duration,
+    ) -> Result<Self, String> {
         let extra_args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
         let mut last_error = String::new();
-        for _ in 0..5 {
+        for _ in 0..tries {
             let port = free_port();
             let dir =
                 std::env::temp_dir().join(format!("nolock-redis-{}-{port}", std::process::id()));
@@ -77,20 +105,27 @@ impl RedisServer {
                 child: None,
                 dir,
                 extra_args: extra_args.clone(),
+                binary: binary.map(str::to_owned),
+                env: env.to_vec(),
+                ready,
             };
             match server.spawn() {
-                Ok(()) => return server,
+                Ok(()) => return Ok(server),
                 Err(e) => last_error = e,
             }
         }
-        panic!("redis-server did not start after 5 tries: {last_error}");
+        Err(format!(
+            "redis-server did not start after {tries} tries: {last_error}"
+        ))
     }
 
     fn spawn(&mut self) -> Result<(), String> {
         std::fs::create_dir_all(&self.dir).map_err(|e| e.to_string())?;
         let port = self.port.to_string();
         let log = self.log_path();
-        let child = Command::new(redis_server_binary())
+        let binary = self.binary.clone().unwrap_or_else(redis_server_binary);
+        let child = Command::new(&binary)
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .args([
                 "--port",
                 &port,
@@ -112,7 +147,7 @@ impl RedisServer {
             .spawn()
             .unwrap_or_else(|e| panic!("{}: {e}", install_hint()));
         self.child = Some(child);
-        self.wait_ready(Duration::from_secs(10))
+        self.wait_ready(self.ready)
     }
 
     fn wait_ready(&mut self, timeout: Duration) -> Result<(), String> {

@@ -1,0 +1,172 @@
+//! The server's clock stepped and skewed, on rate limiters: what still
+//! holds, as numbers the README states.
+//!
+//! Every limiter decides by the server's clock (`TIME`, key expiry). A
+//! server whose clock steps **forward** by Δ sees every stored instant Δ
+//! older: GCRA and the token bucket refill Δ / T units at once (never more
+//! than the burst), a window may end early. So in any real span d, at most
+//! `burst + (d + Δ) / T` units pass (windows: a window's `L` may be granted
+//! again when the step ends it early). A clock stepped **back** by Δ makes
+//! a limiter deny longer (up to Δ more) and never admit more. A failover to
+//! a replica whose clock is Δ ahead acts as a forward step of Δ.
+//!
+//! The servers run under libfaketime (`tests/support/clock.rs`); where it
+//! cannot run, the tests say so and skip (fail under `CI=true`).
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use nolock::rate::{Algorithm, Limiter, Quota};
+use support::clock::{skewed_or_skip, SkewedServer};
+use support::prefix;
+
+type Conn = redis::aio::MultiplexedConnection;
+
+/// GCRA and token bucket: 100 per second, burst 10 (T = 10 ms); windows:
+/// 10 per 100 ms.
+fn limiter(algorithm: Algorithm) -> Limiter {
+    let quota = match algorithm {
+        Algorithm::Gcra | Algorithm::TokenBucket => {
+            Quota::per_second(100).unwrap().with_burst(10).unwrap()
+        }
+        _ => Quota::per(10, Duration::from_millis(100)).unwrap(),
+    };
+    Limiter::new(algorithm, quota).unwrap()
+}
+
+/// Checks of one unit as fast as they come for `span`; the units admitted.
+async fn admitted_for(conn: &mut Conn, l: &Limiter, key: &str, span: Duration) -> u64 {
+    let start = Instant::now();
+    let mut n = 0;
+    while start.elapsed() < span {
+        n += u64::from(l.check(conn, key, 1).await.unwrap().allowed);
+    }
+    n
+}
+
+async fn connect(s: &SkewedServer) -> Conn {
+    s.server.conn().await
+}
+
+#[tokio::test]
+async fn a_forward_step_refills_at_most_its_length_and_never_more_than_the_burst() {
+    let Some(clock) = skewed_or_skip("forward step", &[]) else {
+        return;
+    };
+    let mut conn = connect(&clock).await;
+    for algorithm in [Algorithm::Gcra, Algorithm::TokenBucket] {
+        let l = limiter(algorithm);
+        let key = format!("{}{algorithm}", prefix("forward"));
+        // Empty the limiter, then step the server 30 ms ahead.
+        assert!(l.check(&mut conn, &key, 10).await.unwrap().allowed);
+        clock.set(0.030);
+        let start = Instant::now();
+        let extra = admitted_for(&mut conn, &l, &key, Duration::from_millis(10)).await;
+        let d = start.elapsed().as_micros() as u64;
+        // At most (d + Δ) / T, plus one unit for the span's rounding.
+        let bound = (d + 30_000) / 10_000 + 1;
+        assert!(extra <= bound, "{algorithm}: {extra} > {bound}");
+        assert!(extra >= 3, "{algorithm}: the step did refill ({extra})");
+        // A step of an hour refills no more than the burst.
+        clock.set(3600.0);
+        let burst = admitted_for(&mut conn, &l, &key, Duration::from_millis(5)).await;
+        assert!(burst <= 10 + 1, "{algorithm}: {burst} past a burst of 10");
+        clock.set(0.0);
+    }
+}
+
+#[tokio::test]
+async fn a_backward_step_denies_longer_and_never_admits_more() {
+    let Some(clock) = skewed_or_skip("backward step", &[]) else {
+        return;
+    };
+    let mut conn = connect(&clock).await;
+    for algorithm in Algorithm::ALL {
+        let l = limiter(algorithm);
+        let key = format!("{}{algorithm}", prefix("backward"));
+        assert!(
+            l.check(&mut conn, &key, 10).await.unwrap().allowed,
+            "{algorithm}"
+        );
+        clock.set(-1.0);
+        // For 200 ms of real time: nothing more passes (the server thinks
+        // less time went by than did).
+        let later = admitted_for(&mut conn, &l, &key, Duration::from_millis(200)).await;
+        assert_eq!(later, 0, "{algorithm}");
+        let d = l.check(&mut conn, &key, 1).await.unwrap();
+        let wait = d.retry_after.expect("denied");
+        // Up to Δ (1 s) more than the limiter's own wait (a unit, a window).
+        assert!(
+            wait <= Duration::from_millis(1_200),
+            "{algorithm}: {wait:?}"
+        );
+        if algorithm != Algorithm::SlidingWindow {
+            // Stored instants are absolute: the answer counts the step.
+            assert!(wait >= Duration::from_millis(700), "{algorithm}: {wait:?}");
+        }
+        // The sliding window reads a window that starts in its future as
+        // the current one (e = 0): its retry_after can be short by up to Δ,
+        // and asking again is denied until its clock has caught up.
+        clock.set(0.0);
+    }
+}
+
+#[tokio::test]
+async fn a_failover_to_a_replica_ahead_acts_as_a_forward_step() {
+    let Some(primary) = skewed_or_skip("failover skew (primary)", &[]) else {
+        return;
+    };
+    let port = primary.server.port.to_string();
+    let Some(replica) = skewed_or_skip(
+        "failover skew (replica)",
+        &["--replicaof", "127.0.0.1", &port],
+    ) else {
+        return;
+    };
+    replica.set(0.050);
+    let mut p = connect(&primary).await;
+    let mut r = connect(&replica).await;
+    let l = limiter(Algorithm::Gcra);
+    let key = prefix("failover_skew");
+    // Wait for the replica's first sync.
+    let mut acked = 0;
+    for _ in 0..100 {
+        let _: () = redis::cmd("SET")
+            .arg("ping")
+            .arg(1)
+            .query_async(&mut p)
+            .await
+            .unwrap();
+        acked = redis::cmd("WAIT")
+            .arg(1)
+            .arg(100)
+            .query_async(&mut p)
+            .await
+            .unwrap();
+        if acked >= 1 {
+            break;
+        }
+    }
+    assert_eq!(acked, 1, "the replica synced");
+    assert!(l.check(&mut p, &key, 10).await.unwrap().allowed);
+    let acked: i64 = redis::cmd("WAIT")
+        .arg(1)
+        .arg(400)
+        .query_async(&mut p)
+        .await
+        .unwrap();
+    assert_eq!(acked, 1, "the replica has the TAT");
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    let start = Instant::now();
+    let extra = admitted_for(&mut r, &l, &key, Duration::from_millis(10)).await;
+    let d = start.elapsed().as_micros() as u64;
+    let bound = (d + 50_000) / 10_000 + 1;
+    assert!(extra <= bound, "{extra} > {bound}");
+    assert!(extra >= 5, "the replica's clock is 50 ms ahead: {extra}");
+}

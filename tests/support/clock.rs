@@ -1,0 +1,147 @@
+//! Servers whose clock the test steps: `redis-server` under libfaketime
+//! (Debian package `faketime`), reading its offset from a file on every
+//! clock read (`FAKETIME_TIMESTAMP_FILE`, `FAKETIME_NO_CACHE`), so a test
+//! moves the server's clock forward or back while it runs.
+//!
+//! libfaketime does not work with every build: the Debian `redis-server`
+//! 7.0 (its jemalloc reads the clock while libfaketime initialises) fails
+//! to start under it. [`SkewedServer::start`] therefore probes the binaries
+//! it can find: `$NOLOCK_FAKETIME_SERVER`, the test server
+//! (`$NOLOCK_REDIS_SERVER` or `redis-server`), then each
+//! `../shared/servers/*/bin/redis-server`; it takes the first whose clock
+//! moves with the file. Without libfaketime or such a server it says why,
+//! and the test is skipped (failed under `CI=true`).
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use super::server::{redis_server_binary, RedisServer};
+
+const LIBS: [&str; 2] = [
+    "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
+    "/usr/lib/faketime/libfaketime.so.1",
+];
+
+/// Binaries found not to run under libfaketime, in this test process.
+static FAILED: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+/// A server and the file that sets its clock's offset.
+pub struct SkewedServer {
+    pub server: RedisServer,
+    clock: PathBuf,
+}
+
+impl SkewedServer {
+    /// A server under libfaketime at offset 0, or why there is none.
+    pub fn start(args: &[&str]) -> Result<SkewedServer, String> {
+        let lib = LIBS
+            .iter()
+            .find(|l| Path::new(l).exists())
+            .ok_or("libfaketime is not installed (Debian: apt-get install faketime)")?;
+        let mut candidates: Vec<String> = Vec::new();
+        if let Ok(s) = std::env::var("NOLOCK_FAKETIME_SERVER") {
+            candidates.push(s);
+        }
+        candidates.push(redis_server_binary());
+        let shared = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/servers");
+        if let Ok(dirs) = std::fs::read_dir(&shared) {
+            let mut found: Vec<String> = dirs
+                .flatten()
+                .map(|d| d.path().join("bin/redis-server"))
+                .filter(|p| p.exists())
+                .map(|p| p.display().to_string())
+                .collect();
+            found.sort();
+            candidates.extend(found);
+        }
+        let mut why = Vec::new();
+        for binary in candidates {
+            let clock = std::env::temp_dir().join(format!(
+                "nolock-clock-{}-{}",
+                std::process::id(),
+                super::prefix("clock").replace(':', "-")
+            ));
+            std::fs::write(&clock, "+100").map_err(|e| e.to_string())?;
+            let env = vec![
+                ("LD_PRELOAD".to_owned(), (*lib).to_owned()),
+                (
+                    "FAKETIME_TIMESTAMP_FILE".to_owned(),
+                    clock.display().to_string(),
+                ),
+                ("FAKETIME_NO_CACHE".to_owned(), "1".to_owned()),
+                // Only the wall clock steps: the server's timers (expiry
+                // cycles, blocked clients' timeouts) run on the monotonic
+                // one, as on a real server whose clock is set.
+                ("DONT_FAKE_MONOTONIC".to_owned(), "1".to_owned()),
+            ];
+            if FAILED.lock().unwrap().contains(&binary) {
+                continue;
+            }
+            match RedisServer::start_tries(Some(&binary), &env, args, 1, Duration::from_secs(3)) {
+                Ok(server) => {
+                    let skewed = SkewedServer { server, clock };
+                    // The clock must follow the file: +100 s now, then 0.
+                    let ahead = skewed.offset_seen();
+                    if (95.0..105.0).contains(&ahead) {
+                        skewed.set(0.0);
+                        return Ok(skewed);
+                    }
+                    why.push(format!("{binary}: clock {ahead:.1} s off, not 100"));
+                    FAILED.lock().unwrap().push(binary);
+                }
+                Err(e) => {
+                    why.push(format!("{binary}: {}", e.lines().next().unwrap_or("")));
+                    FAILED.lock().unwrap().push(binary);
+                }
+            }
+        }
+        Err(format!(
+            "no redis-server runs under libfaketime: {}",
+            why.join("; ")
+        ))
+    }
+
+    /// Sets the server's clock `seconds` away from the real one (negative:
+    /// behind). Takes effect at its next clock read.
+    pub fn set(&self, seconds: f64) {
+        std::fs::write(&self.clock, format!("{seconds:+}")).expect("write the clock file");
+    }
+
+    /// The server's clock minus this process's, in seconds.
+    pub fn offset_seen(&self) -> f64 {
+        let mut conn = redis::Client::open(self.server.url())
+            .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(2)))
+            .expect("connect");
+        let (s, us): (u64, u64) = redis::cmd("TIME").query(&mut conn).expect("TIME");
+        let server = s as f64 + us as f64 / 1e6;
+        let here = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64();
+        server - here
+    }
+}
+
+impl Drop for SkewedServer {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.clock);
+    }
+}
+
+/// A skewed server, or `None` (skipped with a message) where none can run;
+/// under `CI=true` that is a failure.
+pub fn skewed_or_skip(test: &str, args: &[&str]) -> Option<SkewedServer> {
+    match SkewedServer::start(args) {
+        Ok(s) => Some(s),
+        Err(why) => {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "{test}: {why}"
+            );
+            eprintln!("{test}: skipped: {why}");
+            None
+        }
+    }
+}
