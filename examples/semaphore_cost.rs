@@ -14,7 +14,7 @@ mod server;
 
 use std::time::Duration;
 
-use nolock::semaphore::{self, Permit};
+use nolock::semaphore::{self, Permit, Semaphore};
 use redis::aio::MultiplexedConnection;
 
 const TTL: Duration = Duration::from_secs(600);
@@ -40,7 +40,7 @@ async fn reset(conn: &mut MultiplexedConnection) -> redis::RedisResult<()> {
     redis::cmd("CONFIG").arg("RESETSTAT").exec_async(conn).await
 }
 
-fn acquired(outcome: semaphore::Acquire) -> Result<Permit, Box<dyn std::error::Error>> {
+fn acquired(outcome: semaphore::PermitAttempt) -> Result<Permit, Box<dyn std::error::Error>> {
     outcome.acquired().ok_or_else(|| "expected a permit".into())
 }
 
@@ -83,7 +83,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     for i in 0..n {
         let key = format!("{p}empty:{i}");
         empty.push((
-            acquired(semaphore::acquire(&mut conn, &key, 10, TTL).await?)?,
+            acquired(Semaphore::new(10, TTL)?.acquire(&mut conn, &key).await?)?,
             key,
         ));
     }
@@ -96,12 +96,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let keys = n.min(2_000);
     for i in 0..keys {
         for _ in 0..9 {
-            let _ = semaphore::acquire(&mut conn, &format!("{p}nine:{i}"), 10, TTL).await?;
+            let _ = Semaphore::new(10, TTL)?
+                .acquire(&mut conn, &format!("{p}nine:{i}"))
+                .await?;
         }
     }
     reset(&mut conn).await?;
     for i in 0..keys {
-        acquired(semaphore::acquire(&mut conn, &format!("{p}nine:{i}"), 10, TTL).await?)?;
+        let _ = acquired(
+            Semaphore::new(10, TTL)?
+                .acquire(&mut conn, &format!("{p}nine:{i}"))
+                .await?,
+        )?;
     }
     rows.push((
         "acquire, 9 of 10 held (admitted)".into(),
@@ -110,7 +116,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     reset(&mut conn).await?;
     for i in 0..n {
-        let full = semaphore::acquire(&mut conn, &format!("{p}nine:{}", i % keys), 10, TTL).await?;
+        let full = Semaphore::new(10, TTL)?
+            .acquire(&mut conn, &format!("{p}nine:{}", i % keys))
+            .await?;
         if full.is_acquired() {
             return Err("expected a full semaphore".into());
         }
@@ -121,8 +129,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     ));
 
     reset(&mut conn).await?;
-    for (permit, key) in &empty {
-        let _ = semaphore::extend(&mut conn, key, permit, TTL).await?;
+    for (permit, _key) in empty.iter_mut() {
+        let _ = permit.extend(&mut conn).await?;
     }
     rows.push(("extend".into(), usec_per_call(&mut conn, "evalsha").await?));
 
@@ -136,8 +144,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     ));
 
     reset(&mut conn).await?;
-    for (permit, key) in &empty {
-        let _ = semaphore::release(&mut conn, key, permit).await?;
+    for (permit, _key) in empty {
+        let _ = permit.release(&mut conn).await?;
     }
     rows.push((
         "release (last permit: key deleted)".into(),

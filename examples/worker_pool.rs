@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nolock::semaphore;
+use nolock::semaphore::Semaphore;
 use nolock::Backoff;
 
 const WORKERS: usize = 12;
@@ -53,20 +53,25 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     max_delay: Duration::from_millis(100),
                     ..Backoff::new(RUN.saturating_sub(start.elapsed()))
                 };
-                let done = semaphore::with_permit(conn.clone(), &key, PERMITS, TTL, &wait, |permit| {
+                let pool = Semaphore::new(PERMITS, TTL)?.with_wait(wait);
+                let done = pool.with_permit(conn.clone(), &key, |id| {
                     let (running, peak) = (running.clone(), peak.clone());
                     async move {
                         let now = running.fetch_add(1, Ordering::SeqCst) + 1;
                         peak.fetch_max(now, Ordering::SeqCst);
                         println!("{:>6} ms  worker {worker:>2} runs a job ({now} running, permit {})",
-                            start.elapsed().as_millis(), &permit.id.as_str()[..8]);
+                            start.elapsed().as_millis(), &id.as_str()[..8]);
                         tokio::time::sleep(JOB).await;
                         running.fetch_sub(1, Ordering::SeqCst);
                     }
                 })
                 .await?;
-                if done.is_some() {
-                    jobs.fetch_add(1, Ordering::Relaxed);
+                match done {
+                    nolock::Work::Done(()) => {
+                        jobs.fetch_add(1, Ordering::Relaxed);
+                    }
+                    nolock::Work::Busy => {}
+                    lost => eprintln!("worker {worker}: permit lost: {:?}", lost.loss()),
                 }
                 // Fetching the next job takes a moment; meanwhile the others
                 // get their chance (waiters are not queued: see the docs).

@@ -6,7 +6,7 @@ use std::time::Duration;
 use crate::{Error, Result};
 
 /// How the calls that wait for something held ([`crate::fence::acquire_with_retry`],
-/// [`crate::semaphore::acquire_with_retry`], the leases' `acquire`) and
+/// [`crate::semaphore::Semaphore::with_wait`], the leases' `acquire`) and
 /// [`crate::retry()`] space their attempts.
 ///
 /// Attempt `n` (from 0) that finds the lock held sleeps a random time in

@@ -214,10 +214,11 @@ pub enum Error {
     )]
     NoTimer,
 
-    /// A [`crate::semaphore::PermitLease`] was lost before the work under it
-    /// finished (see [`crate::semaphore::with_permit`]); the work was
-    /// cancelled and may have been partly done, possibly beside one holder
-    /// more than the semaphore allows.
+    /// The renewal task of a [`crate::semaphore::PermitLease`] ended
+    /// abnormally, so its release could not be confirmed
+    /// ([`crate::semaphore::PermitLease::release`]); the permit expires at
+    /// its TTL. (A permit lost while work runs is an outcome, not an error:
+    /// see [`crate::Work`].)
     #[error("the permit of semaphore {key} was lost: {loss}")]
     PermitLost {
         /// The semaphore's key.

@@ -250,8 +250,8 @@ impl Operation for TryIncrement {
 /// **Deprecated** as the end of a concurrency limit: a counter shared by
 /// holders that started at different times cannot tell whose slot it gives
 /// back, and over-admits once the window rolls over (see the module docs).
-/// Use [`crate::semaphore`]: [`crate::semaphore::acquire`] when work starts,
-/// [`crate::semaphore::release`] when it ends.
+/// Use [`crate::semaphore`]: [`crate::semaphore::Semaphore::acquire`] when work starts,
+/// [`crate::semaphore::Permit::release`] when it ends.
 ///
 /// # Errors
 ///

@@ -75,8 +75,10 @@ async fn every_module_runs_with_only_the_documented_permissions() {
         .all(|r| r.as_ref().unwrap().admitted));
 
     // semaphore
-    let nolock::semaphore::Acquire::Acquired(permit) =
-        nolock::semaphore::acquire(c, "acl:sem", 2, minute)
+    let nolock::semaphore::PermitAttempt::Acquired(mut permit) =
+        nolock::semaphore::Semaphore::new(2, minute)
+            .unwrap()
+            .acquire(c, "acl:sem")
             .await
             .unwrap()
     else {
@@ -87,16 +89,12 @@ async fn every_module_runs_with_only_the_documented_permissions() {
         1
     );
     assert!(matches!(
-        nolock::semaphore::extend(c, "acl:sem", &permit, minute)
-            .await
-            .unwrap(),
-        nolock::semaphore::Extend::Extended { .. }
+        permit.extend(c).await.unwrap(),
+        nolock::semaphore::PermitExtend::Extended { .. }
     ));
     assert_eq!(
-        nolock::semaphore::release(c, "acl:sem", &permit)
-            .await
-            .unwrap(),
-        nolock::semaphore::Release::Released
+        permit.release(c).await.unwrap(),
+        nolock::semaphore::PermitRelease::Released
     );
 
     // rate: every algorithm, every call; multi-limits; partial grants; batches

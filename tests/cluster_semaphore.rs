@@ -9,7 +9,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use nolock::semaphore::{self, Acquire, Extend, PermitLease, Release, ReleasePermit, TryAcquire};
+use nolock::semaphore::{
+    self, AcquirePermit, PermitAttempt, PermitExtend, PermitRelease, ReleasePermit, Semaphore,
+};
 use nolock::Backoff;
 use nolock::Batch;
 use support::deployment::{both, run_batch_through_a_flush, Deployment};
@@ -36,34 +38,41 @@ async fn acquire_extend_release_on_the_keys_owner(d: &Deployment) {
     let mut owners = BTreeSet::new();
     for n in 0..6 {
         let key = format!("{p}{n}");
-        let a = semaphore::acquire_weighted(&mut conn, &key, 3, 2, MINUTE)
+        let mut a = Semaphore::new(3, MINUTE)
+            .unwrap()
+            .acquire_weighted(&mut conn, &key, 2)
             .await
             .unwrap()
             .acquired()
             .unwrap();
-        let b = semaphore::acquire(&mut conn, &key, 3, MINUTE)
+        let b = Semaphore::new(3, MINUTE)
+            .unwrap()
+            .acquire(&mut conn, &key)
             .await
             .unwrap()
             .acquired()
             .unwrap();
-        let full = semaphore::acquire(&mut conn, &key, 3, MINUTE)
+        let full = Semaphore::new(3, MINUTE)
+            .unwrap()
+            .acquire(&mut conn, &key)
             .await
             .unwrap();
-        assert!(matches!(full, Acquire::Full { in_use: 3, .. }), "{full:?}");
+        assert!(
+            matches!(full, PermitAttempt::Full { in_use: 3, .. }),
+            "{full:?}"
+        );
         assert!(d.exists(&key).await, "{key} on its owner");
         owners.insert(d.owner_port(&key).await);
         let usage = semaphore::peek(&mut conn, &key).await.unwrap();
         assert_eq!((usage.in_use, usage.holders), (3, 2));
         assert!(matches!(
-            semaphore::extend(&mut conn, &key, &a, MINUTE)
-                .await
-                .unwrap(),
-            Extend::Extended { .. }
+            a.extend(&mut conn).await.unwrap(),
+            PermitExtend::Extended { .. }
         ));
-        for permit in [&a, &b] {
+        for permit in [a, b] {
             assert_eq!(
-                semaphore::release(&mut conn, &key, permit).await.unwrap(),
-                Release::Released
+                permit.release(&mut conn).await.unwrap(),
+                PermitRelease::Released
             );
         }
         assert!(!d.exists(&key).await, "gone with its last permit");
@@ -82,18 +91,21 @@ async fn racing_holders_never_exceed_the_permits(d: &Deployment) {
                 let mut granted = 0u32;
                 for _ in 0..5 {
                     let wait = Backoff::new(Duration::from_secs(5));
-                    let outcome = semaphore::acquire_with_retry(&mut conn, &key, 4, MINUTE, &wait)
+                    let outcome = Semaphore::new(4, MINUTE)
+                        .unwrap()
+                        .with_wait(wait)
+                        .acquire(&mut conn, &key)
                         .await
                         .unwrap();
-                    let Acquire::Acquired(permit) = outcome else {
+                    let PermitAttempt::Acquired(permit) = outcome else {
                         continue;
                     };
                     let now = running.fetch_add(1, Ordering::SeqCst) + 1;
                     peak.fetch_max(now, Ordering::SeqCst);
                     tokio::time::sleep(Duration::from_millis(2)).await;
                     running.fetch_sub(1, Ordering::SeqCst);
-                    let released = semaphore::release(&mut conn, &key, &permit).await.unwrap();
-                    assert_eq!(released, Release::Released);
+                    let released = permit.release(&mut conn).await.unwrap();
+                    assert_eq!(released, PermitRelease::Released);
                     granted += 1;
                 }
                 granted
@@ -113,7 +125,9 @@ async fn a_permit_lease_renews_on_the_deployment_connection(d: &Deployment) {
     let conn = d.conn().await;
     let key = format!("{}s", prefix("cluster_permit_lease"));
     let ttl = Duration::from_millis(300);
-    let lease = PermitLease::acquire(conn, &key, 1, ttl, &Backoff::none())
+    let lease = Semaphore::new(1, ttl)
+        .unwrap()
+        .lease(conn, &key)
         .await
         .unwrap()
         .acquired()
@@ -121,7 +135,7 @@ async fn a_permit_lease_renews_on_the_deployment_connection(d: &Deployment) {
     tokio::time::sleep(ttl * 3).await;
     assert_eq!(lease.loss(), None, "renewed past three ttls");
     assert!(d.exists(&key).await);
-    assert_eq!(lease.release().await.unwrap(), Release::Released);
+    assert_eq!(lease.release().await.unwrap(), PermitRelease::Released);
     assert!(!d.exists(&key).await);
 }
 
@@ -129,9 +143,9 @@ async fn a_batch_of_acquires_spreads_over_the_nodes(d: &Deployment) {
     let mut conn = d.conn().await;
     let p = prefix("cluster_semaphore_batch");
     let keys: Vec<String> = (0..12).map(|n| format!("{p}{n}")).collect();
-    let batch: Batch<TryAcquire> = keys
+    let batch: Batch<AcquirePermit> = keys
         .iter()
-        .map(|k| TryAcquire::new(k, 1, MINUTE).unwrap())
+        .map(|k| AcquirePermit::new(&Semaphore::new(1, MINUTE).unwrap(), k).unwrap())
         .collect();
     let permits: Vec<_> = batch
         .run(&mut conn)
@@ -140,19 +154,17 @@ async fn a_batch_of_acquires_spreads_over_the_nodes(d: &Deployment) {
         .map(|r| r.unwrap().acquired().expect("a free semaphore"))
         .collect();
     // Other holders (fresh ids) find every semaphore full.
-    let others: Batch<TryAcquire> = keys
+    let others: Batch<AcquirePermit> = keys
         .iter()
-        .map(|k| TryAcquire::new(k, 1, MINUTE).unwrap())
+        .map(|k| AcquirePermit::new(&Semaphore::new(1, MINUTE).unwrap(), k).unwrap())
         .collect();
     let again = others.run(&mut conn).await;
-    assert!(again.iter().all(|r| matches!(r, Ok(Acquire::Full { .. }))));
-    let releases: Batch<ReleasePermit> = keys
+    assert!(again
         .iter()
-        .zip(&permits)
-        .map(|(k, p)| ReleasePermit::new(k, p).unwrap())
-        .collect();
+        .all(|r| matches!(r, Ok(PermitAttempt::Full { .. }))));
+    let releases: Batch<ReleasePermit> = permits.iter().map(ReleasePermit::new).collect();
     for r in releases.run(&mut conn).await {
-        assert_eq!(r.unwrap(), Release::Released);
+        assert_eq!(r.unwrap(), PermitRelease::Released);
     }
     for k in &keys {
         assert!(!d.exists(k).await);
@@ -164,8 +176,10 @@ async fn a_flush_between_batches_of_acquires_is_recovered(d: &Deployment) {
     // A value keeps the id drawn when it was built, so each run is the same
     // holder acquiring again: granted again, never a second permit (with
     // permits 1, a second holder would be refused).
-    let batch: Batch<TryAcquire> = (0..9)
-        .map(|n| TryAcquire::new(&format!("{p}{n}"), 1, MINUTE).unwrap())
+    let batch: Batch<AcquirePermit> = (0..9)
+        .map(|n| {
+            AcquirePermit::new(&Semaphore::new(1, MINUTE).unwrap(), &format!("{p}{n}")).unwrap()
+        })
         .collect();
     run_batch_through_a_flush(d, &batch, |_, outcome| outcome.is_acquired()).await;
 }
@@ -174,24 +188,24 @@ async fn every_semaphore_call_recovers_a_script_flush_on_every_node(d: &Deployme
     let mut conn = d.conn().await;
     let key = format!("{}s", prefix("cluster_semaphore_flush"));
     d.flush_scripts_everywhere().await;
-    let permit = semaphore::acquire(&mut conn, &key, 2, MINUTE)
+    let mut permit = Semaphore::new(2, MINUTE)
+        .unwrap()
+        .acquire(&mut conn, &key)
         .await
         .unwrap()
         .acquired()
         .unwrap();
     d.flush_scripts_everywhere().await;
     assert!(matches!(
-        semaphore::extend(&mut conn, &key, &permit, MINUTE)
-            .await
-            .unwrap(),
-        Extend::Extended { .. }
+        permit.extend(&mut conn).await.unwrap(),
+        PermitExtend::Extended { .. }
     ));
     d.flush_scripts_everywhere().await;
     assert_eq!(semaphore::peek(&mut conn, &key).await.unwrap().in_use, 1);
     d.flush_scripts_everywhere().await;
     assert_eq!(
-        semaphore::release(&mut conn, &key, &permit).await.unwrap(),
-        Release::Released
+        permit.release(&mut conn).await.unwrap(),
+        PermitRelease::Released
     );
     assert!(!d.exists(&key).await);
 }

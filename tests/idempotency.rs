@@ -19,7 +19,7 @@ use nolock::rate::{
 };
 use nolock::retry::{retry, RetryPolicy};
 use nolock::script::Call;
-use nolock::semaphore::{self, ReleasePermit, TryAcquire};
+use nolock::semaphore::{self, AcquirePermit, ReleasePermit, Semaphore};
 use nolock::Backoff;
 use nolock::{Error, Operation, Scripts};
 use redis::aio::{ConnectionManager, MultiplexedConnection};
@@ -625,12 +625,16 @@ async fn every_wrapped_operation_replays_its_first_reply_exactly() {
         twice(&mut conn, SetIfVersion::new(&k("v"), 0, &cfg).unwrap()).await;
     assert!(matches!(conflict, Update::Conflict { current: Some(ref v) } if v.value == cfg));
     // semaphore: acquired, full, released.
-    let acquire = TryAcquire::new(&k("s"), 1, MINUTE).unwrap();
+    let acquire = AcquirePermit::new(&Semaphore::new(1, MINUTE).unwrap(), &k("s")).unwrap();
     let got = twice(&mut conn, acquire).await;
     let permit = got.acquired().expect("a permit");
-    let full = twice(&mut conn, TryAcquire::new(&k("s"), 1, MINUTE).unwrap()).await;
+    let full = twice(
+        &mut conn,
+        AcquirePermit::new(&Semaphore::new(1, MINUTE).unwrap(), &k("s")).unwrap(),
+    )
+    .await;
     assert!(!full.is_acquired());
-    let _ = twice(&mut conn, ReleasePermit::new(&k("s"), &permit).unwrap()).await;
+    let _ = twice(&mut conn, ReleasePermit::new(&permit)).await;
     assert_eq!(semaphore::peek(&mut conn, &k("s")).await.unwrap().in_use, 0);
 
     // Raw replies of scripts with other shapes (strings, nil, nested):

@@ -9,7 +9,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use nolock::semaphore::{self, Acquire, Extend, Permit, PermitLease, Release, TryAcquire};
+use nolock::semaphore::{
+    self, AcquirePermit, Permit, PermitAttempt, PermitExtend, PermitLease, PermitRelease, Semaphore,
+};
 use nolock::Backoff;
 use nolock::{Batch, Error};
 use proptest::prelude::*;
@@ -20,9 +22,9 @@ use support::{command_calls, keys, prefix, raw, RedisServer};
 const MINUTE: Duration = Duration::from_secs(60);
 const MS: Duration = Duration::from_millis(1);
 
-fn permit(outcome: Acquire) -> Permit {
+fn permit(outcome: PermitAttempt) -> Permit {
     match outcome {
-        Acquire::Acquired(permit) => permit,
+        PermitAttempt::Acquired(permit) => permit,
         full => panic!("expected a permit, got {full:?}"),
     }
 }
@@ -74,17 +76,24 @@ async fn twelve_workers_on_two_permits_never_run_more_than_two() {
         let (mut conn, key, gauge, jobs) = (conn.clone(), key.clone(), gauge.clone(), jobs.clone());
         workers.push(tokio::spawn(async move {
             while start.elapsed() < RUN {
-                let outcome = semaphore::acquire_with_retry(&mut conn, &key, PERMITS, TTL, &wait)
+                let outcome = Semaphore::new(PERMITS, TTL)
+                    .unwrap()
+                    .with_wait(wait)
+                    .acquire(&mut conn, &key)
                     .await
                     .unwrap();
-                let Acquire::Acquired(permit) = outcome else {
+                let PermitAttempt::Acquired(permit) = outcome else {
                     continue;
                 };
                 gauge.enter();
                 tokio::time::sleep(JOB).await;
                 gauge.leave();
-                let released = semaphore::release(&mut conn, &key, &permit).await.unwrap();
-                assert_eq!(released, Release::Released, "a job shorter than the ttl");
+                let released = permit.release(&mut conn).await.unwrap();
+                assert_eq!(
+                    released,
+                    PermitRelease::Released,
+                    "a job shorter than the ttl"
+                );
                 jobs.fetch_add(1, Ordering::Relaxed);
             }
         }));
@@ -154,26 +163,34 @@ async fn a_crashed_holder_frees_exactly_its_own_permit_after_its_ttl() {
     let mut conn = server.conn().await;
     let key = format!("{}s", prefix("crash"));
     let crashed = permit(
-        semaphore::acquire(&mut conn, &key, 3, 300 * MS)
+        Semaphore::new(3, 300 * MS)
+            .unwrap()
+            .acquire(&mut conn, &key)
             .await
             .unwrap(),
     );
-    let b = permit(
-        semaphore::acquire(&mut conn, &key, 3, MINUTE)
+    let mut b = permit(
+        Semaphore::new(3, MINUTE)
+            .unwrap()
+            .acquire(&mut conn, &key)
             .await
             .unwrap(),
     );
-    let c = permit(
-        semaphore::acquire(&mut conn, &key, 3, MINUTE)
+    let mut c = permit(
+        Semaphore::new(3, MINUTE)
+            .unwrap()
+            .acquire(&mut conn, &key)
             .await
             .unwrap(),
     );
 
     // Full, until the crashed holder's permit expires (it never releases).
-    let Acquire::Full {
+    let PermitAttempt::Full {
         retry_after,
         in_use,
-    } = semaphore::acquire(&mut conn, &key, 3, MINUTE)
+    } = Semaphore::new(3, MINUTE)
+        .unwrap()
+        .acquire(&mut conn, &key)
         .await
         .unwrap()
     else {
@@ -186,35 +203,37 @@ async fn a_crashed_holder_frees_exactly_its_own_permit_after_its_ttl() {
     );
     tokio::time::sleep(retry_after + 5 * MS).await;
     let d = permit(
-        semaphore::acquire(&mut conn, &key, 3, MINUTE)
+        Semaphore::new(3, MINUTE)
+            .unwrap()
+            .acquire(&mut conn, &key)
             .await
             .unwrap(),
     );
 
     // Exactly the crashed permit came back: b and c still hold theirs.
     let members: Vec<String> = raw(&mut conn, &["ZRANGE", &key, "0", "-1"]).await;
-    let mut want: Vec<String> = [&b, &c, &d].iter().map(|p| format!("{}:1", p.id)).collect();
+    let mut want: Vec<String> = [&b, &c, &d]
+        .iter()
+        .map(|p| format!("{}:1", p.id()))
+        .collect();
     let mut got = members.clone();
     want.sort();
     got.sort();
     assert_eq!(got, want);
-    for p in [&b, &c] {
+    for p in [&mut b, &mut c] {
         assert!(matches!(
-            semaphore::extend(&mut conn, &key, p, MINUTE).await.unwrap(),
-            Extend::Extended { .. }
+            p.extend(&mut conn).await.unwrap(),
+            PermitExtend::Extended { .. }
         ));
     }
     assert_eq!(
-        semaphore::release(&mut conn, &key, &crashed).await.unwrap(),
-        Release::Lost
+        crashed.release(&mut conn).await.unwrap(),
+        PermitRelease::Lost
     );
     let usage = semaphore::peek(&mut conn, &key).await.unwrap();
     assert_eq!((usage.in_use, usage.holders), (3, 3));
-    for p in [&b, &c, &d] {
-        assert_eq!(
-            semaphore::release(&mut conn, &key, p).await.unwrap(),
-            Release::Released
-        );
+    for p in [b, c, d] {
+        assert_eq!(p.release(&mut conn).await.unwrap(), PermitRelease::Released);
     }
     assert_eq!(
         keys(&mut conn, &key).await,
@@ -228,8 +247,10 @@ async fn a_holder_paused_past_its_ttl_finds_its_permit_lost_and_taken() {
     let server = RedisServer::start();
     let mut conn = server.conn().await;
     let key = format!("{}s", prefix("paused"));
-    let paused = permit(
-        semaphore::acquire(&mut conn, &key, 1, 200 * MS)
+    let mut paused = permit(
+        Semaphore::new(1, 200 * MS)
+            .unwrap()
+            .acquire(&mut conn, &key)
             .await
             .unwrap(),
     );
@@ -237,30 +258,29 @@ async fn a_holder_paused_past_its_ttl_finds_its_permit_lost_and_taken() {
     tokio::time::sleep(250 * MS).await;
     // ...and another holder takes the only permit.
     let other = permit(
-        semaphore::acquire(&mut conn, &key, 1, MINUTE)
+        Semaphore::new(1, MINUTE)
+            .unwrap()
+            .acquire(&mut conn, &key)
             .await
             .unwrap(),
     );
+    assert_eq!(paused.extend(&mut conn).await.unwrap(), PermitExtend::Lost);
     assert_eq!(
-        semaphore::extend(&mut conn, &key, &paused, MINUTE)
-            .await
-            .unwrap(),
-        Extend::Lost
-    );
-    assert_eq!(
-        semaphore::release(&mut conn, &key, &paused).await.unwrap(),
-        Release::Lost
+        paused.release(&mut conn).await.unwrap(),
+        PermitRelease::Lost
     );
     // The late release left the new holder alone.
     let usage = semaphore::peek(&mut conn, &key).await.unwrap();
     assert_eq!((usage.in_use, usage.holders), (1, 1));
-    assert!(!semaphore::acquire(&mut conn, &key, 1, MINUTE)
+    assert!(!Semaphore::new(1, MINUTE)
+        .unwrap()
+        .acquire(&mut conn, &key)
         .await
         .unwrap()
         .is_acquired());
     assert_eq!(
-        semaphore::release(&mut conn, &key, &other).await.unwrap(),
-        Release::Released
+        other.release(&mut conn).await.unwrap(),
+        PermitRelease::Released
     );
 }
 
@@ -304,10 +324,13 @@ async fn two_hundred_tasks_on_ten_permits_never_exceed_ten() {
             (conn.clone(), key.clone(), spans.clone(), gauge.clone());
         tasks.push(tokio::spawn(async move {
             while start.elapsed() < run {
-                let outcome = semaphore::acquire_with_retry(&mut conn, &key, SIZE, 2 * TTL, &wait)
+                let outcome = Semaphore::new(SIZE, 2 * TTL)
+                    .unwrap()
+                    .with_wait(wait)
+                    .acquire(&mut conn, &key)
                     .await
                     .unwrap();
-                let Acquire::Acquired(permit) = outcome else {
+                let PermitAttempt::Acquired(permit) = outcome else {
                     continue;
                 };
                 let granted = Instant::now();
@@ -315,8 +338,8 @@ async fn two_hundred_tasks_on_ten_permits_never_exceed_ten() {
                 tokio::time::sleep(Duration::from_millis(fastrand::u64(5..30))).await;
                 gauge.leave();
                 let sent = Instant::now();
-                let released = semaphore::release(&mut conn, &key, &permit).await.unwrap();
-                assert_eq!(released, Release::Released);
+                let released = permit.release(&mut conn).await.unwrap();
+                assert_eq!(released, PermitRelease::Released);
                 spans.lock().unwrap().push((granted, sent));
             }
         }));
@@ -359,51 +382,59 @@ async fn a_weighted_acquire_is_all_or_nothing() {
     let server = RedisServer::start();
     let mut conn = server.conn().await;
     let key = format!("{}s", prefix("weighted"));
-    let big = permit(
-        semaphore::acquire_weighted(&mut conn, &key, 5, 3, MINUTE)
+    let mut big = permit(
+        Semaphore::new(5, MINUTE)
+            .unwrap()
+            .acquire_weighted(&mut conn, &key, 3)
             .await
             .unwrap(),
     );
-    assert_eq!(big.weight, 3);
-    let full = semaphore::acquire_weighted(&mut conn, &key, 5, 3, MINUTE)
+    assert_eq!(big.weight(), 3);
+    let full = Semaphore::new(5, MINUTE)
+        .unwrap()
+        .acquire_weighted(&mut conn, &key, 3)
         .await
         .unwrap();
-    assert!(matches!(full, Acquire::Full { in_use: 3, .. }), "{full:?}");
+    assert!(
+        matches!(full, PermitAttempt::Full { in_use: 3, .. }),
+        "{full:?}"
+    );
     let card: u64 = raw(&mut conn, &["ZCARD", &key]).await;
     assert_eq!(card, 3, "nothing taken by the refused request");
     let small = permit(
-        semaphore::acquire_weighted(&mut conn, &key, 5, 2, MINUTE)
+        Semaphore::new(5, MINUTE)
+            .unwrap()
+            .acquire_weighted(&mut conn, &key, 2)
             .await
             .unwrap(),
     );
     let usage = semaphore::peek(&mut conn, &key).await.unwrap();
     assert_eq!((usage.in_use, usage.holders, usage.free(5)), (5, 2, 0));
-    let one = semaphore::acquire(&mut conn, &key, 5, MINUTE)
+    let one = Semaphore::new(5, MINUTE)
+        .unwrap()
+        .acquire(&mut conn, &key)
         .await
         .unwrap();
-    assert!(matches!(one, Acquire::Full { .. }));
+    assert!(matches!(one, PermitAttempt::Full { .. }));
 
     assert!(matches!(
-        semaphore::extend(&mut conn, &key, &big, MINUTE * 2)
-            .await
-            .unwrap(),
-        Extend::Extended { .. }
+        big.extend(&mut conn).await.unwrap(),
+        PermitExtend::Extended { .. }
     ));
     assert_eq!(
-        semaphore::release(&mut conn, &key, &big).await.unwrap(),
-        Release::Released
+        big.release(&mut conn).await.unwrap(),
+        PermitRelease::Released
     );
     assert_eq!(semaphore::peek(&mut conn, &key).await.unwrap().in_use, 2);
     let again = permit(
-        semaphore::acquire_weighted(&mut conn, &key, 5, 3, MINUTE)
+        Semaphore::new(5, MINUTE)
+            .unwrap()
+            .acquire_weighted(&mut conn, &key, 3)
             .await
             .unwrap(),
     );
-    for p in [&small, &again] {
-        assert_eq!(
-            semaphore::release(&mut conn, &key, p).await.unwrap(),
-            Release::Released
-        );
+    for p in [small, again] {
+        assert_eq!(p.release(&mut conn).await.unwrap(), PermitRelease::Released);
     }
     assert_eq!(keys(&mut conn, &key).await, Vec::<String>::new());
 }
@@ -414,7 +445,7 @@ async fn a_retry_with_the_same_id_gets_the_same_permit_not_a_second() {
     let mut conn = server.conn().await;
     let key = format!("{}s", prefix("same_id"));
     let id = semaphore::PermitId::random().unwrap();
-    let op = TryAcquire::with_id(&key, &id, 2, 2, MINUTE).unwrap();
+    let op = AcquirePermit::with_id(&Semaphore::new(2, MINUTE).unwrap(), &key, &id, 2).unwrap();
     let mut batch = Batch::new();
     batch.push(op.clone()).push(op);
     let results = batch.run(&mut conn).await;
@@ -423,11 +454,17 @@ async fn a_retry_with_the_same_id_gets_the_same_permit_not_a_second() {
     }
     assert_eq!(semaphore::peek(&mut conn, &key).await.unwrap().in_use, 2);
     // A different weight under the same id is refused, with nothing written.
-    let err = nolock::Batch::from_iter([TryAcquire::with_id(&key, &id, 3, 1, MINUTE).unwrap()])
-        .run(&mut conn)
-        .await
-        .remove(0)
-        .unwrap_err();
+    let err = nolock::Batch::from_iter([AcquirePermit::with_id(
+        &Semaphore::new(3, MINUTE).unwrap(),
+        &key,
+        &id,
+        1,
+    )
+    .unwrap()])
+    .run(&mut conn)
+    .await
+    .remove(0)
+    .unwrap_err();
     assert!(matches!(err, Error::Redis(_)), "{err}");
 }
 
@@ -442,64 +479,53 @@ async fn bad_input_is_rejected_before_anything_is_sent() {
     let s = Duration::from_secs(1);
     let too_long = semaphore::MAX_PERMIT_TTL + MS;
     let cases: Vec<(Error, &str)> = vec![
+        (Semaphore::new(0, s).unwrap_err(), "ZeroLimit"),
         (
-            semaphore::acquire(&mut conn, "k", 0, s).await.unwrap_err(),
-            "ZeroLimit",
-        ),
-        (
-            semaphore::acquire_weighted(&mut conn, "k", 2, 3, s)
+            Semaphore::new(2, s)
+                .unwrap()
+                .acquire_weighted(&mut conn, "k", 3)
                 .await
                 .unwrap_err(),
             "InsufficientCapacity",
         ),
         (
-            semaphore::acquire_weighted(&mut conn, "k", 2, 0, s)
+            Semaphore::new(2, s)
+                .unwrap()
+                .acquire_weighted(&mut conn, "k", 0)
                 .await
                 .unwrap_err(),
             "ZeroLimit",
         ),
+        (Semaphore::new(10_001, s).unwrap_err(), "OutOfRange"),
         (
-            semaphore::acquire(&mut conn, "k", 10_001, s)
-                .await
-                .unwrap_err(),
-            "OutOfRange",
-        ),
-        (
-            semaphore::acquire(&mut conn, "k", 1, Duration::ZERO)
-                .await
-                .unwrap_err(),
+            Semaphore::new(1, Duration::ZERO).unwrap_err(),
             "ZeroDuration",
         ),
+        (Semaphore::new(1, too_long).unwrap_err(), "DurationTooLong"),
         (
-            semaphore::acquire(&mut conn, "k", 1, too_long)
+            Semaphore::new(1, s)
+                .unwrap()
+                .acquire(&mut conn, "")
                 .await
                 .unwrap_err(),
-            "DurationTooLong",
-        ),
-        (
-            semaphore::acquire(&mut conn, "", 1, s).await.unwrap_err(),
             "EmptyKey",
         ),
         (
             semaphore::peek(&mut conn, "").await.unwrap_err(),
             "EmptyKey",
         ),
+        (Semaphore::new(0, s).unwrap_err(), "ZeroLimit"),
         (
-            semaphore::acquire_with_retry(&mut conn, "k", 0, s, &Backoff::none())
-                .await
-                .unwrap_err(),
-            "ZeroLimit",
+            Permit::restore("", semaphore::PermitId::random().unwrap(), 1, s).unwrap_err(),
+            "EmptyKey",
         ),
         (
-            semaphore::with_permit(
-                conn.clone(),
+            Permit::restore(
                 "k",
+                semaphore::PermitId::random().unwrap(),
                 1,
                 Duration::ZERO,
-                &Backoff::none(),
-                |_| async {},
             )
-            .await
             .unwrap_err(),
             "ZeroDuration",
         ),
@@ -511,15 +537,16 @@ async fn bad_input_is_rejected_before_anything_is_sent() {
         );
         assert!(err.is_invalid_input(), "{err}");
     }
-    let p = permit(semaphore::acquire(&mut conn, "k", 1, s).await.unwrap());
-    assert!(matches!(
-        semaphore::extend(&mut conn, "k", &p, Duration::ZERO).await,
-        Err(Error::ZeroDuration { .. })
-    ));
-    assert!(matches!(
-        semaphore::release(&mut conn, "", &p).await,
-        Err(Error::EmptyKey)
-    ));
+    // The one valid call: a permit's release and extension take no key
+    // and no TTL, so they have no bad input left to refuse.
+    let p = permit(
+        Semaphore::new(1, s)
+            .unwrap()
+            .acquire(&mut conn, "k")
+            .await
+            .unwrap(),
+    );
+    let _ = p;
     assert_eq!(
         command_calls(&mut conn, "evalsha").await,
         before + 1,
@@ -537,25 +564,22 @@ async fn every_call_recovers_a_script_flush() {
         let _: () = raw(&mut c, &["SCRIPT", "FLUSH"]).await;
     };
     flush().await;
-    let p = permit(
-        semaphore::acquire(&mut conn, &key, 2, MINUTE)
+    let mut p = permit(
+        Semaphore::new(2, MINUTE)
+            .unwrap()
+            .acquire(&mut conn, &key)
             .await
             .unwrap(),
     );
     flush().await;
     assert!(matches!(
-        semaphore::extend(&mut conn, &key, &p, MINUTE)
-            .await
-            .unwrap(),
-        Extend::Extended { .. }
+        p.extend(&mut conn).await.unwrap(),
+        PermitExtend::Extended { .. }
     ));
     flush().await;
     assert_eq!(semaphore::peek(&mut conn, &key).await.unwrap().in_use, 1);
     flush().await;
-    assert_eq!(
-        semaphore::release(&mut conn, &key, &p).await.unwrap(),
-        Release::Released
-    );
+    assert_eq!(p.release(&mut conn).await.unwrap(), PermitRelease::Released);
     // Each flushed script came back through SCRIPT LOAD + EVALSHA, never
     // EVAL / EVAL_RO (which the EVAL LRU of Redis >= 7.4 could evict).
     assert_eq!(command_calls(&mut conn, "script|load").await, 4);
@@ -570,8 +594,10 @@ async fn release_and_extend_still_work_on_a_full_server() {
     let mut conn = server.conn().await;
     let p = prefix("oom");
     let key = format!("{p}s");
-    let held = permit(
-        semaphore::acquire(&mut conn, &key, 3, MINUTE)
+    let mut held = permit(
+        Semaphore::new(3, MINUTE)
+            .unwrap()
+            .acquire(&mut conn, &key)
             .await
             .unwrap(),
     );
@@ -597,7 +623,9 @@ async fn release_and_extend_still_work_on_a_full_server() {
     assert!(full, "the server never filled up");
 
     // A new permit needs memory: refused, definitely, nothing written.
-    let err = semaphore::acquire(&mut conn, &key, 3, MINUTE)
+    let err = Semaphore::new(3, MINUTE)
+        .unwrap()
+        .acquire(&mut conn, &key)
         .await
         .unwrap_err();
     assert!(
@@ -610,14 +638,12 @@ async fn release_and_extend_still_work_on_a_full_server() {
     // The holder keeps and gives back its permit (allow-oom), also through EVAL.
     let _: () = raw(&mut conn, &["SCRIPT", "FLUSH"]).await;
     assert!(matches!(
-        semaphore::extend(&mut conn, &key, &held, MINUTE)
-            .await
-            .unwrap(),
-        Extend::Extended { .. }
+        held.extend(&mut conn).await.unwrap(),
+        PermitExtend::Extended { .. }
     ));
     assert_eq!(
-        semaphore::release(&mut conn, &key, &held).await.unwrap(),
-        Release::Released
+        held.release(&mut conn).await.unwrap(),
+        PermitRelease::Released
     );
     assert_eq!(keys(&mut conn, &key).await, Vec::<String>::new());
 }
@@ -725,33 +751,23 @@ async fn foreign_data_is_refused_with_nothing_written() {
         let before = dump().await;
         assert_eq!(before.1, -1, "{what}");
 
-        let stranger = permit(
-            nolock::Batch::from_iter([TryAcquire::with_id(
-                &format!("{p}fresh{n}"),
-                &other,
-                1,
-                1,
-                MINUTE,
-            )
-            .unwrap()])
-            .run(&mut conn)
-            .await
-            .remove(0)
-            .unwrap(),
-        );
+        // Another holder's permit, as a process that kept only its id would
+        // rebuild it, pointed at the foreign key.
+        let mut stranger = Permit::restore(&key, other.clone(), 1, MINUTE).unwrap();
+        let stranger_again = Permit::restore(&key, other.clone(), 1, MINUTE).unwrap();
         let results = [
-            semaphore::acquire(&mut conn, &key, 5, MINUTE)
+            Semaphore::new(5, MINUTE)
+                .unwrap()
+                .acquire(&mut conn, &key)
                 .await
                 .map(|_| ()),
-            semaphore::acquire_weighted(&mut conn, &key, 5, 2, MINUTE)
+            Semaphore::new(5, MINUTE)
+                .unwrap()
+                .acquire_weighted(&mut conn, &key, 2)
                 .await
                 .map(|_| ()),
-            semaphore::release(&mut conn, &key, &stranger)
-                .await
-                .map(|_| ()),
-            semaphore::extend(&mut conn, &key, &stranger, MINUTE)
-                .await
-                .map(|_| ()),
+            stranger_again.release(&mut conn).await.map(|_| ()),
+            stranger.extend(&mut conn).await.map(|_| ()),
             semaphore::peek(&mut conn, &key).await.map(|_| ()),
         ];
         for (call, result) in ["acquire", "weighted", "release", "extend", "peek"]
@@ -850,16 +866,16 @@ fn the_semaphore_conforms_to_a_model() {
                             if held[slot].is_some() {
                                 continue;
                             }
-                            let outcome = semaphore::acquire_weighted(
-                                &mut conn, &key, permits, weight, MINUTE,
-                            )
-                            .await
-                            .unwrap();
+                            let outcome = Semaphore::new(permits, MINUTE)
+                                .unwrap()
+                                .acquire_weighted(&mut conn, &key, weight)
+                                .await
+                                .unwrap();
                             let (in_use, _) = live(&model);
                             let fits = in_use + weight <= permits;
                             prop_assert_eq!(outcome.is_acquired(), fits, "step {}: {:?}", i, step);
                             match outcome {
-                                Acquire::Acquired(p) => {
+                                PermitAttempt::Acquired(p) => {
                                     // Expired permits were reclaimed by this call.
                                     for s in model.iter_mut() {
                                         if s.is_some_and(|s| s.expired) {
@@ -872,26 +888,30 @@ fn the_semaphore_conforms_to_a_model() {
                                     });
                                     held[slot] = Some(p);
                                 }
-                                Acquire::Full { in_use: got, .. } => prop_assert_eq!(got, in_use),
+                                PermitAttempt::Full { in_use: got, .. } => {
+                                    prop_assert_eq!(got, in_use)
+                                }
                             }
                         }
                         Step::Release { slot } => {
                             let Some(p) = held[slot].take() else { continue };
-                            let r = semaphore::release(&mut conn, &key, &p).await.unwrap();
+                            let r = p.release(&mut conn).await.unwrap();
                             let want = if model[slot].is_some_and(|s| !s.expired) {
-                                Release::Released
+                                PermitRelease::Released
                             } else {
-                                Release::Lost
+                                PermitRelease::Lost
                             };
                             prop_assert_eq!(r, want, "step {}", i);
                             model[slot] = None;
                         }
                         Step::Extend { slot } => {
-                            let Some(p) = &held[slot] else { continue };
-                            let e = semaphore::extend(&mut conn, &key, p, MINUTE).await.unwrap();
+                            let Some(p) = held[slot].as_mut() else {
+                                continue;
+                            };
+                            let e = p.extend(&mut conn).await.unwrap();
                             let live_slot = model[slot].is_some_and(|s| !s.expired);
                             prop_assert_eq!(
-                                matches!(e, Extend::Extended { .. }),
+                                matches!(e, PermitExtend::Extended { .. }),
                                 live_slot,
                                 "step {}",
                                 i
@@ -900,10 +920,10 @@ fn the_semaphore_conforms_to_a_model() {
                         Step::Expire { slot } => {
                             let Some(p) = &held[slot] else { continue };
                             if let Some(s) = model[slot].as_mut() {
-                                for n in 1..=p.weight {
+                                for n in 1..=p.weight() {
                                     let _: redis::Value = raw(
                                         &mut conn,
-                                        &["ZADD", &key, "XX", "1000", &format!("{}:{n}", p.id)],
+                                        &["ZADD", &key, "XX", "1000", &format!("{}:{n}", p.id())],
                                     )
                                     .await;
                                 }
@@ -937,48 +957,43 @@ async fn with_permit_runs_the_work_and_a_lease_outlives_its_ttl() {
     let server = RedisServer::start();
     let mut conn = server.conn().await;
     let key = format!("{}s", prefix("lease"));
-    let out = semaphore::with_permit(
-        conn.clone(),
-        &key,
-        1,
-        300 * MS,
-        &Backoff::none(),
-        |p| async move {
+    let out = Semaphore::new(1, 300 * MS)
+        .unwrap()
+        .with_permit(conn.clone(), &key, |id| async move {
             // Three ttls of work: the renewals keep the permit.
             tokio::time::sleep(900 * MS).await;
-            p.weight
-        },
-    )
-    .await
-    .unwrap();
-    assert_eq!(out, Some(1));
+            id.as_str().len()
+        })
+        .await
+        .unwrap();
+    assert_eq!(out, nolock::Work::Done(32));
     assert_eq!(
         keys(&mut conn, &key).await,
         Vec::<String>::new(),
         "released after the work"
     );
 
-    // A full semaphore: None after the backoff.
+    // A full semaphore: Busy after the backoff.
     let holder = permit(
-        semaphore::acquire(&mut conn, &key, 1, MINUTE)
+        Semaphore::new(1, MINUTE)
+            .unwrap()
+            .acquire(&mut conn, &key)
             .await
             .unwrap(),
     );
-    let none = semaphore::with_permit(
-        conn.clone(),
-        &key,
-        1,
-        MINUTE,
-        &Backoff::new(50 * MS),
-        |_| async {},
-    )
-    .await
-    .unwrap();
-    assert!(none.is_none());
+    let none = Semaphore::new(1, MINUTE)
+        .unwrap()
+        .with_wait(Backoff::new(50 * MS))
+        .with_permit(conn.clone(), &key, |_| async {})
+        .await
+        .unwrap();
+    assert_eq!(none, nolock::Work::Busy);
 
     // A lease whose permit is taken away is lost, and the work is cancelled.
-    let _ = semaphore::release(&mut conn, &key, &holder).await.unwrap();
-    let lease = PermitLease::acquire(conn.clone(), &key, 1, 300 * MS, &Backoff::none())
+    let _ = holder.release(&mut conn).await.unwrap();
+    let lease = Semaphore::new(1, 300 * MS)
+        .unwrap()
+        .lease(conn.clone(), &key)
         .await
         .unwrap()
         .acquired()
@@ -988,7 +1003,7 @@ async fn with_permit_runs_the_work_and_a_lease_outlives_its_ttl() {
         .await
         .unwrap();
     assert_eq!(loss, nolock::Loss::NotHeld);
-    assert_eq!(lease.release().await.unwrap(), Release::Lost);
+    assert_eq!(lease.release().await.unwrap(), PermitRelease::Lost);
 }
 
 #[tokio::test]
@@ -998,7 +1013,9 @@ async fn a_permit_lease_survives_a_busy_server_and_a_restored_permit_releases() 
     let mut conn = server.conn().await;
     let key = format!("{}s", prefix("busy"));
     let ttl = Duration::from_millis(1500);
-    let lease = PermitLease::acquire(conn.clone(), &key, 1, ttl, &Backoff::none())
+    let lease = Semaphore::new(1, ttl)
+        .unwrap()
+        .lease(conn.clone(), &key)
         .await
         .unwrap()
         .acquired()
@@ -1028,28 +1045,146 @@ async fn a_permit_lease_survives_a_busy_server_and_a_restored_permit_releases() 
     assert!(lease.deadline() > Instant::now() + ttl / 3, "renewed since");
 
     // A process that kept only the id and weight can still give it back.
-    let stored = (lease.permit().id.to_string(), lease.permit().weight);
-    let restored = Permit::restore(
+    let stored = (lease.permit().id().to_string(), lease.permit().weight());
+    let mut restored = Permit::restore(
+        &key,
         semaphore::PermitId::parse(&stored.0).unwrap(),
         stored.1,
         ttl,
     )
     .unwrap();
     assert!(matches!(
-        semaphore::extend(&mut conn, &key, &restored, ttl)
-            .await
-            .unwrap(),
-        Extend::Extended { .. }
+        restored.extend(&mut conn).await.unwrap(),
+        PermitExtend::Extended { .. }
     ));
     assert_eq!(
-        semaphore::release(&mut conn, &key, &restored)
-            .await
-            .unwrap(),
-        Release::Released
+        restored.release(&mut conn).await.unwrap(),
+        PermitRelease::Released
     );
     assert_eq!(
         lease.release().await.unwrap(),
-        Release::Lost,
+        PermitRelease::Lost,
         "already given back"
     );
+}
+
+/// A foreign member between the lowest and highest is not read by an
+/// acquire: it counts as one permit held until its score passes. It can
+/// make the semaphore admit fewer holders, never more, and peek (which
+/// reads every member) refuses the key. The documented reach.
+#[tokio::test]
+async fn a_foreign_member_in_the_middle_counts_as_a_holder_and_never_over_admits() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let key = format!("{}s", prefix("foreign_middle"));
+    // Two configurations of one key (as two deployments might have): the
+    // lowest member expires in 30 s, the highest in 60 s.
+    let short = Semaphore::new(3, 30 * 1000 * MS).unwrap();
+    let sem = Semaphore::new(3, MINUTE).unwrap();
+    let low = permit(short.acquire(&mut conn, &key).await.unwrap());
+    let high = permit(sem.acquire(&mut conn, &key).await.unwrap());
+    let now_ms = {
+        let (s, us): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+        s * 1000 + us / 1000
+    };
+    // A score between the permits' own.
+    let _: i64 = raw(
+        &mut conn,
+        &["ZADD", &key, &(now_ms + 45_000).to_string(), "worker-1"],
+    )
+    .await;
+    // 3 permits: two holders and the foreign member. Full.
+    let full = sem.acquire(&mut conn, &key).await.unwrap();
+    assert!(
+        matches!(full, PermitAttempt::Full { in_use: 3, .. }),
+        "{full:?}"
+    );
+    assert!(
+        semaphore::peek(&mut conn, &key).await.is_err(),
+        "peek reads every member"
+    );
+    // Once a release leaves it lowest or highest, every call refuses the
+    // key: the foreign member must go before the semaphore works again.
+    let _: i64 = raw(&mut conn, &["ZREM", &key, "worker-1"]).await;
+    for p in [low, high] {
+        assert_eq!(p.release(&mut conn).await.unwrap(), PermitRelease::Released);
+    }
+}
+
+/// Work that stalls the runtime past its permit's TTL (no renewal can run)
+/// finishes, and the answer says the hold was lost: `Work::Overran`.
+#[test]
+fn work_stalled_past_its_ttl_is_told_it_overran() {
+    let server = RedisServer::start();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let conn = server.conn().await;
+        let key = format!("{}s", prefix("stall"));
+        let sem = Semaphore::new(1, 200 * MS).unwrap();
+        let out = sem
+            .with_permit(conn, &key, |_| async {
+                // A GC pause, a stuck VM: the whole runtime stops.
+                std::thread::sleep(400 * MS);
+                7
+            })
+            .await
+            .unwrap();
+        assert!(
+            matches!(out, nolock::Work::Overran { output: 7, .. }),
+            "{out:?}"
+        );
+    });
+}
+
+/// Every semaphore call that sleeps answers `NoTimer` on a runtime built
+/// without timers, before any I/O, and never panics.
+#[test]
+fn a_runtime_without_timers_gets_no_timer_never_a_panic() {
+    let server = RedisServer::start();
+    let io_only = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .unwrap();
+    // The connection is made (and driven) by a runtime with timers, and
+    // sends without a response timeout: only nolock's own sleeps are tried.
+    let driver = tokio::runtime::Runtime::new().unwrap();
+    let conn = driver.block_on(async {
+        let config = redis::AsyncConnectionConfig::new()
+            .set_response_timeout(None)
+            .set_connection_timeout(None);
+        server
+            .client()
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .unwrap()
+    });
+    io_only.block_on(async {
+        let mut conn = conn;
+        let key = format!("{}s", prefix("no_timer"));
+        let waiting = Semaphore::new(1, MINUTE)
+            .unwrap()
+            .with_wait(Backoff::new(Duration::from_secs(1)));
+        assert!(matches!(
+            waiting.acquire(&mut conn, &key).await,
+            Err(Error::NoTimer)
+        ));
+        let once = Semaphore::new(1, MINUTE).unwrap();
+        assert!(matches!(
+            once.lease(conn.clone(), &key).await,
+            Err(Error::NoTimer)
+        ));
+        assert!(matches!(
+            once.with_permit(conn.clone(), &key, |_| async {}).await,
+            Err(Error::NoTimer)
+        ));
+        let p = permit(once.acquire(&mut conn, &key).await.unwrap());
+        assert!(matches!(
+            PermitLease::start(conn.clone(), p),
+            Err(Error::NoTimer)
+        ));
+        assert_eq!(semaphore::peek(&mut conn, &key).await.unwrap().in_use, 1);
+    });
 }

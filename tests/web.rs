@@ -231,11 +231,12 @@ fn slow_app_with_ttl(
     on_failure: OnFailure,
     ttl: Duration,
 ) -> axum::Router {
-    let layer = ConcurrencyLimitLayer::new(conn, 2, ttl, |req| {
+    let semaphore = nolock::semaphore::Semaphore::new(2, ttl).unwrap();
+    let layer = ConcurrencyLimitLayer::new(conn, semaphore, |req| {
         let user = req.headers.get("x-user").and_then(|v| v.to_str().ok());
-        format!("inflight:{}", user.unwrap_or("-"))
+        Some(format!("inflight:{}", user.unwrap_or("-")))
     })
-    .on_failure(Duration::from_millis(100), on_failure);
+    .guard(Guard::new(Duration::from_millis(100), on_failure).unwrap());
     let handler = move |source: Option<axum::Extension<DecidedBy>>| {
         let (gate, entered) = (Arc::clone(&gate), Arc::clone(&entered));
         async move {
@@ -380,9 +381,10 @@ async fn a_builder_call_after_a_clone_is_not_lost() {
     assert!(open.contains("Open") && open.contains("40ms"), "{open}");
     assert!(kept.contains("Closed") && !kept.contains("40ms"), "{kept}");
 
-    let layer = ConcurrencyLimitLayer::new(conn, 2, Duration::from_secs(1), |_| "k".into());
+    let semaphore = nolock::semaphore::Semaphore::new(2, Duration::from_secs(1)).unwrap();
+    let layer = ConcurrencyLimitLayer::new(conn, semaphore, |_| Some("k".into()));
     let kept = layer.clone();
-    let open = layer.on_failure(Duration::from_millis(40), OnFailure::Open);
+    let open = layer.guard(Guard::new(Duration::from_millis(40), OnFailure::Open).unwrap());
     let (open, kept) = (format!("{open:?}"), format!("{kept:?}"));
     assert!(open.contains("Open") && open.contains("40ms"), "{open}");
     assert!(kept.contains("Closed") && !kept.contains("40ms"), "{kept}");

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::time::Duration;
 
-use nolock::semaphore::{self, Acquire};
+use nolock::semaphore::{PermitAttempt, Semaphore};
 use redis::aio::ConnectionLike;
 
 use super::lock;
@@ -68,13 +68,14 @@ pub async fn call<C: ConnectionLike + Send>(
     let key = call.key.data.as_str();
     match variant {
         Variant::Script => {
-            let Acquire::Acquired(permit) =
-                semaphore::acquire(conn, key, PERMITS, PERMIT_TTL).await?
+            let PermitAttempt::Acquired(permit) = Semaphore::new(PERMITS, PERMIT_TTL)?
+                .acquire(conn, key)
+                .await?
             else {
                 return Ok(false);
             };
             hold(key, call.pause).await;
-            let _ = semaphore::release(conn, key, &permit).await?;
+            let _ = permit.release(conn).await?;
             Ok(true)
         }
         Variant::Lock => {

@@ -7,7 +7,6 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use http::header::{HeaderValue, RETRY_AFTER};
 use http::request::Parts;
@@ -16,47 +15,57 @@ use redis::aio::ConnectionLike;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::{KeyFn, DEFAULT_TIMEOUT};
+use super::{OptionalKeyFn, DEFAULT_TIMEOUT};
 use crate::observe;
-use crate::policy::{DecidedBy as Source, Failure, OnFailure};
-use crate::semaphore::{self, Acquire, PermitLease};
+use crate::policy::{DecidedBy, Failure, Guard, OnFailure};
+use crate::semaphore::{Permit, PermitAttempt, PermitId, PermitLease, Semaphore};
+use crate::timer;
 
-/// At most `permits` requests in flight per key (a tenant, a user, one
-/// fragile backend), counted across every replica of the service with a
-/// [`crate::semaphore`]: a permit is acquired before the inner service runs
-/// and released when its response (headers) is ready.
+/// At most N requests in flight per key (a tenant, a user, one fragile
+/// backend), counted across every replica of the service with a
+/// [`Semaphore`]: a permit is acquired before the inner service runs and
+/// released when its response (headers) is ready. The key function returns
+/// `None` for a request that is not limited: it passes untouched.
 ///
 /// * full: `429 Too Many Requests` with `Retry-After: 1` (permits usually
 ///   come back sooner than their TTL);
-/// * Redis slow or down (past the timeout, default [`DEFAULT_TIMEOUT`]): by
-///   the [`OnFailure`]: `Closed` (default) answers `503` with
-///   `Retry-After: 1`, `Open` lets the request through, `Local { replicas }`
-///   allows `permits / replicas` (at least 1) in flight per key in this
-///   process. The [`Source`] goes into the request's extensions.
+/// * Redis slow or down (past the guard's timeout, default
+///   [`DEFAULT_TIMEOUT`]): by the guard's [`OnFailure`]: `Closed` (default)
+///   answers `503` with `Retry-After: 1`, `Open` lets the request through,
+///   `Local { replicas }` allows `permits / replicas` (at least 1) in
+///   flight per key in this process. The [`DecidedBy`] goes into the
+///   request's extensions.
 ///
-/// Each permit is held as a [`PermitLease`]: renewed every `ttl / 3`
-/// while its request runs, so a request may take longer than `ttl`. The
-/// TTL bounds how long the permit of a replica that died mid-request keeps
-/// its slot. A permit whose renewal fails for longer than its TTL is lost
+/// Each permit is acquired under an id drawn before anything is sent: an
+/// acquire that timed out or lost its reply may still have taken a permit
+/// on the server, so the layer releases that id in the background (a
+/// release of a permit never granted is harmless) instead of leaving it to
+/// its TTL. Each permit held is a [`PermitLease`]: renewed every `ttl / 3`
+/// while its request runs, so a request may take longer than `ttl`. The TTL
+/// bounds how long the permit of a replica that died mid-request keeps its
+/// slot. A permit whose renewal fails for longer than its TTL is lost
 /// (counted as a lease loss by the `metrics` feature); the request still
 /// runs to its end, so for that while more than `permits` requests may be
-/// in flight. A request whose future is dropped (the client went away)
-/// gives its permit back in the background. A streamed body still being
-/// sent after the headers no longer holds one.
+/// in flight. A request whose future is dropped (the client went away, an
+/// outer timeout, a panicking handler) gives its permit, or its local slot,
+/// back. A streamed body still being sent after the headers no longer holds
+/// one.
 ///
 /// ```no_run
 /// use std::time::Duration;
 /// use axum::{routing::post, Router};
 /// use nolock::layer::ConcurrencyLimitLayer;
+/// use nolock::semaphore::Semaphore;
 ///
-/// # async fn run(conn: redis::aio::MultiplexedConnection) {
+/// # async fn run(conn: redis::aio::MultiplexedConnection) -> nolock::Result<()> {
+/// let exports = Semaphore::new(2, Duration::from_secs(30))?;
 /// let app: Router = Router::new()
 ///     .route("/export", post(|| async { "done" }))
-///     .layer(ConcurrencyLimitLayer::new(conn, 2, Duration::from_secs(30), |req| {
-///         let tenant = req.headers.get("x-tenant").and_then(|v| v.to_str().ok());
-///         format!("exports:{}", tenant.unwrap_or("none"))
+///     .layer(ConcurrencyLimitLayer::new(conn, exports, |req| {
+///         let tenant = req.headers.get("x-tenant")?.to_str().ok()?;
+///         Some(format!("exports:{tenant}"))
 ///     }));
-/// # }
+/// # Ok(()) }
 /// ```
 pub struct ConcurrencyLimitLayer<C> {
     shared: Arc<Shared<C>>,
@@ -64,13 +73,11 @@ pub struct ConcurrencyLimitLayer<C> {
 
 struct Shared<C> {
     conn: C,
-    permits: u64,
-    ttl: Duration,
-    key: Arc<KeyFn>,
-    timeout: Duration,
-    on_failure: OnFailure,
+    semaphore: Semaphore,
+    key: Arc<OptionalKeyFn>,
+    guard: Guard,
     /// In-flight requests per key admitted by `OnFailure::Local`.
-    local: Mutex<HashMap<String, u64>>,
+    local: Arc<Mutex<HashMap<String, u64>>>,
 }
 
 impl<C> Clone for ConcurrencyLimitLayer<C> {
@@ -84,10 +91,8 @@ impl<C> Clone for ConcurrencyLimitLayer<C> {
 impl<C> fmt::Debug for ConcurrencyLimitLayer<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ConcurrencyLimitLayer")
-            .field("permits", &self.shared.permits)
-            .field("ttl", &self.shared.ttl)
-            .field("timeout", &self.shared.timeout)
-            .field("on_failure", &self.shared.on_failure)
+            .field("semaphore", &self.shared.semaphore)
+            .field("guard", &self.shared.guard)
             .finish_non_exhaustive()
     }
 }
@@ -96,48 +101,41 @@ impl<C> ConcurrencyLimitLayer<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    /// At most `permits` requests in flight per `key(request)`, each
-    /// holding its permit for at most `ttl`. Invalid numbers (0 permits, a
-    /// TTL under 1 ms) make every request fail with `500` (the semaphore
-    /// checks them before any I/O).
+    /// At most `semaphore.permits()` requests in flight per `key(request)`
+    /// (`None`: not limited), each permit expiring `semaphore.ttl()` after
+    /// its last renewal. The semaphore was validated when it was built;
+    /// only its size and TTL are used (a request never waits for a permit).
     pub fn new(
         conn: C,
-        permits: u64,
-        ttl: Duration,
-        key: impl Fn(&Parts) -> String + Send + Sync + 'static,
+        semaphore: Semaphore,
+        key: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static,
     ) -> Self {
         ConcurrencyLimitLayer {
             shared: Arc::new(Shared {
                 conn,
-                permits,
-                ttl,
+                semaphore: semaphore.with_wait(crate::Backoff::none()),
                 key: Arc::new(key),
-                timeout: DEFAULT_TIMEOUT,
-                on_failure: OnFailure::Closed,
-                local: Mutex::new(HashMap::new()),
+                guard: Guard::unchecked(DEFAULT_TIMEOUT, OnFailure::Closed),
+                local: Arc::new(Mutex::new(HashMap::new())),
             }),
         }
     }
 
-    /// Wait at most `timeout` for Redis, then act by `on_failure`.
-    pub fn on_failure(self, timeout: Duration, on_failure: OnFailure) -> Self {
+    /// Decide under `guard` (timeout and failure policy) instead of the
+    /// default ([`DEFAULT_TIMEOUT`], fail closed), as
+    /// [`super::RateLimitLayer::guard`].
+    pub fn guard(self, guard: Guard) -> Self {
         // A layer already cloned shares its settings: change a copy (with
         // its own local fallback counts), so the call is never lost.
         let shared = Arc::try_unwrap(self.shared).unwrap_or_else(|s| Shared {
             conn: s.conn.clone(),
-            permits: s.permits,
-            ttl: s.ttl,
+            semaphore: s.semaphore.clone(),
             key: Arc::clone(&s.key),
-            timeout: s.timeout,
-            on_failure: s.on_failure,
-            local: Mutex::new(HashMap::new()),
+            guard: s.guard.clone(),
+            local: Arc::new(Mutex::new(HashMap::new())),
         });
         ConcurrencyLimitLayer {
-            shared: Arc::new(Shared {
-                timeout,
-                on_failure,
-                ..shared
-            }),
+            shared: Arc::new(Shared { guard, ..shared }),
         }
     }
 }
@@ -176,11 +174,58 @@ impl<S: fmt::Debug, C> fmt::Debug for ConcurrencyLimitService<S, C> {
     }
 }
 
-/// What was taken for one request, to give back after it.
+/// What was taken for one request; dropping it gives it back.
 enum Held {
+    /// A permit: released (in the background) when the lease drops.
     Redis(PermitLease),
-    Local,
+    /// A slot of the local fallback, given back when dropped.
+    Local {
+        _slot: LocalSlot,
+    },
     Nothing,
+}
+
+/// A slot of `OnFailure::Local`, given back when dropped: after the
+/// response, and also when the request's future is dropped on the way.
+struct LocalSlot {
+    counts: Arc<Mutex<HashMap<String, u64>>>,
+    key: String,
+}
+
+impl Drop for LocalSlot {
+    fn drop(&mut self) {
+        let mut map = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = map.get_mut(&self.key) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                map.remove(&self.key);
+            }
+        }
+    }
+}
+
+/// A permit asked for but not known to be granted or refused: unless
+/// disarmed, dropping it releases the id in the background, so a permit
+/// taken by an acquire whose reply never came (a timeout, a lost reply, a
+/// dropped request) does not sit out its TTL.
+struct Pending<C: ConnectionLike + Clone + Send + 'static> {
+    conn: C,
+    permit: Option<Permit>,
+}
+
+impl<C: ConnectionLike + Clone + Send + 'static> Drop for Pending<C> {
+    fn drop(&mut self) {
+        let Some(permit) = self.permit.take() else {
+            return;
+        };
+        let mut conn = self.conn.clone();
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                // Harmless when nothing was granted; a failure leaves it to its TTL.
+                let _ = permit.release(&mut conn).await;
+            });
+        }
+    }
 }
 
 impl<C> Shared<C>
@@ -188,60 +233,71 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     /// `Ok((what was taken, who decided))`, or the refusal's status.
-    async fn enter(&self, key: &str) -> Result<(Held, Source), StatusCode> {
+    async fn enter(&self, key: &str) -> Result<(Held, DecidedBy), StatusCode> {
+        let internal = |_| StatusCode::INTERNAL_SERVER_ERROR;
+        let id = PermitId::random().map_err(internal)?;
+        let permit = Permit::restore(key, id.clone(), 1, self.semaphore.ttl()).map_err(internal)?;
+        let mut pending = Pending {
+            conn: self.conn.clone(),
+            permit: Some(permit),
+        };
         let mut conn = self.conn.clone();
-        let call = semaphore::acquire(&mut conn, key, self.permits, self.ttl);
-        let cause = match tokio::time::timeout(self.timeout, call).await {
-            Ok(Ok(Acquire::Acquired(permit))) => {
-                return match PermitLease::start(self.conn.clone(), key, permit) {
-                    Ok(lease) => Ok((Held::Redis(lease), Source::Redis)),
+        let timeout = self.guard.timeout();
+        let Ok(sleep) = timer::sleep(timeout) else {
+            pending.permit = None; // nothing was sent
+            return Err(StatusCode::INTERNAL_SERVER_ERROR);
+        };
+        let call = self.semaphore.acquire_as(&mut conn, key, &id, 1);
+        let result = tokio::select! {
+            result = call => Some(result),
+            _ = sleep => None,
+        };
+        let cause = match result {
+            Some(Ok(PermitAttempt::Acquired(permit))) => {
+                pending.permit = None;
+                return match PermitLease::start(self.conn.clone(), permit) {
+                    Ok(lease) => Ok((Held::Redis(lease), DecidedBy::Redis)),
                     Err(_) => Err(StatusCode::INTERNAL_SERVER_ERROR),
                 };
             }
-            Ok(Ok(Acquire::Full { .. })) => return Err(StatusCode::TOO_MANY_REQUESTS),
-            Ok(Err(err)) if err.is_invalid_input() => {
-                return Err(StatusCode::INTERNAL_SERVER_ERROR)
+            Some(Ok(PermitAttempt::Full { .. })) => {
+                pending.permit = None;
+                return Err(StatusCode::TOO_MANY_REQUESTS);
             }
-            Ok(Err(err)) => Failure::Redis(err),
-            Err(_) => Failure::Timeout(self.timeout),
+            Some(Err(err)) if err.is_invalid_input() => {
+                pending.permit = None;
+                return Err(StatusCode::INTERNAL_SERVER_ERROR);
+            }
+            // A definite error ran nothing; an indeterminate one or a
+            // timeout may have: `pending` releases the id either way.
+            Some(Err(err)) => Failure::Redis(err),
+            None => Failure::Timeout(timeout),
         };
-        let (result, source) = match self.on_failure {
-            OnFailure::Open => (Ok((Held::Nothing, Source::Open)), Source::Open),
+        let (result, source) = match self.guard.on_failure() {
+            OnFailure::Open => (Ok((Held::Nothing, DecidedBy::Open)), DecidedBy::Open),
             OnFailure::Local { replicas } => {
-                let share = (self.permits / u64::from(replicas.get())).max(1);
+                let share = (self.semaphore.permits() / u64::from(replicas.get())).max(1);
                 let mut map = self.local.lock().unwrap_or_else(|e| e.into_inner());
                 let in_flight = map.entry(key.to_owned()).or_insert(0);
                 if *in_flight < share {
                     *in_flight += 1;
-                    (Ok((Held::Local, Source::Local)), Source::Local)
+                    let slot = LocalSlot {
+                        counts: Arc::clone(&self.local),
+                        key: key.to_owned(),
+                    };
+                    (
+                        Ok((Held::Local { _slot: slot }, DecidedBy::Local)),
+                        DecidedBy::Local,
+                    )
                 } else {
-                    (Err(StatusCode::TOO_MANY_REQUESTS), Source::Local)
+                    (Err(StatusCode::TOO_MANY_REQUESTS), DecidedBy::Local)
                 }
             }
             // `OnFailure` is non-exhaustive: anything else fails closed.
-            _ => (Err(StatusCode::SERVICE_UNAVAILABLE), Source::Closed),
+            _ => (Err(StatusCode::SERVICE_UNAVAILABLE), DecidedBy::Closed),
         };
         observe::fallback(source.name(), &cause);
         result
-    }
-
-    async fn leave(&self, key: &str, held: Held) {
-        match held {
-            Held::Redis(lease) => {
-                // Stops the renewals; a failed release leaves the permit to its TTL.
-                let _ = lease.release().await;
-            }
-            Held::Local => {
-                let mut map = self.local.lock().unwrap_or_else(|e| e.into_inner());
-                if let Some(n) = map.get_mut(key) {
-                    *n = n.saturating_sub(1);
-                    if *n == 0 {
-                        map.remove(key);
-                    }
-                }
-            }
-            Held::Nothing => {}
-        }
     }
 }
 
@@ -256,9 +312,10 @@ where
 {
     type Response = Response<ResBody>;
     type Error = S::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+    type Future =
+        Pin<Box<dyn Future<Output = std::result::Result<Self::Response, Self::Error>> + Send>>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<std::result::Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
     }
 
@@ -268,12 +325,19 @@ where
         let shared = Arc::clone(&self.shared);
         Box::pin(async move {
             let (mut parts, body) = request.into_parts();
-            let key = (shared.key)(&parts);
+            let Some(key) = (shared.key)(&parts) else {
+                return inner.call(Request::from_parts(parts, body)).await;
+            };
             match shared.enter(&key).await {
                 Ok((held, source)) => {
                     parts.extensions.insert(source);
                     let result = inner.call(Request::from_parts(parts, body)).await;
-                    shared.leave(&key, held).await;
+                    if let Held::Redis(lease) = held {
+                        // Stops the renewals; a failed release leaves the
+                        // permit to its TTL. (A dropped future drops the
+                        // lease or the slot, which give back on their own.)
+                        let _ = lease.release().await;
+                    }
                     result
                 }
                 Err(status) => {

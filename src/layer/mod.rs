@@ -75,7 +75,6 @@ use crate::{Error, Result};
 /// How long the default guard waits for Redis.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
 
-type KeyFn = dyn Fn(&Parts) -> String + Send + Sync;
 type OptionalKeyFn = dyn Fn(&Parts) -> Option<String> + Send + Sync;
 type MultiKeyFn = dyn Fn(&Parts) -> Option<MultiKey> + Send + Sync;
 type CostFn = dyn Fn(&Parts) -> u64 + Send + Sync;

@@ -265,7 +265,8 @@ impl Guard {
     /// cost above the local share of the burst (the burst divided by the
     /// replicas, at least one) is [`Error::InsufficientCapacity`] when the
     /// fallback decides: it could never be admitted locally, so no
-    /// `retry_after` is promised.
+    /// `retry_after` is promised. [`Error::NoTimer`] on a runtime without
+    /// timers (the timeout could not run), before any I/O.
     pub async fn check<C>(
         &self,
         limiter: &Limiter,
@@ -323,11 +324,18 @@ impl Guard {
     where
         F: Future<Output = Result<T>>,
     {
-        let cause = match tokio::time::timeout(self.timeout, call).await {
-            Ok(Ok(decision)) => return Ok(Guarded::Redis(decision)),
-            Ok(Err(err)) if err.is_invalid_input() => return Err(err),
-            Ok(Err(err)) => Failure::Redis(err),
-            Err(_) => Failure::Timeout(self.timeout),
+        // The timeout needs a timer: on a runtime without one, say so
+        // before anything is sent.
+        let timeout = crate::timer::sleep(self.timeout)?;
+        let result = tokio::select! {
+            result = call => Some(result),
+            _ = timeout => None,
+        };
+        let cause = match result {
+            Some(Ok(decision)) => return Ok(Guarded::Redis(decision)),
+            Some(Err(err)) if err.is_invalid_input() => return Err(err),
+            Some(Err(err)) => Failure::Redis(err),
+            None => Failure::Timeout(self.timeout),
         };
         let guarded = match self.on_failure {
             OnFailure::Closed => Guarded::Closed { cause },

@@ -51,7 +51,7 @@ pub const MAX_ID_LEN: usize = 256;
 /// * **Error replies are not recorded**: a script that refused wrote
 ///   nothing, so sending again runs it again.
 /// * **In a [`crate::Batch`]** each entry may carry its own id.
-/// * **Not the same as** [`crate::semaphore::TryAcquire::with_id`] (the
+/// * **Not the same as** [`crate::semaphore::AcquirePermit::with_id`] (the
 ///   permit's id, which lets a holder re-acquire its own permit) or
 ///   [`crate::fence::acquire_as`] (the owner token): those answer from the
 ///   current state; an operation id replays the first reply.

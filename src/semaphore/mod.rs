@@ -5,17 +5,26 @@
 //! tenant": each holder takes a **permit** that expires `ttl` after it was
 //! granted or last extended, on the **server clock**. A holder that crashes
 //! frees its own permit at its expiry and nobody else's; a holder paused past
-//! its expiry finds its [`release`] or [`extend`] answered [`Release::Lost`],
+//! its expiry finds its [`Permit::release`] or [`Permit::extend`] answered [`PermitRelease::Lost`],
 //! because its place may already be someone else's.
+//!
+//! Build a [`Semaphore`] once (its size, its permits' TTL, how long to wait
+//! for one), then call it with the key of whatever is limited. The permits it
+//! hands out are receipts: a [`Permit`] carries its key, id, weight and TTL,
+//! so releasing or extending it takes no key, and it is neither `Copy` nor
+//! `Clone`.
 //!
 //! | call | script | what it does |
 //! |---|---|---|
-//! | [`acquire`], [`acquire_weighted`] | `lua/semaphore/acquire.lua` | take 1 (or `weight`) permits if they fit, all or nothing; else when they will |
-//! | [`acquire_with_retry`] | same | the same, waiting with jittered backoff, never longer than `retry_after` |
-//! | [`extend`] | `lua/semaphore/extend.lua` | reset this permit's expiry, only if it has not expired |
-//! | [`release`] | `lua/semaphore/release.lua` | give back this permit, and only this one |
-//! | [`PermitLease`], [`with_permit`] | extend + release | renew every `ttl / 3` in a background task, signal loss |
-//! | [`peek`] | `lua/semaphore/peek.lua` | permits in use, holders, next expiry; writes nothing |
+//! | [`Semaphore::acquire`], [`Semaphore::acquire_weighted`] | `lua/semaphore/acquire.lua` | take 1 (or `weight`) permits if they fit, all or nothing; else when they will; waiting up to the semaphore's [`Backoff`] |
+//! | [`Permit::extend`] | `lua/semaphore/extend.lua` | reset this permit's expiry, only if it has not expired |
+//! | [`Permit::release`] | `lua/semaphore/release.lua` | give back this permit, and only this one |
+//! | [`Semaphore::lease`], [`Semaphore::with_permit`] | extend + release | renew every `ttl / 3` in a background task, signal loss |
+//! | [`Semaphore::peek`] | `lua/semaphore/peek.lua` | permits in use, holders, next expiry; writes nothing |
+//!
+//! Every call is also an operation value ([`AcquirePermit`],
+//! [`ReleasePermit`], [`ExtendPermit`], [`PeekSemaphore`]) for a
+//! [`crate::Batch`] or an operation id ([`crate::Operation::idempotent`]).
 //!
 //! # State
 //!
@@ -31,53 +40,52 @@
 //! one by its own score: a crashed holder's permits come back at their own
 //! expiry, not all at once), then admits if `in use + weight <= permits`.
 //! The key itself expires (`PEXPIREAT`) with its latest member, so an idle
-//! semaphore leaves nothing behind. The size `permits` is passed on every
-//! call, like `limit` in [`crate::limits::try_increment`]: lowering it
-//! admits nobody until enough holders are gone.
+//! semaphore leaves nothing behind. The size is the [`Semaphore`]'s, sent
+//! with every acquire: share one `Semaphore` value (or one configuration)
+//! between the callers of a key, so they agree on it; lowering it admits
+//! nobody until enough holders are gone.
 //!
 //! **No queue.** Waiters are not served in order: whoever asks when a permit
-//! is free gets it. [`acquire_with_retry`] spreads the retries with jitter
+//! is free gets it. A [`Semaphore`] that waits spreads the retries with jitter
 //! and never sleeps past `retry_after`, but a holder that asks again at once
 //! after releasing can win repeatedly; give work a moment between permits
 //! (as `examples/worker_pool.rs` does) if fairness matters.
 //!
-//! Stored state is checked before anything is written: a key that is not a
-//! sorted set, or whose lowest or highest member (which bound every score)
-//! is not in the form above, is a definite [`Error::Redis`] naming the key,
-//! with nothing written. Each script also checks every member it reads
-//! (the expired ones it removes, the holder's own); [`peek`] checks all.
+//! Stored state is checked before anything is written, to this exact reach:
+//! a key that is not a sorted set, or whose lowest or highest member (which
+//! bound every score) is not in the form above, is a definite
+//! [`Error::Redis`] naming the key, with nothing written. Each script also
+//! checks every member it reads (the expired ones it removes, the holder's
+//! own), and [`Semaphore::peek`] checks all. A foreign member between the
+//! lowest and highest is not read by an acquire: it counts as one permit
+//! held until its score passes, so it can only make the semaphore admit
+//! *fewer* holders, never more (`tests/semaphore.rs` shows it). Checking
+//! every member on every acquire would cost a read of the whole set per
+//! call, O(permits), for a key nolock alone should write.
 //!
 //! # Time
 //!
 //! Expiries are decided by the server's clock. A [`Permit::deadline`] is a
 //! conservative local bound, as for a fence grant: `ttl` after the request
-//! was sent, less 1% of the TTL and 2 ms. Stop the work (or [`extend`])
-//! before it; [`PermitLease`] does that for you.
+//! was sent, less 1% of the TTL and 2 ms. Stop the work (or
+//! [`Permit::extend`]) before it; [`PermitLease`] does that for you.
 //!
 //! # Example: a bounded worker pool
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use nolock::Backoff;
-//! use nolock::semaphore;
+//! use nolock::semaphore::Semaphore;
+//! use nolock::{Backoff, Work};
 //!
 //! # async fn run(conn: redis::aio::MultiplexedConnection) -> nolock::Result<()> {
 //! // At most 10 exports at once across every replica of the service; each
 //! // waits up to a minute for a permit, renewed every 10 s while it runs.
-//! let done = semaphore::with_permit(
-//!     conn,
-//!     "exports:running",
-//!     10,
-//!     Duration::from_secs(30),
-//!     &Backoff::new(Duration::from_secs(60)),
-//!     |permit| async move {
-//!         println!("exporting under permit {}", permit.id);
-//!         // ... the export ...
-//!     },
-//! )
-//! .await?;
-//! if done.is_none() {
-//!     println!("still 10 exports running after a minute; try later");
+//! let exports = Semaphore::new(10, Duration::from_secs(30))?
+//!     .with_wait(Backoff::new(Duration::from_secs(60)));
+//! match exports.with_permit(conn, "exports:running", |_id| async { /* the export */ }).await? {
+//!     Work::Done(()) => println!("exported"),
+//!     Work::Busy => println!("still 10 exports running after a minute; try later"),
+//!     lost => println!("the permit was lost: {:?}", lost.loss()),
 //! }
 //! # Ok(()) }
 //! ```
@@ -88,19 +96,22 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
+#[cfg(doc)]
+use crate::Backoff;
 use crate::{validate, Error, Result};
 
 mod acquire;
+mod handle;
 mod lease;
 mod peek;
 mod release;
 mod retry;
 
-pub use acquire::{acquire, acquire_weighted, TryAcquire};
-pub use lease::{with_permit, PermitLease};
-pub use peek::{peek, Peek};
-pub use release::{extend, release, ReleasePermit};
-pub use retry::{acquire_weighted_with_retry, acquire_with_retry};
+pub use acquire::AcquirePermit;
+pub use handle::Semaphore;
+pub use lease::PermitLease;
+pub use peek::{peek, PeekSemaphore};
+pub use release::{ExtendPermit, ReleasePermit};
 
 /// The largest semaphore (and so the largest weight): each permit held is
 /// one sorted-set member, and a weighted acquire writes `weight` of them.
@@ -169,66 +180,142 @@ impl fmt::Display for PermitId {
     }
 }
 
-/// One holder's permits: its id, how many, and until when.
+/// What names a holding on the server: the key, the holder's id, how many
+/// permits, and their TTL. Shared by a [`Permit`] and the renewal task of a
+/// [`PermitLease`].
 #[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Holding {
+    pub(crate) key: String,
+    pub(crate) id: PermitId,
+    pub(crate) weight: u64,
+    pub(crate) ttl: Duration,
+}
+
+/// One holder's permits: a receipt of [`Semaphore::acquire`], naming the
+/// key, the holder's id, how many permits and until when.
+///
+/// It is the only way to release or extend them ([`Permit::release`],
+/// [`Permit::extend`]): neither takes a key, so a permit of one semaphore
+/// can never touch another. It is neither `Copy` nor `Clone`; releasing it
+/// consumes it. A permit that crossed a process boundary is rebuilt with
+/// [`Permit::restore`].
+///
+/// ```compile_fail
+/// # async fn f(conn: &mut redis::aio::MultiplexedConnection, permit: nolock::semaphore::Permit) -> nolock::Result<()> {
+/// permit.release(conn, "another:key").await?; // no key: a permit releases where it was taken
+/// # Ok(()) }
+/// ```
+///
+/// ```compile_fail
+/// # fn f(permit: nolock::semaphore::Permit) {
+/// let copy = permit.clone(); // one value, one holding
+/// # }
+/// ```
+///
+/// ```compile_fail
+/// # async fn f(conn: &mut redis::aio::MultiplexedConnection, permit: nolock::semaphore::Permit) -> nolock::Result<()> {
+/// let _ = permit.release(conn).await?;
+/// let _ = permit.release(conn).await?; // released: the value is gone
+/// # Ok(()) }
+/// ```
+#[derive(Debug, PartialEq, Eq)]
+#[must_use = "a permit holds its place until it is released or expires"]
 pub struct Permit {
-    /// The holder's id: pass the permit to [`extend`] and [`release`].
-    pub id: PermitId,
-    /// How many permits this holder took at once (1 unless weighted).
-    pub weight: u64,
-    /// The TTL the permits were set with, in whole milliseconds.
-    pub ttl: Duration,
-    /// A conservative local bound on the permits' expiry as granted (before
-    /// any extension).
-    pub deadline: Instant,
+    holding: Holding,
+    /// A conservative local bound on the permits' expiry.
+    deadline: Instant,
     /// When the acquire was built (single calls: sent).
     sent: Instant,
 }
 
 impl Permit {
-    /// A permit known only by its id and weight (stored by a process that
-    /// has since restarted), to [`release`] or [`extend`] it. Its local
-    /// deadline is unknown, so it is set to now: [`extend`] it to learn
-    /// whether it still holds.
+    /// A permit known only by its key, id and weight (stored by a process
+    /// that has since restarted), to release or extend it: the escape hatch
+    /// for a permit that crossed a process boundary. The server checks what
+    /// it says (a release or extension of permits this id does not hold
+    /// answers [`PermitRelease::Lost`] / [`PermitExtend::Lost`]). Its local
+    /// deadline is unknown, so it is set to now: [`Permit::extend`] it to
+    /// learn whether it still holds.
     ///
     /// # Errors
     ///
-    /// [`Error::ZeroLimit`] / [`Error::OutOfRange`] for a weight of 0 or
-    /// above [`MAX_PERMITS`]; the ttl as [`acquire`] checks it.
+    /// [`Error::EmptyKey`]; [`Error::ZeroLimit`] / [`Error::OutOfRange`] for
+    /// a weight of 0 or above [`MAX_PERMITS`]; the ttl as
+    /// [`Semaphore::new`] checks it.
     ///
     /// ```
     /// use std::time::Duration;
     /// use nolock::semaphore::{Permit, PermitId};
     ///
     /// let id = PermitId::parse("0123456789abcdef0123456789abcdef")?;
-    /// let permit = Permit::restore(id, 2, Duration::from_secs(30))?;
-    /// assert_eq!(permit.weight, 2);
-    /// assert!(Permit::restore(permit.id.clone(), 0, Duration::from_secs(30)).is_err());
+    /// let permit = Permit::restore("exports:running", id.clone(), 2, Duration::from_secs(30))?;
+    /// assert_eq!((permit.key(), permit.weight()), ("exports:running", 2));
+    /// assert!(Permit::restore("exports:running", id, 0, Duration::from_secs(30)).is_err());
     /// # Ok::<(), nolock::Error>(())
     /// ```
-    pub fn restore(id: PermitId, weight: u64, ttl: Duration) -> Result<Permit> {
+    pub fn restore(key: &str, id: PermitId, weight: u64, ttl: Duration) -> Result<Permit> {
+        validate::key(key)?;
         check_permits(MAX_PERMITS, weight)?;
         let ttl = Duration::from_millis(ttl_millis(ttl)?);
         let now = Instant::now();
         Ok(Permit {
-            id,
-            weight,
-            ttl,
+            holding: Holding {
+                key: key.to_owned(),
+                id,
+                weight,
+                ttl,
+            },
             deadline: now,
             sent: now,
         })
+    }
+
+    /// The semaphore's key.
+    pub fn key(&self) -> &str {
+        &self.holding.key
+    }
+
+    /// The holder's id: store it (with the key and weight) to
+    /// [`Permit::restore`] the permit elsewhere.
+    pub fn id(&self) -> &PermitId {
+        &self.holding.id
+    }
+
+    /// How many permits this holder took at once (1 unless weighted).
+    pub fn weight(&self) -> u64 {
+        self.holding.weight
+    }
+
+    /// The TTL the permits are set with, in whole milliseconds.
+    pub fn ttl(&self) -> Duration {
+        self.holding.ttl
+    }
+
+    /// A conservative local bound on the permits' expiry: when granted, then
+    /// as each [`Permit::extend`] moved it.
+    pub fn deadline(&self) -> Instant {
+        self.deadline
     }
 
     /// The time left until [`Permit::deadline`] (zero once it has passed).
     pub fn remaining(&self) -> Duration {
         self.deadline.saturating_duration_since(Instant::now())
     }
+
+    /// Take in an extension's answer ([`ExtendPermit`] run yourself):
+    /// [`Permit::extend`] does it. A lost permit's deadline is now.
+    pub fn apply(&mut self, extend: &PermitExtend) {
+        self.deadline = match extend {
+            PermitExtend::Extended { deadline } => *deadline,
+            PermitExtend::Lost => Instant::now(),
+        };
+    }
 }
 
-/// The outcome of [`acquire`]: permits, or the semaphore is full.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The outcome of [`Semaphore::acquire`]: permits, or the semaphore is full.
+#[derive(Debug, PartialEq, Eq)]
 #[must_use = "a full semaphore must be waited for or turned away"]
-pub enum Acquire<P = Permit> {
+pub enum PermitAttempt<P = Permit> {
     /// The permits are yours until their deadline.
     Acquired(P),
     /// Not enough permits are free. Expired permits were reclaimed; nothing
@@ -243,25 +330,30 @@ pub enum Acquire<P = Permit> {
     },
 }
 
-impl<P> Acquire<P> {
-    /// True for [`Acquire::Acquired`].
+impl<P> PermitAttempt<P> {
+    /// True for [`PermitAttempt::Acquired`].
     pub fn is_acquired(&self) -> bool {
-        matches!(self, Acquire::Acquired(_))
+        matches!(self, PermitAttempt::Acquired(_))
     }
 
     /// The permit (or lease), if acquired.
     pub fn acquired(self) -> Option<P> {
         match self {
-            Acquire::Acquired(permit) => Some(permit),
-            Acquire::Full { .. } => None,
+            PermitAttempt::Acquired(permit) => Some(permit),
+            PermitAttempt::Full { .. } => None,
         }
     }
 }
 
-/// The outcome of [`release`].
+/// The outcome of [`Permit::release`].
+///
+/// A release resent after a lost reply finds the permits gone and answers
+/// `Lost` for its own success: send releases that may be resent as a
+/// [`ReleasePermit`] with an operation id ([`crate::Operation::idempotent`]),
+/// whose resend answers with the first reply.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[must_use = "a lost permit means another holder may have run alongside"]
-pub enum Release {
+pub enum PermitRelease {
     /// The permits were still held (unexpired) and are given back.
     Released,
     /// Some had expired (and may have been reclaimed and granted to someone
@@ -270,10 +362,10 @@ pub enum Release {
     Lost,
 }
 
-/// The outcome of [`extend`].
+/// The outcome of [`Permit::extend`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[must_use = "a lost permit means the work must stop"]
-pub enum Extend {
+pub enum PermitExtend {
     /// The permits were still held; they now expire `ttl` from now.
     Extended {
         /// The new conservative local bound on their expiry.
@@ -283,10 +375,10 @@ pub enum Extend {
     Lost,
 }
 
-/// A semaphore read by [`peek`].
+/// A semaphore read by [`Semaphore::peek`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[must_use]
-pub struct Usage {
+pub struct SemaphoreUsage {
     /// Permits in use (unexpired).
     pub in_use: u64,
     /// Holders among them (a weighted holder counts once).
@@ -295,14 +387,14 @@ pub struct Usage {
     pub next_expiry: Option<Duration>,
 }
 
-impl Usage {
+impl SemaphoreUsage {
     /// How many permits are free in a semaphore of `permits`.
     pub fn free(&self, permits: u64) -> u64 {
         permits.saturating_sub(self.in_use)
     }
 }
 
-fn check_permits(permits: u64, weight: u64) -> Result<()> {
+pub(crate) fn check_permits(permits: u64, weight: u64) -> Result<()> {
     let permits = validate::positive("permits", permits)?;
     if permits > MAX_PERMITS {
         return Err(Error::OutOfRange {
@@ -321,7 +413,7 @@ fn check_permits(permits: u64, weight: u64) -> Result<()> {
     Ok(())
 }
 
-fn ttl_millis(ttl: Duration) -> Result<u64> {
+pub(crate) fn ttl_millis(ttl: Duration) -> Result<u64> {
     if ttl > MAX_PERMIT_TTL {
         return Err(Error::DurationTooLong {
             what: "ttl",
@@ -336,54 +428,58 @@ fn ttl_millis(ttl: Duration) -> Result<u64> {
 mod tests {
     use super::acquire::ACQUIRE;
     use super::peek::PEEK;
-    use super::release::RELEASE;
+    use super::release::{EXTEND, RELEASE};
     use super::*;
     use crate::script::{words, Operation};
     use redis::Value::{Array, Int};
 
     const S: Duration = Duration::from_secs(1);
 
+    fn sem(permits: u64) -> Result<Semaphore> {
+        Semaphore::new(permits, S)
+    }
+
     #[test]
     fn bad_input_is_rejected_before_a_command_is_built() {
-        assert!(matches!(TryAcquire::new("", 1, S), Err(Error::EmptyKey)));
+        let two = sem(2).unwrap();
+        assert!(matches!(AcquirePermit::new(&two, ""), Err(Error::EmptyKey)));
+        assert!(matches!(sem(0), Err(Error::ZeroLimit { what: "permits" })));
         assert!(matches!(
-            TryAcquire::new("k", 0, S),
-            Err(Error::ZeroLimit { what: "permits" })
-        ));
-        assert!(matches!(
-            TryAcquire::new("k", MAX_PERMITS + 1, S),
+            sem(MAX_PERMITS + 1),
             Err(Error::OutOfRange {
                 what: "permits",
                 ..
             })
         ));
         assert!(matches!(
-            TryAcquire::weighted("k", 2, 0, S),
+            AcquirePermit::weighted(&two, "k", 0),
             Err(Error::ZeroLimit { what: "weight" })
         ));
         assert!(matches!(
-            TryAcquire::weighted("k", 2, 3, S),
+            AcquirePermit::weighted(&two, "k", 3),
             Err(Error::InsufficientCapacity {
                 requested: 3,
                 limit: 2
             })
         ));
         assert!(matches!(
-            TryAcquire::new("k", 1, Duration::from_micros(999)),
+            Semaphore::new(1, Duration::from_micros(999)),
             Err(Error::ZeroDuration { what: "ttl" })
         ));
         assert!(matches!(
-            TryAcquire::new("k", 1, MAX_PERMIT_TTL + Duration::from_millis(1)),
+            Semaphore::new(1, MAX_PERMIT_TTL + Duration::from_millis(1)),
             Err(Error::DurationTooLong { what: "ttl", .. })
         ));
-        assert!(TryAcquire::new("k", 1, MAX_PERMIT_TTL).is_ok());
-        assert!(matches!(Peek::new(""), Err(Error::EmptyKey)));
+        assert!(Semaphore::new(1, MAX_PERMIT_TTL).is_ok());
+        assert!(matches!(PeekSemaphore::new(""), Err(Error::EmptyKey)));
+        assert!(Permit::restore("", PermitId::random().unwrap(), 1, S).is_err());
     }
 
     #[test]
     fn the_commands_carry_their_arguments() {
         let id = PermitId::parse("0123456789abcdef0123456789abcdef").unwrap();
-        let op = TryAcquire::with_id("k", &id, 5, 2, Duration::from_micros(1_500_900)).unwrap();
+        let five = Semaphore::new(5, Duration::from_micros(1_500_900)).unwrap();
+        let op = AcquirePermit::with_id(&five, "k", &id, 2).unwrap();
         assert_eq!(
             words(op.invocation().command()),
             [
@@ -397,43 +493,42 @@ mod tests {
                 "1500"
             ]
         );
-        let permit = Permit {
-            id: id.clone(),
-            weight: 2,
-            ttl: S,
-            deadline: Instant::now(),
-            sent: Instant::now(),
-        };
-        let op = ReleasePermit::new("k", &permit).unwrap();
+        let permit = Permit::restore("k", id.clone(), 2, S).unwrap();
+        let op = ReleasePermit::new(&permit);
         assert_eq!(
             words(op.invocation().command()),
             ["EVALSHA", RELEASE.sha1(), "1", "k", id.as_str(), "2"]
         );
+        let op = ExtendPermit::new(&permit);
         assert_eq!(
-            words(Peek::new("k").unwrap().invocation().command()),
+            words(op.invocation().command()),
+            ["EVALSHA", EXTEND.sha1(), "1", "k", id.as_str(), "2", "1000"]
+        );
+        assert_eq!(
+            words(PeekSemaphore::new("k").unwrap().invocation().command()),
             ["EVALSHA_RO", PEEK.sha1(), "1", "k"]
         );
     }
 
     #[test]
     fn replies_decode() {
-        let op = TryAcquire::new("k", 2, S).unwrap();
+        let op = AcquirePermit::new(&sem(2).unwrap(), "k").unwrap();
         match op.decode(Array(vec![Int(1), Int(1)])).unwrap() {
-            Acquire::Acquired(p) => {
-                assert_eq!((&p.id, p.weight, p.ttl), (op.id(), 1, S));
-                assert_eq!(p.deadline, op.built + S - Duration::from_millis(12));
+            PermitAttempt::Acquired(p) => {
+                assert_eq!((p.id(), p.weight(), p.ttl(), p.key()), (op.id(), 1, S, "k"));
+                assert_eq!(p.deadline(), op.built + S - Duration::from_millis(12));
             }
             full => panic!("{full:?}"),
         }
         assert_eq!(
             op.decode(Array(vec![Int(0), Int(250), Int(2)])).unwrap(),
-            Acquire::Full {
+            PermitAttempt::Full {
                 retry_after: Duration::from_millis(250),
                 in_use: 2
             }
         );
         assert!(op.decode(Array(vec![Int(1)])).is_err());
-        let usage = Peek::new("k")
+        let usage = PeekSemaphore::new("k")
             .unwrap()
             .decode(Array(vec![Int(3), Int(2), Int(-1)]))
             .unwrap();

@@ -1,10 +1,10 @@
-//! Reading a semaphore: [`peek`], [`Peek`].
+//! Reading a semaphore: [`PeekSemaphore`].
 
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 
-use super::Usage;
+use super::SemaphoreUsage;
 use crate::script::{embedded, run_one, Invocation, Operation, Reply, Script};
 #[cfg(doc)]
 use crate::Error;
@@ -12,62 +12,52 @@ use crate::{validate, Result};
 
 pub(super) static PEEK: Script = embedded!("semaphore/peek");
 
-/// Read the semaphore at `key` without changing it (expired permits are
-/// counted out, not removed).
-///
-/// Runs with `EVALSHA_RO` (replicas may serve it, and may lag). It reads
-/// every permit held: O(permits in use).
+/// Permits in use, holders and the next expiry of the semaphore at `key`;
+/// writes nothing (`EVALSHA_RO`, a replica can serve it). A read needs no
+/// configuration, so it is also this free function.
 ///
 /// # Errors
 ///
-/// [`Error::EmptyKey`] before any I/O; [`Error::Redis`] (not a semaphore)
-/// and [`Error::Indeterminate`]. A read is safe to retry.
-///
-/// # Example
-///
-/// ```no_run
-/// # async fn run(conn: &mut redis::aio::MultiplexedConnection) -> nolock::Result<()> {
-/// let usage = nolock::semaphore::peek(conn, "exports").await?;
-/// println!("{} running, {} free", usage.holders, usage.free(10));
-/// # Ok(()) }
-/// ```
-pub async fn peek<C>(conn: &mut C, key: &str) -> Result<Usage>
+/// [`Error::EmptyKey`] before any I/O; [`Error::Redis`] when the key holds
+/// something that is not a semaphore (every member is checked).
+pub async fn peek<C>(conn: &mut C, key: &str) -> Result<SemaphoreUsage>
 where
     C: ConnectionLike + Send,
 {
-    run_one(&Peek::new(key)?, conn).await
+    run_one(&PeekSemaphore::new(key)?, conn).await
 }
 
-/// [`peek`] as a value, for a [`crate::Batch`].
+/// [`super::Semaphore::peek`] as a value, for a [`crate::Batch`]: read-only
+/// (`EVALSHA_RO`), so a replica can serve it.
 #[derive(Debug, Clone)]
-pub struct Peek {
+pub struct PeekSemaphore {
     call: Invocation,
 }
 
-impl Peek {
+impl PeekSemaphore {
     /// Read the semaphore at `key`.
     ///
     /// # Errors
     ///
-    /// [`Error::EmptyKey`].
+    /// [`Error::EmptyKey`] before any I/O.
     pub fn new(key: &str) -> Result<Self> {
         validate::key(key)?;
-        Ok(Peek {
+        Ok(PeekSemaphore {
             call: Invocation::new(&PEEK, &[key]),
         })
     }
 }
 
-impl Operation for Peek {
-    type Output = Usage;
+impl Operation for PeekSemaphore {
+    type Output = SemaphoreUsage;
 
     fn invocation(&self) -> &Invocation {
         &self.call
     }
 
-    fn decode(&self, reply: redis::Value) -> Result<Usage> {
+    fn decode(&self, reply: redis::Value) -> Result<SemaphoreUsage> {
         let mut reply = Reply::new(PEEK.name(), reply)?;
-        let usage = Usage {
+        let usage = SemaphoreUsage {
             in_use: reply.uint()?,
             holders: reply.uint()?,
             next_expiry: u64::try_from(reply.int()?).ok().map(Duration::from_millis),

@@ -1,133 +1,180 @@
-//! Giving permits back and keeping them: [`release`], [`ReleasePermit`], [`extend`].
+//! Giving permits back and keeping them: [`Permit::release`],
+//! [`Permit::extend`], [`ReleasePermit`], [`ExtendPermit`].
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use redis::aio::ConnectionLike;
 
-#[cfg(doc)]
-use super::PermitLease;
-use super::{ttl_millis, Extend, Permit, Release};
+use super::{Holding, Permit, PermitExtend, PermitRelease};
 use crate::script::{embedded, run_one, Invocation, Operation, Reply, Script};
 #[cfg(doc)]
 use crate::Error;
-use crate::{validate, Result};
+use crate::Result;
 
 pub(super) static RELEASE: Script = embedded!("semaphore/release");
 pub(super) static EXTEND: Script = embedded!("semaphore/extend");
 
-/// Give back `permit`'s permits of the semaphore at `key`, and only those.
-///
-/// Never removes another holder's permit, however late it arrives. Declared
-/// `allow-oom`, so it works on a full server. Safe to retry after
-/// [`Error::Indeterminate`] (a repeat answers [`Release::Lost`]).
-///
-/// # Errors
-///
-/// [`Error::EmptyKey`] before any I/O; [`Error::Redis`] (the key holds
-/// something that is not a semaphore) and [`Error::Indeterminate`].
-///
-/// # Example
-///
-/// ```no_run
-/// # async fn run(conn: &mut redis::aio::MultiplexedConnection, permit: nolock::semaphore::Permit)
-/// #     -> nolock::Result<()> {
-/// use nolock::semaphore::{self, Release};
-/// if semaphore::release(conn, "exports", &permit).await? == Release::Lost {
-///     eprintln!("ran past the permit's ttl: another export may have run alongside");
-/// }
-/// # Ok(()) }
-/// ```
-pub async fn release<C>(conn: &mut C, key: &str, permit: &Permit) -> Result<Release>
-where
-    C: ConnectionLike + Send,
-{
-    run_one(&ReleasePermit::new(key, permit)?, conn).await
+impl Permit {
+    /// Give the permits back, and only these (their id's members): one
+    /// round trip. Consumes the permit.
+    ///
+    /// [`PermitRelease::Lost`] when some had expired: the work under them
+    /// may have run beside one more holder than the semaphore allows.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Redis`] (the key holds something that is not a semaphore;
+    /// nothing was removed) and [`Error::Indeterminate`] (send a
+    /// [`ReleasePermit`] with an operation id to resend it safely; the
+    /// permits otherwise expire at their TTL).
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// # async fn run(conn: &mut redis::aio::MultiplexedConnection, permit: nolock::semaphore::Permit)
+    /// #     -> nolock::Result<()> {
+    /// use nolock::semaphore::PermitRelease;
+    /// if permit.release(conn).await? == PermitRelease::Lost {
+    ///     eprintln!("the permit expired while working");
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn release<C>(self, conn: &mut C) -> Result<PermitRelease>
+    where
+        C: ConnectionLike + Send,
+    {
+        run_one(&ReleasePermit::new(&self), conn).await
+    }
+
+    /// Set the permits to expire their TTL from now, if they have not
+    /// expired: one round trip. Moves [`Permit::deadline`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Permit::release`]; an extension is safe to resend.
+    pub async fn extend<C>(&mut self, conn: &mut C) -> Result<PermitExtend>
+    where
+        C: ConnectionLike + Send,
+    {
+        let outcome = run_one(&ExtendPermit::new(self), conn).await?;
+        self.apply(&outcome);
+        Ok(outcome)
+    }
 }
 
-/// [`release`] as a value, for a [`crate::Batch`].
+/// [`Permit::release`] as a value: for a [`crate::Batch`], or with an
+/// operation id so that a release resent after a lost reply answers with
+/// the first reply instead of `Lost`.
 #[derive(Debug, Clone)]
 pub struct ReleasePermit {
     call: Invocation,
 }
 
 impl ReleasePermit {
-    /// Give back `permit`'s permits of the semaphore at `key`.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::EmptyKey`].
-    pub fn new(key: &str, permit: &Permit) -> Result<Self> {
-        validate::key(key)?;
-        Ok(ReleasePermit {
-            call: Invocation::new(&RELEASE, &[key])
-                .arg(permit.id.as_str())
-                .arg(permit.weight),
-        })
+    /// Release `permit`'s permits.
+    pub fn new(permit: &Permit) -> Self {
+        ReleasePermit {
+            call: release_call(&permit.holding),
+        }
     }
 }
 
+pub(super) fn release_call(holding: &Holding) -> Invocation {
+    Invocation::new(&RELEASE, &[holding.key.as_str()])
+        .arg(holding.id.as_str())
+        .arg(holding.weight)
+}
+
 impl Operation for ReleasePermit {
-    type Output = Release;
+    type Output = PermitRelease;
 
     fn invocation(&self) -> &Invocation {
         &self.call
     }
 
-    fn decode(&self, reply: redis::Value) -> Result<Release> {
+    fn decode(&self, reply: redis::Value) -> Result<PermitRelease> {
         let mut reply = Reply::new(RELEASE.name(), reply)?;
         let released = reply.flag()?;
         reply.finish()?;
         Ok(if released {
-            Release::Released
+            PermitRelease::Released
         } else {
-            Release::Lost
+            PermitRelease::Lost
         })
     }
 }
 
-/// Set `permit`'s permits to expire `ttl` from now, only if none has expired.
-///
-/// An expired permit is not brought back (its place may be someone else's).
-/// Declared `allow-oom`. [`PermitLease`] calls this every `ttl / 3`.
-///
-/// # Errors
-///
-/// [`Error::EmptyKey`], [`Error::ZeroDuration`], [`Error::DurationTooLong`]
-/// before any I/O; [`Error::Redis`] and [`Error::Indeterminate`] (an
-/// extension is idempotent: retrying is safe).
-///
-/// # Example
-///
-/// ```no_run
-/// # async fn run(conn: &mut redis::aio::MultiplexedConnection, permit: nolock::semaphore::Permit)
-/// #     -> nolock::Result<()> {
-/// use nolock::semaphore::{self, Extend};
-/// if let Extend::Lost = semaphore::extend(conn, "exports", &permit, permit.ttl).await? {
-///     return Ok(()); // stop: the permit expired
-/// }
-/// # Ok(()) }
-/// ```
-pub async fn extend<C>(conn: &mut C, key: &str, permit: &Permit, ttl: Duration) -> Result<Extend>
+/// [`Permit::extend`] as a value; apply its answer with [`Permit::apply`].
+/// The local deadline it answers counts from when the value was built.
+#[derive(Debug, Clone)]
+pub struct ExtendPermit {
+    call: Invocation,
+    holding: Holding,
+    built: Instant,
+}
+
+impl ExtendPermit {
+    /// Extend `permit`'s permits by their TTL.
+    pub fn new(permit: &Permit) -> Self {
+        ExtendPermit {
+            call: extend_call(&permit.holding),
+            holding: permit.holding.clone(),
+            built: Instant::now(),
+        }
+    }
+}
+
+fn extend_call(holding: &Holding) -> Invocation {
+    Invocation::new(&EXTEND, &[holding.key.as_str()])
+        .arg(holding.id.as_str())
+        .arg(holding.weight)
+        .arg(u64::try_from(holding.ttl.as_millis()).unwrap_or(u64::MAX))
+}
+
+impl Operation for ExtendPermit {
+    type Output = PermitExtend;
+
+    fn invocation(&self) -> &Invocation {
+        &self.call
+    }
+
+    fn decode(&self, reply: redis::Value) -> Result<PermitExtend> {
+        let mut reply = Reply::new(EXTEND.name(), reply)?;
+        let extended = reply.flag()?;
+        reply.finish()?;
+        Ok(if extended {
+            PermitExtend::Extended {
+                deadline: crate::fence::deadline(self.built, self.holding.ttl),
+            }
+        } else {
+            PermitExtend::Lost
+        })
+    }
+}
+
+/// The renewal task's calls on a holding (no [`Permit`] there: the lease
+/// keeps it).
+pub(super) async fn extend_holding<C>(conn: &mut C, holding: &Holding) -> Result<PermitExtend>
 where
     C: ConnectionLike + Send,
 {
-    validate::key(key)?;
-    let ttl_ms = ttl_millis(ttl)?;
-    let sent = Instant::now();
-    let value = Invocation::new(&EXTEND, &[key])
-        .arg(permit.id.as_str())
-        .arg(permit.weight)
-        .arg(ttl_ms)
-        .run(conn)
-        .await?;
-    let mut reply = Reply::new(EXTEND.name(), value)?;
-    let extended = reply.flag()?;
-    reply.finish()?;
-    Ok(if extended {
-        Extend::Extended {
-            deadline: crate::fence::deadline(sent, Duration::from_millis(ttl_ms)),
-        }
-    } else {
-        Extend::Lost
-    })
+    let op = ExtendPermit {
+        call: extend_call(holding),
+        holding: holding.clone(),
+        built: Instant::now(),
+    };
+    run_one(&op, conn).await
+}
+
+pub(super) async fn release_holding<C>(conn: &mut C, holding: &Holding) -> Result<PermitRelease>
+where
+    C: ConnectionLike + Send,
+{
+    run_one(
+        &ReleasePermit {
+            call: release_call(holding),
+        },
+        conn,
+    )
+    .await
 }

@@ -1,0 +1,238 @@
+//! [`Semaphore`]: one semaphore's configuration, and the calls on it.
+
+use std::future::Future;
+use std::time::Duration;
+
+use redis::aio::ConnectionLike;
+
+use super::{acquire, retry, PermitAttempt, PermitId, PermitLease, SemaphoreUsage};
+#[cfg(doc)]
+use super::{MAX_PERMITS, MAX_PERMIT_TTL};
+use crate::script::run_one;
+#[cfg(doc)]
+use crate::Error;
+use crate::{Backoff, Result, Work};
+
+/// "At most `permits` at once": a semaphore's size, the TTL of its permits
+/// and how long an acquire waits for one. Build it once (it is cheap to
+/// clone) and call it with the key of whatever is limited; every caller of
+/// one key should share it, so that they agree on its size.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use nolock::semaphore::{PermitAttempt, PermitRelease, Semaphore};
+///
+/// # async fn run(conn: &mut redis::aio::MultiplexedConnection) -> nolock::Result<()> {
+/// let payments = Semaphore::new(3, Duration::from_secs(10))?;
+/// match payments.acquire(conn, "payments:tenant:7").await? {
+///     PermitAttempt::Acquired(permit) => {
+///         // ... call the payment provider ...
+///         if permit.release(conn).await? == PermitRelease::Lost {
+///             eprintln!("the permit expired while working");
+///         }
+///     }
+///     PermitAttempt::Full { retry_after, .. } => println!("3 calls running; retry in {retry_after:?}"),
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Semaphore {
+    permits: u64,
+    ttl: Duration,
+    wait: Backoff,
+}
+
+impl Semaphore {
+    /// A semaphore of `permits` whose permits expire `ttl` after they were
+    /// granted or last extended; an acquire makes one attempt (see
+    /// [`Semaphore::with_wait`]).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ZeroLimit`] and [`Error::OutOfRange`] (`permits` 0 or above
+    /// [`MAX_PERMITS`]); [`Error::ZeroDuration`] (`ttl` under 1 ms) and
+    /// [`Error::DurationTooLong`] (above [`MAX_PERMIT_TTL`]).
+    pub fn new(permits: u64, ttl: Duration) -> Result<Semaphore> {
+        super::check_permits(permits, 1)?;
+        let ttl = Duration::from_millis(super::ttl_millis(ttl)?);
+        Ok(Semaphore {
+            permits,
+            ttl,
+            wait: Backoff::none(),
+        })
+    }
+
+    /// The same semaphore, whose acquires wait for a permit with `wait`:
+    /// jittered exponential sleeps, each capped by the server's
+    /// `retry_after`, until `wait.timeout` after the first attempt.
+    pub fn with_wait(self, wait: Backoff) -> Semaphore {
+        Semaphore { wait, ..self }
+    }
+
+    /// How many permits it has.
+    pub fn permits(&self) -> u64 {
+        self.permits
+    }
+
+    /// Its permits' TTL, in whole milliseconds.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// How its acquires wait.
+    pub fn wait(&self) -> &Backoff {
+        &self.wait
+    }
+
+    /// The checks every acquire makes before I/O: the TTL in ms.
+    pub(super) fn check(&self, key: &str, weight: u64) -> Result<u64> {
+        acquire::check(key, self.permits, weight, self.ttl)
+    }
+
+    /// Take one permit at `key`, if one is free (waiting as
+    /// [`Semaphore::with_wait`] says).
+    ///
+    /// One round trip per attempt. A full semaphore is not an error: it
+    /// returns [`PermitAttempt::Full`] with when a permit will surely come
+    /// back. Expired permits are reclaimed first.
+    ///
+    /// # Errors
+    ///
+    /// Before any I/O: [`Error::EmptyKey`], [`Error::Entropy`],
+    /// [`Error::ZeroDuration`] (a backoff's `initial_delay` under 1 ms),
+    /// [`Error::NoTimer`] (a semaphore that waits, on a runtime without
+    /// timers). From Redis: [`Error::Redis`] (`OOM`, or the key holds
+    /// something that is not a semaphore; nothing was written) and
+    /// [`Error::Indeterminate`] (the permit may have been taken under an id
+    /// you never saw; it expires after `ttl`; a semaphore that waits tries
+    /// again with the same id within its deadline).
+    pub async fn acquire<C>(&self, conn: &mut C, key: &str) -> Result<PermitAttempt>
+    where
+        C: ConnectionLike + Send,
+    {
+        self.acquire_weighted(conn, key, 1).await
+    }
+
+    /// Take `weight` permits at once at `key`, all or nothing.
+    ///
+    /// # Errors
+    ///
+    /// As [`Semaphore::acquire`], and [`Error::ZeroLimit`] /
+    /// [`Error::InsufficientCapacity`] for a weight of 0 or above the
+    /// semaphore's size (it could never fit).
+    pub async fn acquire_weighted<C>(
+        &self,
+        conn: &mut C,
+        key: &str,
+        weight: u64,
+    ) -> Result<PermitAttempt>
+    where
+        C: ConnectionLike + Send,
+    {
+        if self.wait.timeout.is_zero() {
+            return run_one(&acquire::AcquirePermit::weighted(self, key, weight)?, conn).await;
+        }
+        retry::acquire_waiting(self, conn, key, weight, None).await
+    }
+
+    /// [`Semaphore::acquire_weighted`] under an id chosen by the caller:
+    /// known before anything is sent, so a caller whose call timed out can
+    /// release what it may have taken. Running it again while the id still
+    /// holds its permits grants them again (no second set).
+    ///
+    /// # Errors
+    ///
+    /// As [`Semaphore::acquire_weighted`].
+    pub async fn acquire_as<C>(
+        &self,
+        conn: &mut C,
+        key: &str,
+        id: &PermitId,
+        weight: u64,
+    ) -> Result<PermitAttempt>
+    where
+        C: ConnectionLike + Send,
+    {
+        retry::acquire_waiting(self, conn, key, weight, Some(id)).await
+    }
+
+    /// Permits in use, holders and the next expiry at `key`; writes nothing
+    /// (`EVALSHA_RO`).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::EmptyKey`] before any I/O; [`Error::Redis`] when the key
+    /// holds something that is not a semaphore (every member is checked).
+    pub async fn peek<C>(&self, conn: &mut C, key: &str) -> Result<SemaphoreUsage>
+    where
+        C: ConnectionLike + Send,
+    {
+        super::peek(conn, key).await
+    }
+
+    /// [`Semaphore::acquire`], then keep the permit renewed every `ttl / 3`
+    /// in a background task on `conn` ([`PermitLease`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`Semaphore::acquire`], and [`Error::NoTimer`] (the renewals need
+    /// a runtime with timers), before any I/O.
+    pub async fn lease<C>(&self, mut conn: C, key: &str) -> Result<PermitAttempt<PermitLease>>
+    where
+        C: ConnectionLike + Send + 'static,
+    {
+        crate::timer::check()?;
+        Ok(match self.acquire(&mut conn, key).await? {
+            PermitAttempt::Acquired(permit) => {
+                PermitAttempt::Acquired(PermitLease::start(conn, permit)?)
+            }
+            PermitAttempt::Full {
+                retry_after,
+                in_use,
+            } => PermitAttempt::Full {
+                retry_after,
+                in_use,
+            },
+        })
+    }
+
+    /// Run `work` under a renewed permit at `key` ([`Semaphore::lease`]),
+    /// then release it.
+    ///
+    /// The answer says what became of the hold, in its type
+    /// ([`Work`]): [`Work::Done`] when the permit was held from start to
+    /// end; [`Work::Overran`] when the work finished but the release found
+    /// the permit expired (it may have run beside one more holder than the
+    /// semaphore allows); [`Work::Stopped`] when the permit was lost while
+    /// it ran (its future is dropped at that moment); [`Work::Busy`] when no
+    /// permit came within the semaphore's wait. `work` gets the holder's id.
+    ///
+    /// # Errors
+    ///
+    /// As [`Semaphore::lease`].
+    ///
+    /// ```no_run
+    /// # async fn run(conn: redis::aio::MultiplexedConnection) -> nolock::Result<()> {
+    /// use std::time::Duration;
+    /// use nolock::semaphore::Semaphore;
+    /// use nolock::{Backoff, Work};
+    ///
+    /// let payments = Semaphore::new(3, Duration::from_secs(10))?
+    ///     .with_wait(Backoff::new(Duration::from_secs(2)));
+    /// let out = payments.with_permit(conn, "payments:tenant:7", |_id| async { 42 }).await?;
+    /// assert!(matches!(out, Work::Done(42) | Work::Busy) || out.loss().is_some());
+    /// # Ok(()) }
+    /// ```
+    pub async fn with_permit<C, F, Fut, T>(&self, conn: C, key: &str, work: F) -> Result<Work<T>>
+    where
+        C: ConnectionLike + Send + 'static,
+        F: FnOnce(PermitId) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let lease = match self.lease(conn, key).await? {
+            PermitAttempt::Acquired(lease) => lease,
+            PermitAttempt::Full { .. } => return Ok(Work::Busy),
+        };
+        Ok(lease.run(work).await)
+    }
+}
