@@ -85,8 +85,11 @@ where
         .map(|b| {
             (0..BATCH)
                 .map(|i| {
-                    TryIncrement::new(&key(run, (b * BATCH + i) % 5_000), u64::MAX >> 12, WINDOW)
-                        .expect("valid")
+                    TryIncrement::new(
+                        &nolock::limits::Counter::new(u64::MAX >> 12, WINDOW).expect("valid"),
+                        &key(run, (b * BATCH + i) % 5_000),
+                    )
+                    .expect("valid")
                 })
                 .collect()
         })

@@ -139,7 +139,10 @@ async fn main() -> Result<(), Error> {
                 reset(&mut conn).await?;
                 for _ in 0..n {
                     if o == 0 {
-                        let call = TryIncrement::new(&counter, 1 << 50, HOUR)?;
+                        let call = TryIncrement::new(
+                            &nolock::limits::Counter::new(1 << 50, HOUR)?,
+                            &counter,
+                        )?;
                         send(&mut conn, id.apply(call)?).await?;
                     } else {
                         send(&mut conn, id.apply(Check::new(&limiter, &rl, 1)?)?).await?;
@@ -190,7 +193,8 @@ async fn main() -> Result<(), Error> {
     let m = 10_000;
     let mut records = Vec::new();
     for i in 0..m {
-        let op = TryIncrement::new(&counter, 1 << 50, HOUR)?.idempotent(format!("mem-{i}"))?;
+        let op = TryIncrement::new(&nolock::limits::Counter::new(1 << 50, HOUR)?, &counter)?
+            .idempotent(format!("mem-{i}"))?;
         records.push(op.record_key().to_owned());
         send(&mut conn, Box::new(op.map(drop))).await?;
     }

@@ -70,8 +70,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut batch: Batch<Box<dyn Operation<Output = Out>>> = Batch::new();
     let entries = [("bob", 20), ("carol", 40), ("bob", 15)];
     for (user, points) in entries {
-        let quota =
-            TryIncrement::new(&format!("{board}:quota:{user}"), 2, Duration::from_secs(60))?;
+        let quota = TryIncrement::new(
+            &nolock::limits::Counter::new(2, Duration::from_secs(60))?,
+            &format!("{board}:quota:{user}"),
+        )?;
         batch.push(Box::new(quota.map(Out::Quota)));
         let call = SCRIPTS
             .call::<(i64, i64)>("leaderboard/add", &[&board])?

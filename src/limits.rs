@@ -6,10 +6,18 @@
 //!
 //! | call | script | what it does |
 //! |---|---|---|
-//! | [`try_increment`] | `lua/limits/try_increment.lua` | add 1 if the count stays `<= limit` |
-//! | [`try_increment_by`] | same | add `n`, all or nothing |
-//! | [`peek`] | `lua/limits/peek.lua` | read the count and time left; writes nothing |
-//! | [`release`] (deprecated) | `lua/limits/release.lua` | take `n` back, never below zero |
+//! | [`try_increment`], [`Counter::try_increment`] | `lua/limits/try_increment.lua` | add 1 if the count stays `<= limit` |
+//! | [`Counter::try_increment_by`] | same | add `n`, all or nothing |
+//! | [`peek`], [`Counter::peek`] | `lua/limits/peek.lua` | read the count and time left; writes nothing |
+//!
+//! A [`Counter`] holds the limit and the window, built once and shared by
+//! every caller of a key (so they agree on them); [`try_increment`] is the
+//! one-line form. A counter gives nothing back: units handed back to a key
+//! would be units of whatever window holds the key then, which is how
+//! counting work in flight with a counter over-admits (below). To give a
+//! request's units back, use [`crate::rate::Limiter`] with
+//! [`crate::rate::Algorithm::FixedWindow`] (the same window) and refund its
+//! charge, which knows its window.
 //!
 //! **As a fixed-window limit** ("100 requests per minute per user"): call
 //! [`try_increment`] per request. The first admitted increment starts the
@@ -18,30 +26,31 @@
 //! window boundary; [`crate::rate`] offers smoother algorithms.
 //!
 //! **Not for "at most `limit` at once"** ("at most 10 exports running"): use
-//! [`crate::semaphore`]. Counting running work with [`try_increment`] when it
-//! starts and [`release`] when it ends over-admits: the counter expires one
-//! window after its *first* holder while later holders still run, and their
-//! releases then decrement the fresh counter. With a limit of 2, a 1 s window
-//! and 600 ms jobs, 12 workers reached 8 running at once within 5 s
-//! (`tests/semaphore.rs` runs both). The semaphore tracks each holder's own
-//! expiry instead.
+//! [`crate::semaphore`]. Counting running work with a counter (increment
+//! when it starts, decrement when it ends) over-admits: the counter expires
+//! one window after its *first* holder while later holders still run, and
+//! their decrements then lower the fresh counter. With a limit of 2, a 1 s
+//! window and 600 ms jobs, 12 workers reached 8 running at once within 5 s
+//! (`tests/semaphore.rs` runs that recipe beside the semaphore). The
+//! semaphore tracks each holder's own expiry instead.
 //!
 //! A denied call changes nothing, so a client that keeps retrying while denied
 //! does not push its own reset further away.
 //!
 //! **Many counters at once**: each call also exists as a value
-//! ([`TryIncrement`], [`Release`], [`Peek`]) that checks its input when built;
-//! put many in a [`crate::Batch`] to send them in one round trip per server.
+//! ([`TryIncrement`], [`PeekCounter`]) that checks its input when built; put
+//! many in a [`crate::Batch`] to send them in one round trip per server.
 //!
 //! # Example
 //!
 //! ```no_run
 //! use std::time::Duration;
+//! use nolock::limits::Counter;
 //!
 //! # async fn handler(conn: &mut redis::aio::MultiplexedConnection, user: &str)
 //! #     -> Result<(), nolock::Error> {
-//! let key = format!("limit:{user}");
-//! let admission = nolock::limits::try_increment(conn, &key, 100, Duration::from_secs(60)).await?;
+//! let api = Counter::new(100, Duration::from_secs(60))?; // once, at startup
+//! let admission = api.try_increment(conn, &format!("limit:{user}")).await?;
 //! if !admission.admitted {
 //!     let wait = admission.reset_after.unwrap_or_default();
 //!     println!("429 Too Many Requests, retry in {} ms", wait.as_millis());
@@ -59,8 +68,110 @@ use crate::script::{embedded, run_one, Invocation, Operation, Reply, Script};
 use crate::{validate, Error, Result};
 
 static TRY_INCREMENT: Script = embedded!("limits/try_increment");
-static RELEASE: Script = embedded!("limits/release");
 static PEEK: Script = embedded!("limits/peek");
+
+/// A bounded counter: "at most `limit` per `window`", checked once when
+/// built and shared by every caller of a key, so that they agree on both.
+/// Cheap to clone.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use nolock::limits::Counter;
+///
+/// # async fn run(conn: &mut redis::aio::MultiplexedConnection) -> nolock::Result<()> {
+/// let api = Counter::new(100, Duration::from_secs(60))?;
+/// let a = api.try_increment(conn, "api:user:42").await?;
+/// let batch = api.try_increment_by(conn, "api:user:42", 20).await?; // a batch of 20 costs 20
+/// # let _ = (a, batch);
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Counter {
+    limit: u64,
+    window_ms: u64,
+}
+
+impl Counter {
+    /// At most `limit` per `window` (millisecond precision).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ZeroLimit`], [`Error::OutOfRange`] (limit above 2^53 - 1),
+    /// [`Error::ZeroDuration`] (under 1 ms), [`Error::DurationTooLong`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use nolock::limits::Counter;
+    ///
+    /// assert!(Counter::new(100, Duration::from_secs(60)).is_ok());
+    /// assert!(Counter::new(0, Duration::from_secs(60)).is_err());
+    /// assert!(Counter::new(100, Duration::ZERO).is_err());
+    /// ```
+    pub fn new(limit: u64, window: Duration) -> Result<Counter> {
+        Ok(Counter {
+            limit: validate::positive("limit", limit)?,
+            window_ms: validate::millis("window", window)?,
+        })
+    }
+
+    /// The limit.
+    pub const fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// The window, in whole milliseconds.
+    pub const fn window(&self) -> Duration {
+        Duration::from_millis(self.window_ms)
+    }
+
+    /// Add 1 to the counter at `key` if that keeps it at most the limit.
+    ///
+    /// The first admitted increment sets the key to expire after the window.
+    /// A denied call consumes nothing (the one write it can make: giving the
+    /// window to a counter found without any expiry, which would otherwise
+    /// deny forever). One round trip.
+    ///
+    /// # Errors
+    ///
+    /// Before any I/O: [`Error::EmptyKey`]. From Redis: [`Error::Redis`] (for
+    /// example `WRONGTYPE` when the key holds something else; nothing was
+    /// written) and [`Error::Indeterminate`] (the increment may have been
+    /// applied; it is not retried: give a [`TryIncrement`] an operation id
+    /// to resend it safely).
+    pub async fn try_increment<C>(&self, conn: &mut C, key: &str) -> Result<Admission>
+    where
+        C: ConnectionLike + Send,
+    {
+        run_one(&TryIncrement::new(self, key)?, conn).await
+    }
+
+    /// Add `n` to the counter at `key` if that keeps it at most the limit;
+    /// all or nothing.
+    ///
+    /// # Errors
+    ///
+    /// As [`Counter::try_increment`], plus [`Error::ZeroLimit`] for `n == 0`
+    /// and [`Error::InsufficientCapacity`] when `n` is above the limit (it
+    /// could never be admitted, which is different from "not now").
+    pub async fn try_increment_by<C>(&self, conn: &mut C, key: &str, n: u64) -> Result<Admission>
+    where
+        C: ConnectionLike + Send,
+    {
+        run_one(&TryIncrement::by(self, key, n)?, conn).await
+    }
+
+    /// Read the counter at `key` without changing it ([`peek`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`peek`].
+    pub async fn peek<C>(&self, conn: &mut C, key: &str) -> Result<CounterUsage>
+    where
+        C: ConnectionLike + Send,
+    {
+        peek(conn, key).await
+    }
+}
 
 /// The outcome of [`try_increment`]: admitted or not, with the counter's state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,44 +195,26 @@ pub struct Admission {
 /// A counter read by [`peek`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[must_use]
-pub struct Usage {
+pub struct CounterUsage {
     /// The current count (0 when the key does not exist).
     pub count: u64,
     /// Time until the window resets; `None` when there is no counter.
     pub reset_after: Option<Duration>,
 }
 
-impl Usage {
+impl CounterUsage {
     /// How much more fits under `limit`.
     pub fn remaining(&self, limit: u64) -> u64 {
         limit.saturating_sub(self.count)
     }
 }
 
-/// The outcome of [`release`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Released {
-    /// The counter after the call.
-    pub count: u64,
-    /// How much was taken off: `n`, or less when the counter held less.
-    pub released: u64,
-}
-
-/// Add 1 to the counter at `key` if that keeps it at most `limit`.
-///
-/// The first admitted increment sets the key to expire after `window`
-/// (millisecond precision). A denied call consumes nothing (the one write it
-/// can make: giving `window` to a counter found without any expiry, which
-/// would otherwise deny forever). One round trip.
+/// Add 1 to the counter at `key` if that keeps it at most `limit` per
+/// `window`: the one-line form of [`Counter::try_increment`].
 ///
 /// # Errors
 ///
-/// Before any I/O: [`Error::EmptyKey`], [`Error::ZeroLimit`],
-/// [`Error::OutOfRange`] (limit above 2^53 - 1), [`Error::ZeroDuration`],
-/// [`Error::DurationTooLong`]. From Redis: [`Error::Redis`] (for example
-/// `WRONGTYPE` when the key holds something else; nothing was written) and
-/// [`Error::Indeterminate`] (the increment may have been applied; it is not
-/// retried).
+/// Those of [`Counter::new`] and [`Counter::try_increment`].
 ///
 /// # Example
 ///
@@ -141,41 +234,21 @@ pub async fn try_increment<C>(
 where
     C: ConnectionLike + Send,
 {
-    try_increment_by(conn, key, 1, limit, window).await
+    Counter::new(limit, window)?.try_increment(conn, key).await
 }
 
-/// Add `n` to the counter at `key` if that keeps it at most `limit`; all or
-/// nothing.
-///
-/// Use it for weighted requests (a batch of 20 items costs 20).
-///
-/// # Errors
-///
-/// As [`try_increment`], plus [`Error::ZeroLimit`] for `n == 0` and
-/// [`Error::InsufficientCapacity`] when `n > limit` (it could never be
-/// admitted, which is different from "not now").
-pub async fn try_increment_by<C>(
-    conn: &mut C,
-    key: &str,
-    n: u64,
-    limit: u64,
-    window: Duration,
-) -> Result<Admission>
-where
-    C: ConnectionLike + Send,
-{
-    run_one(&TryIncrement::by(key, n, limit, window)?, conn).await
-}
-
-/// [`try_increment`] and [`try_increment_by`] as a value, for a
-/// [`crate::Batch`]. The input is checked when it is built.
+/// [`Counter::try_increment`] and [`Counter::try_increment_by`] as a value,
+/// for a [`crate::Batch`] or an operation id. The input is checked when it
+/// is built.
 ///
 /// ```
 /// use std::time::Duration;
-/// use nolock::limits::TryIncrement;
+/// use nolock::limits::{Counter, TryIncrement};
 ///
-/// let op = TryIncrement::new("api:user:42", 100, Duration::from_secs(60))?;
-/// assert!(TryIncrement::new("api:user:42", 0, Duration::from_secs(60)).is_err());
+/// let api = Counter::new(100, Duration::from_secs(60))?;
+/// let op = TryIncrement::new(&api, "api:user:42")?;
+/// assert!(TryIncrement::by(&api, "api:user:42", 101).is_err()); // could never fit
+/// # let _ = op;
 /// # Ok::<(), nolock::Error>(())
 /// ```
 #[derive(Debug, Clone)]
@@ -185,37 +258,38 @@ pub struct TryIncrement {
 }
 
 impl TryIncrement {
-    /// Add 1 to the counter at `key` if that keeps it at most `limit`.
+    /// Add 1 to the counter at `key` if that keeps it at most the limit.
     ///
     /// # Errors
     ///
-    /// As [`try_increment`] before any I/O.
-    pub fn new(key: &str, limit: u64, window: Duration) -> Result<Self> {
-        Self::by(key, 1, limit, window)
+    /// As [`Counter::try_increment`] before any I/O.
+    pub fn new(counter: &Counter, key: &str) -> Result<Self> {
+        Self::by(counter, key, 1)
     }
 
-    /// Add `n` to the counter at `key` if that keeps it at most `limit`; all
-    /// or nothing.
+    /// Add `n` to the counter at `key` if that keeps it at most the limit;
+    /// all or nothing.
     ///
     /// # Errors
     ///
-    /// As [`try_increment_by`] before any I/O.
-    pub fn by(key: &str, n: u64, limit: u64, window: Duration) -> Result<Self> {
+    /// As [`Counter::try_increment_by`] before any I/O.
+    pub fn by(counter: &Counter, key: &str, n: u64) -> Result<Self> {
         validate::key(key)?;
-        let limit = validate::positive("limit", limit)?;
         let n = validate::positive("n", n)?;
-        if n > limit {
+        if n > counter.limit {
             return Err(Error::InsufficientCapacity {
                 requested: n,
-                limit,
+                limit: counter.limit,
             });
         }
-        let window = validate::millis("window", window)?;
         let call = Invocation::new(&TRY_INCREMENT, &[key])
-            .arg(limit)
-            .arg(window)
+            .arg(counter.limit)
+            .arg(counter.window_ms)
             .arg(n);
-        Ok(TryIncrement { call, limit })
+        Ok(TryIncrement {
+            call,
+            limit: counter.limit,
+        })
     }
 }
 
@@ -242,84 +316,8 @@ impl Operation for TryIncrement {
     }
 }
 
-/// Take up to `n` back from the counter at `key`, never going below zero.
-///
-/// The window (TTL) is kept; a missing key stays missing. Retrying a release
-/// after [`Error::Indeterminate`] may release twice, but never below zero.
-///
-/// **Deprecated** as the end of a concurrency limit: a counter shared by
-/// holders that started at different times cannot tell whose slot it gives
-/// back, and over-admits once the window rolls over (see the module docs).
-/// Use [`crate::semaphore`]: [`crate::semaphore::Semaphore::acquire`] when work starts,
-/// [`crate::semaphore::Permit::release`] when it ends.
-///
-/// # Errors
-///
-/// [`Error::EmptyKey`], [`Error::ZeroLimit`] (`n == 0`), [`Error::OutOfRange`]
-/// before any I/O; [`Error::Redis`] / [`Error::Indeterminate`] from Redis.
-///
-/// # Example
-///
-/// ```no_run
-/// # #![allow(deprecated)]
-/// # async fn run(conn: &mut redis::aio::MultiplexedConnection) -> nolock::Result<()> {
-/// use nolock::limits;
-/// // Give back 5 units of a quota charged in advance for a request that failed.
-/// let r = limits::release(conn, "quota:user:42", 5).await?;
-/// println!("{} taken back, {} left counted", r.released, r.count);
-/// # Ok(()) }
-/// ```
-#[deprecated(
-    since = "0.1.0",
-    note = "counting running work with a window over-admits; use nolock::semaphore (acquire/release) for \"at most N at once\""
-)]
-pub async fn release<C>(conn: &mut C, key: &str, n: u64) -> Result<Released>
-where
-    C: ConnectionLike + Send,
-{
-    run_one(&Release::new(key, n)?, conn).await
-}
-
-/// [`release`] as a value, for a [`crate::Batch`].
-#[derive(Debug, Clone)]
-pub struct Release {
-    call: Invocation,
-}
-
-impl Release {
-    /// Take up to `n` back from the counter at `key`, never below zero.
-    ///
-    /// # Errors
-    ///
-    /// As [`release`] before any I/O.
-    pub fn new(key: &str, n: u64) -> Result<Self> {
-        validate::key(key)?;
-        let n = validate::positive("n", n)?;
-        Ok(Release {
-            call: Invocation::new(&RELEASE, &[key]).arg(n),
-        })
-    }
-}
-
-impl Operation for Release {
-    type Output = Released;
-
-    fn invocation(&self) -> &Invocation {
-        &self.call
-    }
-
-    fn decode(&self, reply: redis::Value) -> Result<Released> {
-        let mut reply = Reply::new(RELEASE.name(), reply)?;
-        let released = Released {
-            count: reply.uint()?,
-            released: reply.uint()?,
-        };
-        reply.finish()?;
-        Ok(released)
-    }
-}
-
-/// Read the counter at `key` without changing it.
+/// Read the counter at `key` without changing it. A read needs no limit or
+/// window, so it is also this free function.
 ///
 /// Runs with `EVALSHA_RO`, so it can be served by a replica: on a cluster
 /// connection built with a replica read strategy (redis-rs
@@ -330,21 +328,21 @@ impl Operation for Release {
 ///
 /// [`Error::EmptyKey`] before any I/O; [`Error::Redis`] (e.g. `WRONGTYPE`) and
 /// [`Error::Indeterminate`] from Redis. A read is safe to retry.
-pub async fn peek<C>(conn: &mut C, key: &str) -> Result<Usage>
+pub async fn peek<C>(conn: &mut C, key: &str) -> Result<CounterUsage>
 where
     C: ConnectionLike + Send,
 {
-    run_one(&Peek::new(key)?, conn).await
+    run_one(&PeekCounter::new(key)?, conn).await
 }
 
 /// [`peek`] as a value, for a [`crate::Batch`]. In a batch on a cluster it is
 /// sent to the key's primary, with the batch's other operations.
 #[derive(Debug, Clone)]
-pub struct Peek {
+pub struct PeekCounter {
     call: Invocation,
 }
 
-impl Peek {
+impl PeekCounter {
     /// Read the counter at `key` without changing it.
     ///
     /// # Errors
@@ -352,22 +350,22 @@ impl Peek {
     /// [`Error::EmptyKey`].
     pub fn new(key: &str) -> Result<Self> {
         validate::key(key)?;
-        Ok(Peek {
+        Ok(PeekCounter {
             call: Invocation::new(&PEEK, &[key]),
         })
     }
 }
 
-impl Operation for Peek {
-    type Output = Usage;
+impl Operation for PeekCounter {
+    type Output = CounterUsage;
 
     fn invocation(&self) -> &Invocation {
         &self.call
     }
 
-    fn decode(&self, reply: redis::Value) -> Result<Usage> {
+    fn decode(&self, reply: redis::Value) -> Result<CounterUsage> {
         let mut reply = Reply::new(PEEK.name(), reply)?;
-        let usage = Usage {
+        let usage = CounterUsage {
             count: reply.uint()?,
             reset_after: pttl(reply.int()?),
         };
@@ -392,59 +390,54 @@ fn pttl(ms: i64) -> Option<Duration> {
 mod tests {
     use super::*;
 
+    fn counter(limit: u64, window: Duration) -> Counter {
+        Counter::new(limit, window).unwrap()
+    }
+
     #[test]
     fn bad_input_is_rejected_before_a_command_is_built() {
         let w = Duration::from_secs(1);
         assert!(matches!(
-            TryIncrement::by("", 1, 1, w),
+            TryIncrement::new(&counter(1, w), ""),
             Err(Error::EmptyKey)
         ));
         assert!(matches!(
-            TryIncrement::by("k", 1, 0, w),
+            Counter::new(0, w),
             Err(Error::ZeroLimit { what: "limit" })
         ));
         assert!(matches!(
-            TryIncrement::by("k", 0, 1, w),
+            TryIncrement::by(&counter(1, w), "k", 0),
             Err(Error::ZeroLimit { what: "n" })
         ));
         assert!(matches!(
-            TryIncrement::by("k", 3, 2, w),
+            TryIncrement::by(&counter(2, w), "k", 3),
             Err(Error::InsufficientCapacity {
                 requested: 3,
                 limit: 2
             })
         ));
         assert!(matches!(
-            TryIncrement::by("k", 1, 1, Duration::ZERO),
+            Counter::new(1, Duration::ZERO),
             Err(Error::ZeroDuration { what: "window" })
         ));
         assert!(matches!(
-            TryIncrement::by("k", 1, 1, Duration::MAX),
+            Counter::new(1, Duration::MAX),
             Err(Error::DurationTooLong { what: "window", .. })
         ));
-        assert!(matches!(
-            Release::new("k", 0),
-            Err(Error::ZeroLimit { what: "n" })
-        ));
-        assert!(matches!(Release::new("", 1), Err(Error::EmptyKey)));
-        assert!(matches!(Peek::new(""), Err(Error::EmptyKey)));
+        assert!(matches!(PeekCounter::new(""), Err(Error::EmptyKey)));
     }
 
     #[test]
     fn the_commands_carry_their_arguments() {
-        let op = TryIncrement::by("k", 2, 5, Duration::from_millis(1500)).unwrap();
+        let five = counter(5, Duration::from_millis(1500));
+        let op = TryIncrement::by(&five, "k", 2).unwrap();
         assert_eq!(
             crate::script::words(op.invocation().command()),
             ["EVALSHA", TRY_INCREMENT.sha1(), "1", "k", "5", "1500", "2"]
         );
-        let op = TryIncrement::new("k", 5, Duration::from_millis(1500)).unwrap();
+        let op = TryIncrement::new(&five, "k").unwrap();
         assert_eq!(crate::script::words(op.invocation().command())[6], "1");
-        let op = Release::new("k", 3).unwrap();
-        assert_eq!(
-            crate::script::words(op.invocation().command()),
-            ["EVALSHA", RELEASE.sha1(), "1", "k", "3"]
-        );
-        let op = Peek::new("k").unwrap();
+        let op = PeekCounter::new("k").unwrap();
         assert_eq!(
             crate::script::words(op.invocation().command()),
             ["EVALSHA_RO", PEEK.sha1(), "1", "k"]
@@ -454,7 +447,7 @@ mod tests {
     #[test]
     fn admissions_decode_with_saturating_remaining() {
         use redis::Value::Int;
-        let op = TryIncrement::new("k", 3, Duration::from_secs(1)).unwrap();
+        let op = TryIncrement::new(&counter(3, Duration::from_secs(1)), "k").unwrap();
         let a = op
             .decode(redis::Value::Array(vec![Int(0), Int(5), Int(10)]))
             .unwrap();

@@ -220,8 +220,11 @@ mod tests {
 
     #[tokio::test]
     async fn a_batch_with_an_error_reply_is_indeterminate_as_a_whole() {
-        let op = crate::limits::TryIncrement::new("k", 5, std::time::Duration::from_secs(1))
-            .unwrap_or_else(|e| panic!("{e}"));
+        let op = crate::limits::TryIncrement::new(
+            &crate::limits::Counter::new(5, std::time::Duration::from_secs(1)).unwrap(),
+            "k",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
         let mut batch = crate::Batch::new();
         batch.push(op.clone()).push(op);
         let mut proxied = Proxied::new(Replies(|| server_error("ERR upstream failure")));

@@ -222,7 +222,11 @@ mod tests {
     #[tokio::test]
     async fn a_bad_policy_or_no_timer_is_refused_before_io() {
         use crate::script::tests_support::NoIo;
-        let op = crate::limits::TryIncrement::new("k", 1, Duration::from_secs(1)).unwrap();
+        let op = crate::limits::TryIncrement::new(
+            &crate::limits::Counter::new(1, Duration::from_secs(1)).unwrap(),
+            "k",
+        )
+        .unwrap();
         let mut conn = NoIo::default();
         let zero = RetryPolicy {
             max_attempts: 0,
@@ -241,7 +245,11 @@ mod tests {
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
-        let op = crate::limits::TryIncrement::new("k", 1, Duration::from_secs(1)).unwrap();
+        let op = crate::limits::TryIncrement::new(
+            &crate::limits::Counter::new(1, Duration::from_secs(1)).unwrap(),
+            "k",
+        )
+        .unwrap();
         let mut conn = NoIo::default();
         let result = rt.block_on(retry(&RetryPolicy::default(), &mut conn, &op));
         assert!(matches!(result, Err(Error::NoTimer)));
@@ -252,7 +260,11 @@ mod tests {
     async fn attempts_are_bounded_and_plain_operations_are_sent_once_after_a_lost_reply() {
         use crate::script::tests_support::NoIo;
         // NoIo answers every send with a client error: indeterminate.
-        let op = crate::limits::TryIncrement::new("k", 1, Duration::from_secs(1)).unwrap();
+        let op = crate::limits::TryIncrement::new(
+            &crate::limits::Counter::new(1, Duration::from_secs(1)).unwrap(),
+            "k",
+        )
+        .unwrap();
         let policy = RetryPolicy {
             max_attempts: 3,
             backoff: Backoff {

@@ -53,7 +53,9 @@ async fn every_module_runs_with_only_the_documented_permissions() {
             .admitted
     );
     assert!(
-        limits::try_increment_by(c, "acl:l", 1, 2, minute)
+        nolock::limits::Counter::new(2, minute)
+            .unwrap()
+            .try_increment_by(c, "acl:l", 1)
             .await
             .unwrap()
             .admitted
@@ -66,7 +68,13 @@ async fn every_module_runs_with_only_the_documented_permissions() {
     );
     assert_eq!(limits::peek(c, "acl:l").await.unwrap().count, 2);
     let batch: Batch<_> = (0..3)
-        .map(|i| limits::TryIncrement::new(&format!("acl:b{i}"), 1, minute).unwrap())
+        .map(|i| {
+            limits::TryIncrement::new(
+                &nolock::limits::Counter::new(1, minute).unwrap(),
+                &format!("acl:b{i}"),
+            )
+            .unwrap()
+        })
         .collect();
     assert!(batch
         .run(c)

@@ -17,7 +17,7 @@ mod support;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use nolock::limits::{self, Peek, Release, TryIncrement};
+use nolock::limits::{self, PeekCounter, TryIncrement};
 use nolock::{Batch, Error, Scripts};
 use redis::aio::MultiplexedConnection;
 use support::deployment::{both, run_batch_through_a_flush, Deployment, CLUSTER_ACCESS};
@@ -82,28 +82,25 @@ async fn increment_by_release_and_peek_keep_their_contracts(d: &Deployment) {
     let empty = limits::peek(&mut conn, &key).await.unwrap();
     assert_eq!((empty.count, empty.reset_after), (0, None));
 
-    let a = limits::try_increment_by(&mut conn, &key, 7, 10, MINUTE)
+    let a = nolock::limits::Counter::new(10, MINUTE)
+        .unwrap()
+        .try_increment_by(&mut conn, &key, 7)
         .await
         .unwrap();
     assert_eq!((a.admitted, a.count), (true, 7));
-    let b = limits::try_increment_by(&mut conn, &key, 4, 10, MINUTE)
+    let b = nolock::limits::Counter::new(10, MINUTE)
+        .unwrap()
+        .try_increment_by(&mut conn, &key, 4)
         .await
         .unwrap();
     assert_eq!((b.admitted, b.count), (false, 7), "all or nothing");
-    let r = limits::release(&mut conn, &key, 5).await.unwrap();
-    assert_eq!((r.count, r.released), (2, 5));
-    let r = limits::release(&mut conn, &key, 5).await.unwrap();
-    assert_eq!((r.count, r.released), (0, 2), "never below zero");
     let usage = limits::peek(&mut conn, &key).await.unwrap();
-    assert_eq!(usage.count, 0);
-    assert!(
-        usage.reset_after.unwrap() <= MINUTE + MS,
-        "release kept the window"
-    );
+    assert_eq!(usage.count, 7);
+    assert!(usage.reset_after.unwrap() <= MINUTE + MS, "one window");
 
     let missing = format!("{p}missing");
-    let r = limits::release(&mut conn, &missing, 1).await.unwrap();
-    assert_eq!((r.count, r.released), (0, 0));
+    let usage = limits::peek(&mut conn, &missing).await.unwrap();
+    assert_eq!((usage.count, usage.reset_after), (0, None));
     let mut owner = d.owner(&missing).await;
     assert_eq!(get(&mut owner, &missing).await, None, "nothing created");
 }
@@ -126,10 +123,11 @@ async fn bad_input_is_rejected_before_anything_is_sent(d: &Deployment) {
         limits::try_increment(&mut conn, &key, 1, Duration::ZERO)
             .await
             .unwrap_err(),
-        limits::try_increment_by(&mut conn, &key, 6, 5, MINUTE)
+        nolock::limits::Counter::new(5, MINUTE)
+            .unwrap()
+            .try_increment_by(&mut conn, &key, 6)
             .await
             .unwrap_err(),
-        limits::release(&mut conn, &key, 0).await.unwrap_err(),
         limits::peek(&mut conn, "").await.unwrap_err(),
     ];
     for err in &errors {
@@ -137,7 +135,7 @@ async fn bad_input_is_rejected_before_anything_is_sent(d: &Deployment) {
     }
     // Batches refuse bad input when each operation is built.
     assert!(matches!(
-        TryIncrement::new(&key, 0, MINUTE),
+        nolock::limits::Counter::new(0, MINUTE),
         Err(Error::ZeroLimit { what: "limit" })
     ));
 
@@ -220,7 +218,9 @@ async fn keys_are_routed_to_the_node_that_owns_them(d: &Deployment) {
     let mut per_owner: BTreeMap<u16, usize> = BTreeMap::new();
     for i in 0..60 {
         let key = format!("{p}{i}");
-        let a = limits::try_increment_by(&mut conn, &key, 1 + i % 5, 10, MINUTE)
+        let a = nolock::limits::Counter::new(10, MINUTE)
+            .unwrap()
+            .try_increment_by(&mut conn, &key, 1 + i % 5)
             .await
             .unwrap();
         assert!(a.admitted);
@@ -284,7 +284,12 @@ async fn a_batch_gives_the_same_results_as_single_calls(d: &Deployment) {
     let ops = |p: &str| -> Vec<TryIncrement> {
         (0..1000)
             .map(|i| {
-                TryIncrement::by(&format!("{p}{}", i % 250), 1 + (i % 2) as u64, 3, MINUTE).unwrap()
+                TryIncrement::by(
+                    &nolock::limits::Counter::new(3, MINUTE).unwrap(),
+                    &format!("{p}{}", i % 250),
+                    1 + (i % 2) as u64,
+                )
+                .unwrap()
             })
             .collect()
     };
@@ -295,7 +300,9 @@ async fn a_batch_gives_the_same_results_as_single_calls(d: &Deployment) {
     for i in 0..1000u64 {
         let key = format!("{single}{}", i % 250);
         single_results.push(
-            limits::try_increment_by(&mut conn, &key, 1 + i % 2, 3, MINUTE)
+            nolock::limits::Counter::new(3, MINUTE)
+                .unwrap()
+                .try_increment_by(&mut conn, &key, 1 + i % 2)
                 .await
                 .unwrap(),
         );
@@ -333,7 +340,9 @@ async fn a_flush_between_two_batches_is_recovered_and_nothing_runs_twice(d: &Dep
     let keys: Vec<String> = (0..500).map(|i| format!("{p}{i}")).collect();
     let batch: Batch<TryIncrement> = keys
         .iter()
-        .map(|k| TryIncrement::by(k, 3, 1000, MINUTE).unwrap())
+        .map(|k| {
+            TryIncrement::by(&nolock::limits::Counter::new(1000, MINUTE).unwrap(), k, 3).unwrap()
+        })
         .collect();
     run_batch_through_a_flush(d, &batch, |run, a| {
         a.admitted && a.count == 3 * (run as u64 + 1)
@@ -355,10 +364,28 @@ async fn batch_entries_fail_alone(d: &Deployment) {
 
     let mut batch = Batch::new();
     batch
-        .push(TryIncrement::new(&format!("{p}a"), 1, MINUTE).unwrap())
-        .push(TryIncrement::new(&text, 1, MINUTE).unwrap())
-        .push(TryIncrement::new(&format!("{p}a"), 1, MINUTE).unwrap())
-        .push(TryIncrement::new(&format!("{p}b"), 1, MINUTE).unwrap());
+        .push(
+            TryIncrement::new(
+                &nolock::limits::Counter::new(1, MINUTE).unwrap(),
+                &format!("{p}a"),
+            )
+            .unwrap(),
+        )
+        .push(TryIncrement::new(&nolock::limits::Counter::new(1, MINUTE).unwrap(), &text).unwrap())
+        .push(
+            TryIncrement::new(
+                &nolock::limits::Counter::new(1, MINUTE).unwrap(),
+                &format!("{p}a"),
+            )
+            .unwrap(),
+        )
+        .push(
+            TryIncrement::new(
+                &nolock::limits::Counter::new(1, MINUTE).unwrap(),
+                &format!("{p}b"),
+            )
+            .unwrap(),
+        );
     let results = batch.run(&mut conn).await;
     assert_eq!(results.len(), 4);
     assert!(matches!(&results[0], Ok(a) if a.admitted && a.count == 1));
@@ -377,19 +404,16 @@ async fn release_and_peek_batch(d: &Deployment) {
     let keys: Vec<String> = (0..30).map(|i| format!("{p}{i}")).collect();
     let up: Batch<TryIncrement> = keys
         .iter()
-        .map(|k| TryIncrement::by(k, 5, 10, MINUTE).unwrap())
+        .map(|k| {
+            TryIncrement::by(&nolock::limits::Counter::new(10, MINUTE).unwrap(), k, 5).unwrap()
+        })
         .collect();
     assert!(up.run(&mut conn).await.iter().all(|r| r.is_ok()));
 
-    let down: Batch<Release> = keys.iter().map(|k| Release::new(k, 2).unwrap()).collect();
-    for result in down.run(&mut conn).await {
-        let r = result.unwrap();
-        assert_eq!((r.count, r.released), (3, 2));
-    }
-    let peek: Batch<Peek> = keys.iter().map(|k| Peek::new(k).unwrap()).collect();
+    let peek: Batch<PeekCounter> = keys.iter().map(|k| PeekCounter::new(k).unwrap()).collect();
     for result in peek.run(&mut conn).await {
         let usage = result.unwrap();
-        assert_eq!(usage.count, 3);
+        assert_eq!(usage.count, 5);
         assert!(usage.reset_after.unwrap() <= MINUTE + MS);
     }
 }
@@ -419,7 +443,9 @@ async fn cluster_read_only_scripts_run_on_replicas() {
     };
     let (replica_before, primary_before) = (ro(&mut replica).await, ro(&mut primary).await);
 
-    let a = limits::try_increment_by(&mut conn, &key, 4, 10, MINUTE)
+    let a = nolock::limits::Counter::new(10, MINUTE)
+        .unwrap()
+        .try_increment_by(&mut conn, &key, 4)
         .await
         .unwrap();
     assert!(a.admitted, "the write went to the primary");

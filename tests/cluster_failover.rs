@@ -97,7 +97,9 @@ async fn counting_is_exact_through_a_coordinated_failover() {
         let mut conn = cluster.conn().await;
         let batch: Batch<TryIncrement> = batch_keys
             .iter()
-            .map(|k| TryIncrement::new(k, 1 << 40, LONG).unwrap())
+            .map(|k| {
+                TryIncrement::new(&nolock::limits::Counter::new(1 << 40, LONG).unwrap(), k).unwrap()
+            })
             .collect();
         let (stop, seen) = (stop.clone(), batch_seen.clone());
         tasks.push(tokio::spawn(async move {

@@ -29,7 +29,7 @@ async fn an_id_d_operation_keeps_its_record_in_its_own_slot(d: &Deployment) {
     let p = prefix("cluster_idem");
     for n in 0..6 {
         let key = format!("{p}{n}");
-        let op = TryIncrement::new(&key, 10, MINUTE)
+        let op = TryIncrement::new(&nolock::limits::Counter::new(10, MINUTE).unwrap(), &key)
             .unwrap()
             .idempotent(format!("req-{n}"))
             .unwrap();
@@ -44,7 +44,7 @@ async fn an_id_d_operation_keeps_its_record_in_its_own_slot(d: &Deployment) {
             d.exists(op.record_key()).await,
             "the record on {key}'s owner"
         );
-        let other = TryIncrement::by(&key, 2, 10, MINUTE)
+        let other = TryIncrement::by(&nolock::limits::Counter::new(10, MINUTE).unwrap(), &key, 2)
             .unwrap()
             .idempotent(format!("req-{n}"))
             .unwrap();
@@ -78,7 +78,7 @@ async fn an_id_d_operation_keeps_its_record_in_its_own_slot(d: &Deployment) {
     // A key with a `}` but no hash tag cannot keep its record in its slot:
     // refused before anything is sent.
     let odd = format!("{p}a}}b");
-    let op = TryIncrement::new(&odd, 10, MINUTE)
+    let op = TryIncrement::new(&nolock::limits::Counter::new(10, MINUTE).unwrap(), &odd)
         .unwrap()
         .idempotent("x")
         .unwrap();
@@ -118,10 +118,13 @@ async fn a_flushed_batch_of_id_d_entries_is_recovered_without_double_counting(d:
     let p = prefix("cluster_idem");
     let batch: Batch<_> = (0..8)
         .map(|n| {
-            TryIncrement::new(&format!("{p}{n}"), 100, MINUTE)
-                .unwrap()
-                .idempotent("once")
-                .unwrap()
+            TryIncrement::new(
+                &nolock::limits::Counter::new(100, MINUTE).unwrap(),
+                &format!("{p}{n}"),
+            )
+            .unwrap()
+            .idempotent("once")
+            .unwrap()
         })
         .collect();
     // Every run answers count 1: the flushed run too (loaded, then replayed).

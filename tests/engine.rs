@@ -22,7 +22,7 @@ async fn every_embedded_script_loads_with_the_local_sha1() {
     let names: Vec<_> = Scripts::all().iter().map(|s| s.name()).collect();
     assert_eq!(loaded.scripts, names);
     assert!(names.contains(&"limits/try_increment"));
-    assert!(names.contains(&"limits/release"));
+    assert!(names.contains(&"rate/gcra/refund"));
     assert!(names.contains(&"limits/peek"));
 
     for script in Scripts::all() {
@@ -145,7 +145,13 @@ async fn noscript_loads_the_script_once_and_is_counted() {
     // Batches: one `batches` per run, one call per entry, and one fallback per
     // entry that came back NOSCRIPT (all of them after a flush).
     let batch: Batch<TryIncrement> = (0..10)
-        .map(|i| TryIncrement::new(&format!("{key}:batch:{i}"), 5, MINUTE).unwrap())
+        .map(|i| {
+            TryIncrement::new(
+                &nolock::limits::Counter::new(5, MINUTE).unwrap(),
+                &format!("{key}:batch:{i}"),
+            )
+            .unwrap()
+        })
         .collect();
     Scripts::load(&mut manager).await.unwrap();
     let before = nolock::stats();

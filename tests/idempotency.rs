@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nolock::cas::{self, Adjust, Adjustment, SetIfVersion, Update};
-use nolock::limits::{self, Release, TryIncrement};
+use nolock::limits::{self, TryIncrement};
 use nolock::rate::{
     Algorithm, Check, Limiter, MultiCheck, MultiKey, MultiLimiter, MultiRefundCharge, Quota,
     RefundCharge,
@@ -140,7 +140,7 @@ async fn count(conn: &mut MultiplexedConnection, key: &str) -> u64 {
 async fn a_lost_increment_is_sent_again_and_counted_once_with_the_first_reply() {
     let (_server, proxy, mut conn, mut direct) = setup().await;
     let key = format!("{}quota", prefix("idem"));
-    let op = TryIncrement::new(&key, 10, MINUTE)
+    let op = TryIncrement::new(&nolock::limits::Counter::new(10, MINUTE).unwrap(), &key)
         .unwrap()
         .idempotent("req-1")
         .unwrap();
@@ -162,7 +162,7 @@ async fn a_lost_increment_is_sent_again_and_counted_once_with_the_first_reply() 
     assert_eq!(again.reset_after, Some(MINUTE + Duration::from_millis(1)));
     assert_eq!(count(&mut direct, &key).await, 1, "not applied twice");
     // And a loss inside `retry` itself: it sends again on its own.
-    let second = TryIncrement::new(&key, 10, MINUTE)
+    let second = TryIncrement::new(&nolock::limits::Counter::new(10, MINUTE).unwrap(), &key)
         .unwrap()
         .idempotent("req-2")
         .unwrap();
@@ -178,7 +178,7 @@ async fn a_lost_increment_is_sent_again_and_counted_once_with_the_first_reply() 
 async fn without_an_id_a_lost_reply_is_not_sent_again() {
     let (_server, proxy, mut conn, mut direct) = setup().await;
     let key = format!("{}quota", prefix("idem"));
-    let op = TryIncrement::new(&key, 10, MINUTE).unwrap();
+    let op = TryIncrement::new(&nolock::limits::Counter::new(10, MINUTE).unwrap(), &key).unwrap();
     proxy.lose_replies(1);
     let err = retry(&policy(), &mut conn, &op).await.unwrap_err();
     assert!(matches!(err, Error::Indeterminate(_)), "{err}");
@@ -378,7 +378,7 @@ async fn ids_are_independent_and_a_reused_id_with_other_arguments_is_refused() {
     let mut conn = server.conn().await;
     let key = format!("{}quota", prefix("idem"));
     let one = |n, id: &str| {
-        TryIncrement::by(&key, n, 100, MINUTE)
+        TryIncrement::by(&nolock::limits::Counter::new(100, MINUTE).unwrap(), &key, n)
             .unwrap()
             .idempotent(id)
             .unwrap()
@@ -404,15 +404,18 @@ async fn ids_are_independent_and_a_reused_id_with_other_arguments_is_refused() {
     assert!(matches!(err, Error::IdReused { .. }), "{err}");
     assert_eq!(nolock::stats().retry_resends, resends, "never retried");
     // Another operation on the same first key with the same id: refused too.
-    let release = Release::new(&key, 1).unwrap().idempotent("a").unwrap();
+    let other_op = TryIncrement::by(&nolock::limits::Counter::new(7, MINUTE).unwrap(), &key, 2)
+        .unwrap()
+        .idempotent("a")
+        .unwrap();
     assert!(matches!(
-        release.run(&mut conn).await,
+        other_op.run(&mut conn).await,
         Err(Error::IdReused { .. })
     ));
     assert_eq!(count(&mut conn, &key).await, 6, "nothing written");
     // The same id on another key is another record.
     let other = format!("{key}2");
-    let op = TryIncrement::new(&other, 5, MINUTE)
+    let op = TryIncrement::new(&nolock::limits::Counter::new(5, MINUTE).unwrap(), &other)
         .unwrap()
         .idempotent("a")
         .unwrap();
@@ -424,7 +427,7 @@ async fn records_expire_after_the_horizon_and_idle_keys_still_expire() {
     let server = RedisServer::start();
     let mut conn = server.conn().await;
     let key = format!("{}quota", prefix("idem"));
-    let op = TryIncrement::new(&key, 100, MINUTE)
+    let op = TryIncrement::new(&nolock::limits::Counter::new(100, MINUTE).unwrap(), &key)
         .unwrap()
         .idempotent("a")
         .unwrap()
@@ -445,10 +448,13 @@ async fn records_expire_after_the_horizon_and_idle_keys_still_expire() {
 
     // A counter whose window ends expires on time, though its record lives on.
     let short = format!("{}short", prefix("idem"));
-    let op = TryIncrement::new(&short, 100, Duration::from_millis(40))
-        .unwrap()
-        .idempotent("a")
-        .unwrap();
+    let op = TryIncrement::new(
+        &nolock::limits::Counter::new(100, Duration::from_millis(40)).unwrap(),
+        &short,
+    )
+    .unwrap()
+    .idempotent("a")
+    .unwrap();
     let _ = op.run(&mut conn).await.unwrap();
     tokio::time::sleep(Duration::from_millis(80)).await;
     let exists: i64 = raw(&mut conn, &["EXISTS", &short]).await;
@@ -467,7 +473,7 @@ async fn script_flush_between_the_first_try_and_the_retry() {
     let (_server, proxy, mut conn, mut direct) = setup().await;
     let key = format!("{}quota", prefix("idem"));
     nolock::Scripts::load(&mut direct).await.unwrap();
-    let op = TryIncrement::new(&key, 10, MINUTE)
+    let op = TryIncrement::new(&nolock::limits::Counter::new(10, MINUTE).unwrap(), &key)
         .unwrap()
         .idempotent("req")
         .unwrap();
@@ -524,10 +530,13 @@ async fn two_hundred_tasks_retrying_their_own_ids_through_random_drops_count_exa
             let mut conn = Redial::new(&proxy);
             for i in 0..OPS {
                 let id = format!("task-{t}-op-{i}");
-                let inc = TryIncrement::new(&key, 1_000_000, MINUTE)
-                    .unwrap()
-                    .idempotent(id.as_str())
-                    .unwrap();
+                let inc = TryIncrement::new(
+                    &nolock::limits::Counter::new(1_000_000, MINUTE).unwrap(),
+                    &key,
+                )
+                .unwrap()
+                .idempotent(id.as_str())
+                .unwrap();
                 let a = retry(&policy(), &mut conn, &inc).await.expect("increment");
                 assert!(a.admitted);
                 let debit = Adjust::debit(&wallet, 3).unwrap().idempotent(id).unwrap();
@@ -574,11 +583,18 @@ async fn every_wrapped_operation_replays_its_first_reply_exactly() {
         first
     }
 
-    // limits: admitted, then denied; release.
-    let _ = twice(&mut conn, TryIncrement::new(&k("c"), 1, MINUTE).unwrap()).await;
-    let denied = twice(&mut conn, TryIncrement::new(&k("c"), 1, MINUTE).unwrap()).await;
+    // limits: admitted, then denied.
+    let _ = twice(
+        &mut conn,
+        TryIncrement::new(&nolock::limits::Counter::new(1, MINUTE).unwrap(), &k("c")).unwrap(),
+    )
+    .await;
+    let denied = twice(
+        &mut conn,
+        TryIncrement::new(&nolock::limits::Counter::new(1, MINUTE).unwrap(), &k("c")).unwrap(),
+    )
+    .await;
     assert!(!denied.admitted);
-    let _ = twice(&mut conn, Release::new(&k("c"), 1).unwrap()).await;
     // rate: every algorithm, single and multi-limit, allowed and denied.
     for algorithm in [
         Algorithm::Gcra,
@@ -676,7 +692,8 @@ async fn a_batch_entry_may_carry_an_id() {
     let mut conn = server.conn().await;
     let key = format!("{}quota", prefix("idem"));
     let op = |id: Option<&str>| -> Box<dyn Operation<Output = limits::Admission>> {
-        let plain = TryIncrement::new(&key, 100, MINUTE).unwrap();
+        let plain =
+            TryIncrement::new(&nolock::limits::Counter::new(100, MINUTE).unwrap(), &key).unwrap();
         match id {
             Some(id) => Box::new(plain.idempotent(id).unwrap()),
             None => Box::new(plain),
@@ -715,7 +732,7 @@ async fn foreign_data_at_a_record_key_refuses_the_operation_and_writes_nothing()
     let server = RedisServer::start();
     let mut conn = server.conn().await;
     let key = format!("{}quota", prefix("idem"));
-    let op = TryIncrement::new(&key, 10, MINUTE)
+    let op = TryIncrement::new(&nolock::limits::Counter::new(10, MINUTE).unwrap(), &key)
         .unwrap()
         .idempotent("foreign")
         .unwrap();

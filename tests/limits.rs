@@ -1,4 +1,3 @@
-#![allow(deprecated)] // limits::release stays tested while it is deprecated
 //! `nolock::limits` against a real redis-server.
 
 mod support;
@@ -84,57 +83,27 @@ async fn increment_by_n_is_all_or_nothing() {
     let mut conn = redis.conn().await;
     let key = format!("{}c", prefix("by_n"));
 
-    let a = limits::try_increment_by(&mut conn, &key, 7, 10, MINUTE)
+    let a = nolock::limits::Counter::new(10, MINUTE)
+        .unwrap()
+        .try_increment_by(&mut conn, &key, 7)
         .await
         .unwrap();
     assert!(a.admitted);
     assert_eq!((a.count, a.remaining), (7, 3));
-    let b = limits::try_increment_by(&mut conn, &key, 4, 10, MINUTE)
+    let b = nolock::limits::Counter::new(10, MINUTE)
+        .unwrap()
+        .try_increment_by(&mut conn, &key, 4)
         .await
         .unwrap();
     assert!(!b.admitted, "7 + 4 > 10");
     assert_eq!(b.count, 7, "nothing of the 4 was added");
-    let c = limits::try_increment_by(&mut conn, &key, 3, 10, MINUTE)
+    let c = nolock::limits::Counter::new(10, MINUTE)
+        .unwrap()
+        .try_increment_by(&mut conn, &key, 3)
         .await
         .unwrap();
     assert!(c.admitted);
     assert_eq!((c.count, c.remaining), (10, 0));
-}
-
-#[tokio::test]
-async fn release_never_goes_below_zero_and_keeps_the_window() {
-    let redis = support::redis();
-    let mut conn = redis.conn().await;
-    let p = prefix("release");
-    let key = format!("{p}c");
-
-    let a = limits::try_increment_by(&mut conn, &key, 5, 10, MINUTE)
-        .await
-        .unwrap();
-    assert!(a.admitted);
-    let r = limits::release(&mut conn, &key, 3).await.unwrap();
-    assert_eq!((r.count, r.released), (2, 3));
-    let r = limits::release(&mut conn, &key, 5).await.unwrap();
-    assert_eq!((r.count, r.released), (0, 2), "only what was there");
-    let r = limits::release(&mut conn, &key, 1).await.unwrap();
-    assert_eq!((r.count, r.released), (0, 0));
-    let ttl: i64 = raw(&mut conn, &["PTTL", &key]).await;
-    assert!(ttl > 0 && ttl <= 60_000, "window kept: {ttl}");
-
-    let missing = format!("{p}missing");
-    let r = limits::release(&mut conn, &missing, 4).await.unwrap();
-    assert_eq!((r.count, r.released), (0, 0));
-    assert_eq!(
-        keys(&mut conn, &format!("{p}*")).await,
-        vec![key.clone()],
-        "no key created"
-    );
-
-    // Released capacity is admitted again within the same window.
-    let a = limits::try_increment_by(&mut conn, &key, 10, 10, MINUTE)
-        .await
-        .unwrap();
-    assert!(a.admitted);
 }
 
 #[tokio::test]
@@ -148,7 +117,9 @@ async fn peek_reads_without_writing() {
     assert_eq!((empty.count, empty.reset_after), (0, None));
     assert!(keys(&mut conn, &format!("{p}*")).await.is_empty());
 
-    let a = limits::try_increment_by(&mut conn, &key, 4, 10, MINUTE)
+    let a = nolock::limits::Counter::new(10, MINUTE)
+        .unwrap()
+        .try_increment_by(&mut conn, &key, 4)
         .await
         .unwrap();
     assert!(a.admitted);
@@ -195,11 +166,17 @@ async fn bad_input_is_rejected_before_anything_is_sent() {
             "huge limit",
         ),
         (
-            limits::try_increment_by(&mut conn, "k", 0, 5, MINUTE).await,
+            nolock::limits::Counter::new(5, MINUTE)
+                .unwrap()
+                .try_increment_by(&mut conn, "k", 0)
+                .await,
             "zero n",
         ),
         (
-            limits::try_increment_by(&mut conn, "k", 6, 5, MINUTE).await,
+            nolock::limits::Counter::new(5, MINUTE)
+                .unwrap()
+                .try_increment_by(&mut conn, "k", 6)
+                .await,
             "n above limit",
         ),
     ];
@@ -229,19 +206,14 @@ async fn bad_input_is_rejected_before_anything_is_sent() {
         Err(Error::OutOfRange { what: "limit", .. })
     ));
     assert!(matches!(
-        limits::try_increment_by(&mut conn, "k", 6, 5, MINUTE).await,
+        nolock::limits::Counter::new(5, MINUTE)
+            .unwrap()
+            .try_increment_by(&mut conn, "k", 6)
+            .await,
         Err(Error::InsufficientCapacity {
             requested: 6,
             limit: 5
         })
-    ));
-    assert!(matches!(
-        limits::release(&mut conn, "k", 0).await,
-        Err(Error::ZeroLimit { what: "n" })
-    ));
-    assert!(matches!(
-        limits::release(&mut conn, "", 1).await,
-        Err(Error::EmptyKey)
     ));
     assert!(matches!(
         limits::peek(&mut conn, "").await,
@@ -274,10 +246,6 @@ async fn a_key_of_another_type_is_a_definite_error_and_is_left_alone() {
             .unwrap_err();
         assert!(matches!(err, Error::Redis(_)), "{err}");
         assert!(err.is_definite());
-        assert!(matches!(
-            limits::release(&mut conn, key, 1).await,
-            Err(Error::Redis(_))
-        ));
         assert!(matches!(
             limits::peek(&mut conn, key).await,
             Err(Error::Redis(_))

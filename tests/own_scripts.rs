@@ -245,7 +245,11 @@ async fn user_and_nolock_operations_share_one_batch(d: &Deployment) {
     let p = prefix("mixed");
     let mut batch: Batch<Box<dyn Operation<Output = Out>>> = Batch::new();
     for i in 0..20 {
-        let quota = TryIncrement::new(&format!("{p}q{i}"), 10, Duration::from_secs(60)).unwrap();
+        let quota = TryIncrement::new(
+            &nolock::limits::Counter::new(10, Duration::from_secs(60)).unwrap(),
+            &format!("{p}q{i}"),
+        )
+        .unwrap();
         batch.push(Box::new(quota.map(Out::Quota)));
         batch.push(Box::new(add(&format!("{p}c{i}"), i).map(Out::Counter)));
     }

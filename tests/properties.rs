@@ -69,15 +69,11 @@ fn a_bounded_counter_never_exceeds_its_limit() {
                         let (key, r) = (key.clone(), r.clone());
                         tokio::spawn(async move {
                             tokio::time::sleep(Duration::from_micros(r.delay_us)).await;
-                            let a = limits::try_increment_by(
-                                &mut conn,
-                                &key,
-                                r.cost,
-                                limit,
-                                Duration::from_secs(60),
-                            )
-                            .await
-                            .unwrap();
+                            let a = nolock::limits::Counter::new(limit, Duration::from_secs(60))
+                                .unwrap()
+                                .try_increment_by(&mut conn, &key, r.cost)
+                                .await
+                                .unwrap();
                             (r.cost, a)
                         })
                     })

@@ -116,12 +116,12 @@ async fn twelve_workers_on_two_permits_never_run_more_than_two() {
     );
 }
 
-/// The same scenario with the recipe the docs used to give (try_increment
-/// when work starts, limits::release when it ends): the counter expires one
-/// window after the *first* holder while later holders still run, and their
-/// releases then decrement the fresh counter. It over-admits.
+/// The same scenario with the recipe people write (a bounded counter
+/// incremented when work starts, `DECR` when it ends; nolock no longer
+/// offers the decrement): the counter expires one window after the *first*
+/// holder while later holders still run, and their decrements then lower
+/// the fresh counter. It over-admits.
 #[tokio::test]
-#[allow(deprecated)]
 async fn the_old_limits_recipe_over_admits_in_the_same_scenario() {
     let server = RedisServer::start();
     let conn = server.conn().await;
@@ -143,7 +143,7 @@ async fn the_old_limits_recipe_over_admits_in_the_same_scenario() {
                 gauge.enter();
                 tokio::time::sleep(JOB).await;
                 gauge.leave();
-                nolock::limits::release(&mut conn, &key, 1).await.unwrap();
+                let _: i64 = raw(&mut conn, &["DECR", &key]).await;
             }
         }));
     }

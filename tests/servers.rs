@@ -156,7 +156,7 @@ async fn eval_scripts_are_evicted_where_there_is_an_lru_and_loaded_ones_never() 
     let mut conn = server.conn().await;
     let this = Server::of(&mut conn).await;
     let [by_eval, eval_then_load, by_load] =
-        ["limits/try_increment", "limits/release", "limits/peek"]
+        ["limits/try_increment", "rate/gcra/peek", "limits/peek"]
             .map(|name| Scripts::all().iter().find(|s| s.name() == name).unwrap());
 
     // Scripts that only read ARGV: run with no keys, they touch nothing.
@@ -246,7 +246,13 @@ async fn a_script_back_from_a_fallback_outlives_other_apps_evals() {
     // A batch: every entry falls back once, then survives as well.
     let _: () = raw(&mut conn, &["SCRIPT", "FLUSH"]).await;
     let batch: Batch<TryIncrement> = (0..20)
-        .map(|i| TryIncrement::new(&format!("{key}:{i}"), 10, MINUTE).unwrap())
+        .map(|i| {
+            TryIncrement::new(
+                &nolock::limits::Counter::new(10, MINUTE).unwrap(),
+                &format!("{key}:{i}"),
+            )
+            .unwrap()
+        })
         .collect();
     let before = nolock::stats();
     let results = batch.run(&mut conn).await;
@@ -324,7 +330,13 @@ async fn without_script_load_permission_calls_go_through_eval() {
     );
 
     let batch: Batch<TryIncrement> = (0..5)
-        .map(|i| TryIncrement::new(&format!("{key}:{i}"), 10, MINUTE).unwrap())
+        .map(|i| {
+            TryIncrement::new(
+                &nolock::limits::Counter::new(10, MINUTE).unwrap(),
+                &format!("{key}:{i}"),
+            )
+            .unwrap()
+        })
         .collect();
     let _: () = raw(&mut admin, &["SCRIPT", "FLUSH"]).await;
     let results = batch.run(&mut app).await;
@@ -411,7 +423,13 @@ async fn on_a_cluster_the_load_reaches_the_keys_node_and_outlives_the_lru() {
     // A batch over all three primaries: one SCRIPT LOAD per node.
     cluster.flush_scripts_everywhere().await;
     let batch: Batch<TryIncrement> = (0..30)
-        .map(|i| TryIncrement::new(&format!("{p}b{i}"), 10, MINUTE).unwrap())
+        .map(|i| {
+            TryIncrement::new(
+                &nolock::limits::Counter::new(10, MINUTE).unwrap(),
+                &format!("{p}b{i}"),
+            )
+            .unwrap()
+        })
         .collect();
     let before = nolock::stats();
     let results = batch.run(&mut conn).await;

@@ -56,7 +56,7 @@ pub trait Operation: Send + Sync {
     /// use std::time::Duration;
     /// use nolock::{limits::TryIncrement, Operation};
     ///
-    /// let op = TryIncrement::new("quota:alice", 100, Duration::from_secs(60))?
+    /// let op = TryIncrement::new(&nolock::limits::Counter::new(100, Duration::from_secs(60))?, "quota:alice")?
     ///     .idempotent("request-5f1c")?;
     /// assert_eq!(op.id(), "request-5f1c");
     /// # Ok::<(), nolock::Error>(())
@@ -88,7 +88,7 @@ pub trait Operation: Send + Sync {
     /// # async fn run(conn: &mut redis::aio::MultiplexedConnection) -> nolock::Result<()> {
     /// let mut batch: Batch<Box<dyn Operation<Output = Out>>> = Batch::new();
     /// batch.push(Box::new(
-    ///     TryIncrement::new("quota:alice", 100, Duration::from_secs(60))?.map(Out::Quota),
+    ///     TryIncrement::new(&nolock::limits::Counter::new(100, Duration::from_secs(60))?, "quota:alice")?.map(Out::Quota),
     /// ));
     /// batch.push(Box::new(
     ///     MY_SCRIPTS
@@ -247,7 +247,7 @@ impl BatchConnection for ClusterConnection {
 /// let users = ["alice", "bob", "carol"];
 /// let mut batch = Batch::new();
 /// for user in users {
-///     batch.push(TryIncrement::new(&format!("quota:{user}"), 100, Duration::from_secs(60))?);
+///     batch.push(TryIncrement::new(&nolock::limits::Counter::new(100, Duration::from_secs(60))?, &format!("quota:{user}"))?);
 /// }
 /// for (user, result) in users.iter().zip(batch.run(conn).await) {
 ///     match result {

@@ -65,7 +65,7 @@ pub const MAX_ID_LEN: usize = 256;
 /// use nolock::Operation;
 ///
 /// # async fn run(conn: &mut redis::aio::ConnectionManager, request_id: &str) -> nolock::Result<()> {
-/// let op = TryIncrement::new("quota:alice", 100, Duration::from_secs(60))?
+/// let op = TryIncrement::new(&nolock::limits::Counter::new(100, Duration::from_secs(60))?, "quota:alice")?
 ///     .idempotent(request_id)?;
 /// // Lost replies are sent again with the same id: counted once.
 /// let admission = retry(&RetryPolicy::new(Duration::from_secs(2)), conn, &op).await?;
@@ -263,7 +263,11 @@ mod tests {
 
     #[test]
     fn a_variant_call_appends_the_record_key_fingerprint_and_horizon() {
-        let op = crate::limits::TryIncrement::new("{u}:q", 10, Duration::from_secs(60)).unwrap();
+        let op = crate::limits::TryIncrement::new(
+            &crate::limits::Counter::new(10, Duration::from_secs(60)).unwrap(),
+            "{u}:q",
+        )
+        .unwrap();
         let plain = words(op.invocation().command());
         let once = op.clone().idempotent("req-1").unwrap();
         let sent = words(once.invocation().command());
@@ -308,13 +312,19 @@ mod tests {
 
     #[test]
     fn bad_ids_and_read_only_scripts_are_refused_before_io() {
-        let op = || crate::limits::TryIncrement::new("k", 1, Duration::from_secs(1)).unwrap();
+        let op = || {
+            crate::limits::TryIncrement::new(
+                &crate::limits::Counter::new(1, Duration::from_secs(1)).unwrap(),
+                "k",
+            )
+            .unwrap()
+        };
         for id in [String::new(), "x".repeat(MAX_ID_LEN + 1)] {
             let err = op().idempotent(id).unwrap_err();
             assert!(err.is_invalid_input(), "{err}");
         }
         assert!(op().idempotent("x".repeat(MAX_ID_LEN)).is_ok());
-        let peek = crate::limits::Peek::new("k").unwrap();
+        let peek = crate::limits::PeekCounter::new("k").unwrap();
         assert!(peek.idempotent("x").is_err());
         let twice = op().idempotent("a").unwrap().idempotent("b");
         assert!(twice.is_err(), "an id'd operation takes no second id");

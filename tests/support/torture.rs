@@ -487,7 +487,9 @@ async fn client(
                     .record(
                         process,
                         Increment { n, key: epoch },
-                        limits::try_increment_by(c, &key, n, COUNTER_LIMIT, LONG),
+                        nolock::limits::Counter::new(COUNTER_LIMIT, LONG)
+                            .unwrap()
+                            .try_increment_by(c, &key, n),
                     )
                     .await;
                 lost(&o)
@@ -495,28 +497,32 @@ async fn client(
             30..=44 => {
                 let epoch = epoch_of(start);
                 let key = keys.holders(epoch);
+                let mut held = None;
                 let o = h
                     .holders
                     .record(process, Permit::Acquire { key: epoch }, async {
-                        limits::try_increment(c, &key, PERMITS, LONG)
-                            .await
-                            .map(|a| a.admitted)
+                        let sem = nolock::semaphore::Semaphore::new(PERMITS, LONG)?;
+                        sem.acquire(c, &key).await.map(|a| {
+                            held = a.acquired();
+                            held.is_some()
+                        })
                     })
                     .await;
-                if o == Outcome::Ok(true) {
-                    tokio::time::sleep(Duration::from_millis(rng.u64(0..10))).await;
-                    let r = h
-                        .holders
-                        .record(process, Permit::Release { key: epoch }, async {
-                            // One window per key for the whole run, so the
-                            // count is the number of holders (see history::check_holders).
-                            #[allow(deprecated)]
-                            limits::release(c, &key, 1).await.map(|r| r.released > 0)
-                        })
-                        .await;
-                    lost(&r)
-                } else {
-                    lost(&o)
+                match (o, held) {
+                    (Outcome::Ok(true), Some(permit)) => {
+                        tokio::time::sleep(Duration::from_millis(rng.u64(0..10))).await;
+                        let r = h
+                            .holders
+                            .record(process, Permit::Release { key: epoch }, async {
+                                permit
+                                    .release(c)
+                                    .await
+                                    .map(|r| r == nolock::semaphore::PermitRelease::Released)
+                            })
+                            .await;
+                        lost(&r)
+                    }
+                    (o, _) => lost(&o),
                 }
             }
             45..=64 => {
