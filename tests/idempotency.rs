@@ -11,7 +11,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use nolock::cas::{self, Adjust, Adjustment, SetIfVersion, Update};
+use nolock::cas::{
+    self, Adjust, Adjustment, CompareAndDelete, CompareAndExpire, CompareAndSet, Expected,
+    GetVersioned, SetIfAbsent, SetIfGreater, SetIfLess, SetIfVersion, Update,
+};
 use nolock::limits::{self, TryIncrement};
 use nolock::rate::{
     Algorithm, Check, Limiter, MultiCheck, MultiKey, MultiLimiter, MultiRefundCharge, Quota,
@@ -640,6 +643,38 @@ async fn every_wrapped_operation_replays_its_first_reply_exactly() {
     let conflict: Update<Vec<String>> =
         twice(&mut conn, SetIfVersion::new(&k("v"), 0, &cfg).unwrap()).await;
     assert!(matches!(conflict, Update::Conflict { current: Some(ref v) } if v.value == cfg));
+    // A read has no at-most-once variant: asking for one is a typed error.
+    let get = GetVersioned::<Vec<String>>::new(&k("v")).unwrap();
+    assert!(matches!(
+        get.clone().idempotent("read"),
+        Err(Error::InvalidArgument { .. })
+    ));
+    let mut reads = nolock::Batch::new();
+    reads.push(get);
+    let read = reads.run(&mut conn).await.pop().unwrap().unwrap();
+    assert_eq!(read.map(|v| (v.version, v.value)), Some((1, cfg.clone())));
+    // cas: every compare-and-x as a value; a resend after the key moved on
+    // still gets the first answer.
+    let set = twice(
+        &mut conn,
+        CompareAndSet::new(&k("x1"), Expected::Absent, "a", None).unwrap(),
+    )
+    .await;
+    assert_eq!(set, cas::Outcome::Applied);
+    let ins = twice(&mut conn, SetIfAbsent::new(&k("x1"), "b", None).unwrap()).await;
+    assert_eq!(ins, cas::Insert::Existing(b"a".to_vec()));
+    let exp = twice(
+        &mut conn,
+        CompareAndExpire::new(&k("x1"), "a", MINUTE).unwrap(),
+    )
+    .await;
+    assert_eq!(exp, cas::Outcome::Applied);
+    let del = twice(&mut conn, CompareAndDelete::new(&k("x1"), "a").unwrap()).await;
+    assert_eq!(del, cas::Outcome::Applied);
+    let up = twice(&mut conn, SetIfGreater::new(&k("hw"), 7).unwrap()).await;
+    assert!(up.applied && up.value == 7, "{up:?}");
+    let down = twice(&mut conn, SetIfLess::new(&k("hw"), 9).unwrap()).await;
+    assert!(!down.applied && down.value == 7, "{down:?}");
     // semaphore: acquired, full, released.
     let acquire = AcquirePermit::new(&Semaphore::new(1, MINUTE).unwrap(), &k("s")).unwrap();
     let got = twice(&mut conn, acquire).await;

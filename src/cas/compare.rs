@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use redis::{aio::ConnectionLike, Value};
 
-use crate::script::{embedded, Invocation, Reply, Script};
+use crate::script::{embedded, run_one, Invocation, Operation, Reply, Script};
 use crate::{validate, Error, Result};
 
 static COMPARE_AND_SET: Script = embedded!("cas/compare_and_set");
@@ -113,8 +113,58 @@ pub async fn compare_and_set<C>(
 where
     C: ConnectionLike + Send,
 {
-    let call = compare_and_set_call(key, expected, new.as_ref(), ttl)?;
-    decode_outcome(&COMPARE_AND_SET, call.run(conn).await?)
+    run_one(&CompareAndSet::new(key, expected, new, ttl)?, conn).await
+}
+
+/// [`compare_and_set`] as a value: for a [`crate::Batch`], or with an
+/// operation id ([`Operation::idempotent`]) so that a write resent after a
+/// lost reply answers with the first reply (a plain resend of an applied
+/// write would find its own value and answer `Mismatch`). Checked when built.
+///
+/// ```
+/// use nolock::cas::{CompareAndSet, Expected};
+/// use nolock::Operation;
+///
+/// let op = CompareAndSet::new("job:7", Expected::value("queued"), "running", None)?
+///     .idempotent("job-7:start")?;
+/// assert!(CompareAndSet::new("", Expected::Absent, "x", None).is_err());
+/// # let _ = op;
+/// # Ok::<(), nolock::Error>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct CompareAndSet {
+    call: Invocation,
+}
+
+impl CompareAndSet {
+    /// Write `new` at `key` only if it holds `expected` (see
+    /// [`compare_and_set`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`compare_and_set`] before any I/O.
+    pub fn new(
+        key: &str,
+        expected: Expected<'_>,
+        new: impl AsRef<[u8]>,
+        ttl: Option<Duration>,
+    ) -> Result<Self> {
+        Ok(CompareAndSet {
+            call: compare_and_set_call(key, expected, new.as_ref(), ttl)?,
+        })
+    }
+}
+
+impl Operation for CompareAndSet {
+    type Output = Outcome;
+
+    fn invocation(&self) -> &Invocation {
+        &self.call
+    }
+
+    fn decode(&self, reply: Value) -> Result<Outcome> {
+        decode_outcome(&COMPARE_AND_SET, reply)
+    }
 }
 
 pub(super) fn compare_and_set_call(
@@ -175,18 +225,48 @@ pub async fn set_if_absent<C>(
 where
     C: ConnectionLike + Send,
 {
-    // compare_and_set with nothing expected is exactly insert-if-absent; on
-    // a mismatch the key exists, so `current` is always present.
-    let call = compare_and_set_call(key, Expected::Absent, value.as_ref(), ttl)?;
-    match decode_outcome(&COMPARE_AND_SET, call.run(conn).await?)? {
-        Outcome::Applied => Ok(Insert::Inserted),
-        Outcome::Mismatch {
-            current: Some(existing),
-        } => Ok(Insert::Existing(existing)),
-        Outcome::Mismatch { current: None } => Err(Error::UnexpectedReply {
-            script: COMPARE_AND_SET.name(),
-            detail: "mismatch on an absent key".into(),
-        }),
+    run_one(&SetIfAbsent::new(key, value, ttl)?, conn).await
+}
+
+/// [`set_if_absent`] as a value, for a [`crate::Batch`] or an operation id.
+#[derive(Debug, Clone)]
+pub struct SetIfAbsent {
+    call: Invocation,
+}
+
+impl SetIfAbsent {
+    /// Write `value` at `key` only if the key does not exist.
+    ///
+    /// # Errors
+    ///
+    /// As [`set_if_absent`] before any I/O.
+    pub fn new(key: &str, value: impl AsRef<[u8]>, ttl: Option<Duration>) -> Result<Self> {
+        // compare_and_set with nothing expected is exactly insert-if-absent.
+        Ok(SetIfAbsent {
+            call: compare_and_set_call(key, Expected::Absent, value.as_ref(), ttl)?,
+        })
+    }
+}
+
+impl Operation for SetIfAbsent {
+    type Output = Insert;
+
+    fn invocation(&self) -> &Invocation {
+        &self.call
+    }
+
+    fn decode(&self, reply: Value) -> Result<Insert> {
+        // On a mismatch the key exists, so `current` is always present.
+        match decode_outcome(&COMPARE_AND_SET, reply)? {
+            Outcome::Applied => Ok(Insert::Inserted),
+            Outcome::Mismatch {
+                current: Some(existing),
+            } => Ok(Insert::Existing(existing)),
+            Outcome::Mismatch { current: None } => Err(Error::UnexpectedReply {
+                script: COMPARE_AND_SET.name(),
+                detail: "mismatch on an absent key".into(),
+            }),
+        }
     }
 }
 
@@ -223,8 +303,39 @@ pub async fn compare_and_delete<C>(
 where
     C: ConnectionLike + Send,
 {
-    let call = compare_and_delete_call(key, expected.as_ref())?;
-    decode_outcome(&COMPARE_AND_DELETE, call.run(conn).await?)
+    run_one(&CompareAndDelete::new(key, expected)?, conn).await
+}
+
+/// [`compare_and_delete`] as a value, for a [`crate::Batch`] or an
+/// operation id.
+#[derive(Debug, Clone)]
+pub struct CompareAndDelete {
+    call: Invocation,
+}
+
+impl CompareAndDelete {
+    /// Delete `key` only if it holds `expected`.
+    ///
+    /// # Errors
+    ///
+    /// As [`compare_and_delete`] before any I/O.
+    pub fn new(key: &str, expected: impl AsRef<[u8]>) -> Result<Self> {
+        Ok(CompareAndDelete {
+            call: compare_and_delete_call(key, expected.as_ref())?,
+        })
+    }
+}
+
+impl Operation for CompareAndDelete {
+    type Output = Outcome;
+
+    fn invocation(&self) -> &Invocation {
+        &self.call
+    }
+
+    fn decode(&self, reply: Value) -> Result<Outcome> {
+        decode_outcome(&COMPARE_AND_DELETE, reply)
+    }
 }
 
 pub(super) fn compare_and_delete_call(key: &str, expected: &[u8]) -> Result<Invocation> {
@@ -266,8 +377,39 @@ pub async fn compare_and_expire<C>(
 where
     C: ConnectionLike + Send,
 {
-    let call = compare_and_expire_call(key, expected.as_ref(), ttl)?;
-    decode_outcome(&COMPARE_AND_EXPIRE, call.run(conn).await?)
+    run_one(&CompareAndExpire::new(key, expected, ttl)?, conn).await
+}
+
+/// [`compare_and_expire`] as a value, for a [`crate::Batch`] or an
+/// operation id.
+#[derive(Debug, Clone)]
+pub struct CompareAndExpire {
+    call: Invocation,
+}
+
+impl CompareAndExpire {
+    /// Set `key` to expire after `ttl` only if it holds `expected`.
+    ///
+    /// # Errors
+    ///
+    /// As [`compare_and_expire`] before any I/O.
+    pub fn new(key: &str, expected: impl AsRef<[u8]>, ttl: Duration) -> Result<Self> {
+        Ok(CompareAndExpire {
+            call: compare_and_expire_call(key, expected.as_ref(), ttl)?,
+        })
+    }
+}
+
+impl Operation for CompareAndExpire {
+    type Output = Outcome;
+
+    fn invocation(&self) -> &Invocation {
+        &self.call
+    }
+
+    fn decode(&self, reply: Value) -> Result<Outcome> {
+        decode_outcome(&COMPARE_AND_EXPIRE, reply)
+    }
 }
 
 pub(super) fn compare_and_expire_call(

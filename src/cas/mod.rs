@@ -33,9 +33,16 @@
 //! (raised before anything is sent), [`Error::Overflow`], [`Error::Decode`]
 //! and Redis failures (see [`Error`]).
 //!
-//! **Many balances at once**: [`Adjust`] is [`debit`], [`credit`] and
-//! [`adjust`] as a value; put many in a [`crate::Batch`] to send them in one
-//! round trip per server.
+//! **Every call is also a value** that checks its input when built:
+//! [`CompareAndSet`], [`SetIfAbsent`], [`CompareAndDelete`],
+//! [`CompareAndExpire`], [`SetIfGreater`], [`SetIfLess`], [`GetVersioned`],
+//! [`SetIfVersion`] and [`Adjust`] ([`debit`], [`credit`] and [`adjust`]):
+//! put many in a [`crate::Batch`] to send them in one round trip per server,
+//! or give one an operation id ([`crate::Operation::idempotent`]) so that a
+//! write resent after a lost reply is applied once and answered with its
+//! first reply. The calls take no configuration (each names its key and its
+//! condition), so there is no object to build first: the functions are
+//! thin forms of these values.
 //!
 //! # Which one, instead of which lock
 //!
@@ -212,11 +219,11 @@ mod versioned;
 
 pub use balance::{adjust, credit, debit, Adjust, Adjustment};
 pub use compare::{
-    compare_and_delete, compare_and_expire, compare_and_set, set_if_absent, Expected, Insert,
-    Outcome,
+    compare_and_delete, compare_and_expire, compare_and_set, set_if_absent, CompareAndDelete,
+    CompareAndExpire, CompareAndSet, Expected, Insert, Outcome, SetIfAbsent,
 };
-pub use monotonic::{set_if_greater, set_if_less, Watermark};
-pub use versioned::{get_versioned, set_if_version, SetIfVersion, Update, Versioned};
+pub use monotonic::{set_if_greater, set_if_less, SetIfGreater, SetIfLess, Watermark};
+pub use versioned::{get_versioned, set_if_version, GetVersioned, SetIfVersion, Update, Versioned};
 
 #[cfg(test)]
 mod tests {

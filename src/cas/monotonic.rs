@@ -3,7 +3,7 @@
 
 use redis::{aio::ConnectionLike, Value};
 
-use crate::script::{embedded, Invocation, Reply, Script};
+use crate::script::{embedded, run_one, Invocation, Operation, Reply, Script};
 use crate::{validate, Result};
 
 static WATERMARK: Script = embedded!("cas/watermark");
@@ -51,8 +51,7 @@ pub async fn set_if_greater<C>(conn: &mut C, key: &str, value: i64) -> Result<Wa
 where
     C: ConnectionLike + Send,
 {
-    let call = watermark_call(key, value, "greater")?;
-    decode_watermark(call.run(conn).await?)
+    run_one(&SetIfGreater::new(key, value)?, conn).await
 }
 
 /// Store `value` at `key` only if it is less than the stored integer (or the
@@ -80,9 +79,48 @@ pub async fn set_if_less<C>(conn: &mut C, key: &str, value: i64) -> Result<Water
 where
     C: ConnectionLike + Send,
 {
-    let call = watermark_call(key, value, "less")?;
-    decode_watermark(call.run(conn).await?)
+    run_one(&SetIfLess::new(key, value)?, conn).await
 }
+
+/// The operation values of the two directions: a checked call, decoded as a
+/// [`Watermark`].
+macro_rules! watermark_op {
+    ($name:ident, $direction:literal, $call:ident) => {
+        #[doc = concat!("[`", stringify!($call), "`] as a value, for a [`crate::Batch`] or an operation id.")]
+        #[derive(Debug, Clone)]
+        pub struct $name {
+            call: Invocation,
+        }
+
+        impl $name {
+            #[doc = concat!("Store `value` at `key` if it is ", $direction, " than what is there (see [`", stringify!($call), "`]).")]
+            ///
+            /// # Errors
+            ///
+            /// [`crate::Error::EmptyKey`] before any I/O.
+            pub fn new(key: &str, value: i64) -> Result<Self> {
+                Ok($name {
+                    call: watermark_call(key, value, $direction)?,
+                })
+            }
+        }
+
+        impl Operation for $name {
+            type Output = Watermark;
+
+            fn invocation(&self) -> &Invocation {
+                &self.call
+            }
+
+            fn decode(&self, reply: Value) -> Result<Watermark> {
+                decode_watermark(reply)
+            }
+        }
+    };
+}
+
+watermark_op!(SetIfGreater, "greater", set_if_greater);
+watermark_op!(SetIfLess, "less", set_if_less);
 
 /// Both directions run `lua/cas/watermark.lua`; `direction` is `"greater"`
 /// or `"less"`.

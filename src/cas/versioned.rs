@@ -4,7 +4,7 @@
 use redis::{aio::ConnectionLike, Value};
 use serde::{de::DeserializeOwned, Serialize};
 
-use crate::script::{embedded, Invocation, Operation, Reply, Script};
+use crate::script::{embedded, run_one, Invocation, Operation, Reply, Script};
 use crate::{validate, Error, Result};
 
 static GET_VERSIONED: Script = embedded!("cas/get_versioned");
@@ -75,16 +75,65 @@ impl<T> Update<T> {
 /// ```
 pub async fn get_versioned<T, C>(conn: &mut C, key: &str) -> Result<Option<Versioned<T>>>
 where
-    T: DeserializeOwned,
+    T: DeserializeOwned + Send,
     C: ConnectionLike + Send,
 {
-    validate::key(key)?;
-    let value = Invocation::new(&GET_VERSIONED, &[key]).run(conn).await?;
-    let mut reply = Reply::new(GET_VERSIONED.name(), value)?;
-    let version = reply.uint()?;
-    let stored = reply.bytes()?;
-    reply.finish()?;
-    versioned(&GET_VERSIONED, version, stored)
+    run_one(&GetVersioned::<T>::new(key)?, conn).await
+}
+
+/// [`get_versioned`] as a value, for a [`crate::Batch`] (read-only:
+/// `EVALSHA_RO`, a replica can serve it).
+pub struct GetVersioned<T> {
+    call: Invocation,
+    value: std::marker::PhantomData<fn() -> T>,
+}
+
+impl<T: DeserializeOwned> GetVersioned<T> {
+    /// Read the versioned value at `key`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::EmptyKey`] before any I/O.
+    pub fn new(key: &str) -> Result<Self> {
+        validate::key(key)?;
+        Ok(GetVersioned {
+            call: Invocation::new(&GET_VERSIONED, &[key]),
+            value: std::marker::PhantomData,
+        })
+    }
+}
+
+impl<T: DeserializeOwned + Send> Operation for GetVersioned<T> {
+    type Output = Option<Versioned<T>>;
+
+    fn invocation(&self) -> &Invocation {
+        &self.call
+    }
+
+    fn decode(&self, value: Value) -> Result<Option<Versioned<T>>> {
+        let mut reply = Reply::new(GET_VERSIONED.name(), value)?;
+        let version = reply.uint()?;
+        let stored = reply.bytes()?;
+        reply.finish()?;
+        versioned(&GET_VERSIONED, version, stored)
+    }
+}
+
+impl<T> Clone for GetVersioned<T> {
+    fn clone(&self) -> Self {
+        GetVersioned {
+            call: self.call.clone(),
+            value: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<T> std::fmt::Debug for GetVersioned<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GetVersioned")
+            .field("call", &self.call)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Write `value` at `key` only if its version is still `version`; version 0
