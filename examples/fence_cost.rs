@@ -16,7 +16,7 @@ mod server;
 
 use std::time::{Duration, Instant};
 
-use nolock::fence::{self, Acquire, Release};
+use nolock::fence::{LockAttempt, LockRelease};
 use redis::aio::MultiplexedConnection;
 
 const TTL: Duration = Duration::from_secs(30);
@@ -95,7 +95,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "pair", "round trips", "mean us", "p50 us", "p99 us", "server us/pair"
     );
     report(
-        "fence::acquire + fence::release",
+        "Lock::acquire + Grant::release",
         &mut fenced,
         &fenced_stats,
         pairs,
@@ -105,13 +105,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 async fn fenced_pair(conn: &mut MultiplexedConnection, resource: &str) -> nolock::Result<()> {
-    let Acquire::Acquired(grant) = fence::acquire(conn, resource, TTL).await? else {
+    let LockAttempt::Acquired(grant) = nolock::fence::Lock::new(TTL)
+        .expect("a valid lock TTL")
+        .acquire(conn, resource)
+        .await?
+    else {
         panic!("{resource} is held by someone else");
     };
-    assert_eq!(
-        fence::release(conn, resource, &grant.token).await?,
-        Release::Released
-    );
+    assert_eq!(grant.release(conn).await?, LockRelease::Released);
     Ok(())
 }
 

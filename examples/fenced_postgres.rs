@@ -20,8 +20,8 @@ mod server;
 
 use std::time::Duration;
 
-use nolock::fence::{self, Acquire, Release};
-use nolock::Backoff;
+use nolock::fence::{self, Lock, LockAttempt, LockRelease};
+use nolock::{Backoff, Work};
 use tokio_postgres::NoTls;
 
 /// The whole pattern: write only if no newer grant has written.
@@ -65,41 +65,43 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("counter at {} (database has seen {seen})", advanced.counter);
     }
 
+    // Every worker shares one configuration: the lease's TTL and how long
+    // to wait for it.
+    let payouts = Lock::new(ttl)?.with_wait(Backoff::new(Duration::from_secs(2)));
+
     // Worker A: takes the lease, then stalls past its TTL before paying.
-    let Acquire::Acquired(a) = fence::acquire(&mut conn, &resource, ttl).await? else {
+    let LockAttempt::Acquired(a) = payouts.acquire(&mut conn, &resource).await? else {
         return Err("payout:7 is locked by someone else".into());
     };
-    println!("A: lease acquired, fence {}", a.fence);
+    println!("A: lease acquired, fence {}", a.fence().number());
     println!("A: ... paused for 500 ms (GC, slow provider call) ...");
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     // Worker B: the lease has expired, so B gets it, with a higher fence.
-    let paid_by_b = fence::with_lease(
-        conn.clone(),
-        &resource,
-        ttl,
-        &Backoff::new(Duration::from_secs(2)),
-        |grant| {
+    let paid_by_b = payouts
+        .with_lease(conn.clone(), &resource, |fence| {
             let db = &db;
             async move {
-                println!("B: lease acquired, fence {}", grant.fence);
-                let fence = i64::try_from(grant.fence)?; // Redis fences fit a bigint
+                println!("B: lease acquired, fence {}", fence.number());
+                let fence = fence.as_i64(); // Redis fences fit a bigint
                 let rows = db.execute(PAY, &[&"paid by B", &fence, &7i64]).await?;
                 println!("B: UPDATE with fence {fence}: {rows} row(s)");
                 Ok::<bool, Box<dyn std::error::Error>>(rows == 1)
             }
-        },
-    )
-    .await?;
-    assert_eq!(paid_by_b.transpose()?, Some(true));
+        })
+        .await?;
+    let Work::Done(paid_by_b) = paid_by_b else {
+        return Err(format!("B did not pay under a held lease: {paid_by_b:?}").into());
+    };
+    assert!(paid_by_b?);
 
     // Worker A wakes up and pays as if it still held the lease.
-    let fence_a = i64::try_from(a.fence)?;
+    let fence_a = a.fence().as_i64();
     let rows = db.execute(PAY, &[&"paid by A", &fence_a, &7i64]).await?;
     println!("A: UPDATE with fence {fence_a}: {rows} row(s): fenced out, nothing paid twice");
-    let released = fence::release(&mut conn, &resource, &a.token).await?;
+    let released = a.release(&mut conn).await?;
     println!("A: release: {released:?} (B's lock, if any, was left alone)");
-    assert_eq!((rows, released), (0, Release::Lost));
+    assert_eq!((rows, released), (0, LockRelease::Lost));
 
     let row = db
         .query_one("SELECT status, fence FROM payouts WHERE id = 7", &[])

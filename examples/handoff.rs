@@ -11,13 +11,13 @@
 //! In each round, every waiter wants the lock once (TTL 10 s, so no lock
 //! expires), holds it 2 ms and releases it. A handoff is the time from a
 //! release to the next grant, both taken on this machine's clock. The ways
-//! of waiting, all taking the lock with `fence::acquire`:
+//! of waiting, all taking the lock with `Lock::acquire`:
 //!
-//! * `backoff (before)`: what `acquire_with_retry` did before: a sleep
+//! * `backoff (before)`: what waiting acquires did before: a sleep
 //!   uniform in `[0, min(10 ms × 2^n, 500 ms)]` after the n-th attempt.
 //! * `fixed (rslock)`: a sleep uniform in `[0, 200 ms)` after every attempt,
 //!   the default retry of the rslock crate (`retry_delay` 200 ms).
-//! * `acquire_with_retry`: today's: the same backoff, never past the lock's
+//! * `Lock::with_wait`: today's: the same backoff, never past the lock's
 //!   expiry (here the expiry is far, so it should match `before`).
 //! * `Waiters::acquire`: woken by the release's `PUBLISH`, one waiter per
 //!   process; the expiry (capped at 500 ms) only as a fallback.
@@ -32,7 +32,7 @@ mod server;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use nolock::fence::{self, Acquire, Grant, Release, Waiters};
+use nolock::fence::{Grant, Lock, LockAttempt, LockRelease, Waiters};
 use nolock::Backoff;
 use redis::aio::MultiplexedConnection;
 
@@ -53,7 +53,7 @@ impl Way {
         match self {
             Way::BackoffBefore => "backoff (before)",
             Way::FixedRslock => "fixed 0-200 ms (rslock)",
-            Way::AcquireWithRetry => "acquire_with_retry",
+            Way::AcquireWithRetry => "Lock::with_wait",
             Way::Waiters => "Waiters::acquire",
         }
     }
@@ -128,7 +128,7 @@ async fn run_round(
             let granted = Instant::now();
             tokio::time::sleep(HOLD).await;
             let released = Instant::now();
-            if fence::release(&mut conn, &resource, &grant.token).await? != Release::Released {
+            if grant.release(&mut conn).await? != LockRelease::Released {
                 return Err(nolock::Error::InvalidArgument {
                     what: "hold",
                     reason: "lock lost while held".into(),
@@ -159,22 +159,23 @@ async fn wait(
         what: "patience",
         reason: "still held after 120 s".into(),
     };
+    let once = Lock::new(TTL)?;
+    let waiting = once.clone().with_wait(Backoff::new(PATIENCE));
     match way {
-        Way::AcquireWithRetry => {
-            fence::acquire_with_retry(conn, resource, TTL, &Backoff::new(PATIENCE))
-                .await?
-                .acquired()
-                .ok_or_else(held)
-        }
+        Way::AcquireWithRetry => waiting
+            .acquire(conn, resource)
+            .await?
+            .acquired()
+            .ok_or_else(held),
         Way::Waiters => wake
-            .acquire(conn, resource, TTL, &Backoff::new(PATIENCE))
+            .acquire(conn, &waiting, resource)
             .await?
             .acquired()
             .ok_or_else(held),
         Way::BackoffBefore | Way::FixedRslock => {
             let start = Instant::now();
             for attempt in 0u32.. {
-                if let Acquire::Acquired(grant) = fence::acquire(conn, resource, TTL).await? {
+                if let LockAttempt::Acquired(grant) = once.acquire(conn, resource).await? {
                     return Ok(grant);
                 }
                 if start.elapsed() > PATIENCE {

@@ -251,7 +251,7 @@ const REF_GCRA_ADMIT: &str = "reference: minimal GCRA script, admit";
 const REF_GCRA_DENY: &str = "reference: minimal GCRA script, deny";
 const TRY_INCREMENT: &str = "limits::try_increment (bounded counter)";
 const REF_BOUNDED: &str = "reference: 10-line bounded counter script";
-const FENCE_PAIR: &str = "fence::acquire + fence::release (per pair)";
+const FENCE_PAIR: &str = "Lock::acquire + Grant::release (per pair)";
 const REF_PAIR: &str = "reference: SET NX PX + INCR, token-checked release (per pair)";
 
 fn reference_rows() -> Vec<Row> {
@@ -297,17 +297,18 @@ fn reference_rows() -> Vec<Row> {
 /// One acquire and one release per call, on a lock of the calling task's own
 /// (so every acquire is granted).
 fn fence_rows() -> Vec<Row> {
-    let ttl = Duration::from_secs(30);
-    let nolock = pair(FENCE_PAIR, "evalsha", 2, move |mut c, task| async move {
-        let resource = format!("rate_cost:fence:{task}");
-        match fence::acquire(&mut c, &resource, ttl).await? {
-            fence::Acquire::Acquired(grant) => {
-                match fence::release(&mut c, &resource, &grant.token).await? {
-                    fence::Release::Released => Ok(()),
+    let lock = fence::Lock::new(Duration::from_secs(30)).expect("a valid TTL");
+    let nolock = pair(FENCE_PAIR, "evalsha", 2, move |mut c, task| {
+        let lock = lock.clone();
+        async move {
+            let resource = format!("rate_cost:fence:{task}");
+            match lock.acquire(&mut c, &resource).await? {
+                fence::LockAttempt::Acquired(grant) => match grant.release(&mut c).await? {
+                    fence::LockRelease::Released => Ok(()),
                     lost => Err(format!("{resource}: {lost:?}").into()),
-                }
+                },
+                held => Err(format!("{resource}: {held:?}").into()),
             }
-            held => Err(format!("{resource}: {held:?}").into()),
         }
     });
     let (acquire, release) = (

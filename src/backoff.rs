@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::{Error, Result};
 
-/// How the calls that wait for something held ([`crate::fence::acquire_with_retry`],
+/// How the calls that wait for something held ([`crate::fence::Lock::with_wait`],
 /// [`crate::semaphore::Semaphore::with_wait`], the leases' `acquire`) and
 /// [`crate::retry()`] space their attempts.
 ///

@@ -191,7 +191,7 @@ pub enum Error {
     },
 
     /// A [`crate::fence::Lease`] was lost before the work under it finished
-    /// (see [`crate::fence::with_lease`]); the work was cancelled and may have
+    /// (see [`crate::fence::Lease`]); the work was cancelled and may have
     /// been partly done. Another holder may be running: anything the work
     /// wrote is only safe where a fence check guarded it.
     #[error("the lease on {resource} (fence {fence}) was lost: {loss}")]

@@ -110,7 +110,7 @@
 //! | "N per second with a burst", smooth; several limits at once; `RateLimit` headers | [`rate`] | [`rate::Limiter`], [`rate::MultiLimiter`] |
 //! | "at most N at once" (a bounded worker pool, in-flight calls) | [`semaphore`] | [`semaphore::Semaphore`] |
 //! | `UPDATE … WHERE` in Redis: compare-and-set/delete/expire, versions, balances, insert-if-absent | [`cas`] | [`cas::debit`], [`cas::compare_and_set`] |
-//! | one worker at a time, safely (a lease with a fencing token) | [`fence`] | [`fence::with_lease`] |
+//! | one worker at a time, safely (a lease with a fencing token) | [`fence`] | [`fence::Lock::with_lease`] |
 //! | rate or in-flight limits in front of an axum/hyper/tower service (feature `tower`) | `layer` | `layer::RateLimitLayer` |
 //! | what to do when Redis is slow or down | [`policy`] | [`policy::Guard`] |
 //! | many operations in one round trip; your own Lua scripts | [`script`] | [`Batch`], [`scripts!`] |

@@ -46,7 +46,7 @@ impl fmt::Display for Loss {
     }
 }
 
-/// What became of work run under a hold: [`crate::fence::with_lease`]'s
+/// What became of work run under a hold: [`crate::fence::Lock::with_lease`]'s
 /// lock or [`crate::semaphore::Semaphore::with_permit`]'s permits.
 ///
 /// A loss is an outcome, not an error: the hold ended (it expired while the

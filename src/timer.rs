@@ -3,7 +3,7 @@
 //! `tokio::time::sleep` panics when the runtime was built without the time
 //! driver (`Builder::new_current_thread().enable_io().build()`) or when
 //! there is no runtime at all. The calls of nolock that wait (a cluster
-//! redirect's resend, [`crate::fence::acquire_with_retry`], a
+//! redirect's resend, [`crate::fence::Lock::with_wait`], a
 //! [`crate::fence::Lease`]'s renewals) check first and return
 //! [`Error::NoTimer`] instead, before any I/O where they can.
 //!

@@ -178,31 +178,35 @@ async fn every_module_runs_with_only_the_documented_permissions() {
     assert!(v.is_some());
 
     // fence: derived keys land under {acl:...
-    let fence::Acquire::Acquired(grant) = fence::acquire(c, "acl:job", minute).await.unwrap()
+    let fence::LockAttempt::Acquired(mut grant) = nolock::fence::Lock::new(minute)
+        .expect("a valid lock TTL")
+        .acquire(c, "acl:job")
+        .await
+        .unwrap()
     else {
         panic!("not acquired");
     };
     assert!(matches!(
-        fence::extend(c, "acl:job", &grant.token, minute)
-            .await
-            .unwrap(),
-        fence::Extend::Extended { .. }
+        grant.extend(c).await.unwrap(),
+        fence::LockExtend::Extended { .. }
     ));
     assert!(matches!(
-        fence::write(c, "acl:job", grant.fence, "x").await.unwrap(),
+        grant.fence().write(c, "x").await.unwrap(),
         fence::Write::Applied
     ));
     assert!(fence::read(c, "acl:job").await.unwrap().is_some());
     assert_eq!(
-        fence::release(c, "acl:job", &grant.token).await.unwrap(),
-        fence::Release::Released
+        grant.release(c).await.unwrap(),
+        fence::LockRelease::Released
     );
-    let lease = fence::Lease::acquire(c.clone(), "acl:lease", minute, &nolock::Backoff::none())
+    let lease = nolock::fence::Lock::new(minute)
+        .expect("a valid lock TTL")
+        .lease(c.clone(), "acl:lease")
         .await
         .unwrap()
         .acquired()
         .unwrap();
-    assert_eq!(lease.release().await.unwrap(), fence::Release::Released);
+    assert_eq!(lease.release().await.unwrap(), fence::LockRelease::Released);
 
     // The NOSCRIPT fallback (EVAL) works too.
     let _: () = redis::cmd("SCRIPT")

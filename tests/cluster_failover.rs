@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use nolock::fence::{self, Acquire, Token};
+use nolock::fence::{LockAttempt, Token};
 use nolock::limits::{self, TryIncrement};
 use nolock::{Batch, Error, Scripts};
 use support::cluster::RedisCluster;
@@ -128,7 +128,11 @@ async fn counting_is_exact_through_a_coordinated_failover() {
             while !stop.load(Ordering::Relaxed) {
                 let token = Token::random().unwrap();
                 let grant = loop {
-                    match fence::acquire_as(&mut conn, &resource, &token, FENCE_TTL).await {
+                    match nolock::fence::Lock::new(FENCE_TTL)
+                        .expect("a valid lock TTL")
+                        .acquire_as(&mut conn, &resource, &token)
+                        .await
+                    {
                         Ok(outcome) => break outcome.acquired(),
                         // The same token again: if the lost call took the
                         // lock, this returns its fence without a new one.
@@ -141,8 +145,8 @@ async fn counting_is_exact_through_a_coordinated_failover() {
                 match grant {
                     Some(grant) => {
                         let after = after.load(Ordering::Relaxed);
-                        fences.lock().unwrap().push((grant.fence, after));
-                        let _ = fence::release(&mut conn, &resource, &grant.token).await;
+                        fences.lock().unwrap().push((grant.fence().number(), after));
+                        let _ = grant.release(&mut conn).await;
                     }
                     None => tokio::time::sleep(Duration::from_millis(10)).await,
                 }
@@ -223,17 +227,25 @@ async fn counting_is_exact_through_a_coordinated_failover() {
         );
     }
     let mut fresh = cluster.conn().await;
-    let last = match fence::acquire(&mut fresh, &resource, FENCE_TTL).await {
-        Ok(Acquire::Acquired(grant)) => grant.fence,
+    let last = match nolock::fence::Lock::new(FENCE_TTL)
+        .expect("a valid lock TTL")
+        .acquire(&mut fresh, &resource)
+        .await
+    {
+        Ok(LockAttempt::Acquired(grant)) => grant.fence().number(),
         // A lock whose release was lost in the switch: wait out its TTL.
         _ => {
             tokio::time::sleep(FENCE_TTL).await;
-            let outcome = fence::acquire(&mut fresh, &resource, FENCE_TTL).await;
+            let outcome = nolock::fence::Lock::new(FENCE_TTL)
+                .expect("a valid lock TTL")
+                .acquire(&mut fresh, &resource)
+                .await;
             outcome
                 .unwrap()
                 .acquired()
                 .expect("free after its TTL")
-                .fence
+                .fence()
+                .number()
         }
     };
     assert!(last > fences.last().unwrap().0);

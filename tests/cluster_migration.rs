@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use nolock::{fence, limits, Scripts};
+use nolock::{limits, Scripts};
 use support::cluster::RedisCluster;
 use support::faults::migrate_slot;
 use support::history::{
@@ -69,10 +69,12 @@ async fn a_slot_moves_under_load_without_errors_and_counts_stay_exact() {
                 if round % 4 == process as u64 {
                     fences
                         .record(process, FenceOp::Acquire, async {
-                            fence::acquire(&mut conn, &resource, Duration::from_millis(50))
+                            nolock::fence::Lock::new(Duration::from_millis(50))
+                                .expect("a valid lock TTL")
+                                .acquire(&mut conn, &resource)
                                 .await
                                 .map(|a| match a.acquired() {
-                                    Some(g) => FenceReply::Granted(g.fence),
+                                    Some(g) => FenceReply::Granted(g.fence().number()),
                                     None => FenceReply::Held,
                                 })
                         })

@@ -13,13 +13,17 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use nolock::cas::{self, Adjust, Adjustment, Expected, Insert, Outcome, Update, Versioned};
-use nolock::fence::{self, Acquire, Extend, Lease, Release, Write};
+use nolock::fence::{self, Fence, LockAttempt, LockExtend, LockRelease, Write};
 use nolock::rate::{Algorithm, Check, Limiter, MultiKey, MultiLimiter, Quota};
 use nolock::Backoff;
 use nolock::{Batch, Error};
 use redis::aio::MultiplexedConnection;
 use support::deployment::{both, run_batch_through_a_flush, Deployment};
 use support::{keys, prefix, raw};
+
+fn fence_of(resource: &str, number: u64) -> Fence {
+    Fence::from_message(resource, number).unwrap()
+}
 
 const MINUTE: Duration = Duration::from_secs(60);
 
@@ -46,9 +50,9 @@ both!(
     ],
 );
 
-fn grant(outcome: Acquire) -> fence::Grant {
+fn grant(outcome: LockAttempt) -> fence::Grant {
     match outcome {
-        Acquire::Acquired(grant) => grant,
+        LockAttempt::Acquired(grant) => grant,
         held => panic!("expected a grant, got {held:?}"),
     }
 }
@@ -418,22 +422,43 @@ async fn fence_acquire_extend_release_and_fences_rise(d: &Deployment) {
 
     let mut last = 0;
     for round in 1..=3 {
-        let g = grant(fence::acquire(&mut conn, &resource, MINUTE).await.unwrap());
-        assert!(g.fence > last, "round {round}: {} after {last}", g.fence);
-        last = g.fence;
-        let held = fence::acquire(&mut conn, &resource, MINUTE).await.unwrap();
-        assert!(matches!(held, Acquire::Held { expires_in: Some(t) } if t <= MINUTE));
+        let mut g = grant(
+            nolock::fence::Lock::new(MINUTE)
+                .expect("a valid lock TTL")
+                .acquire(&mut conn, &resource)
+                .await
+                .unwrap(),
+        );
+        assert!(
+            g.fence().number() > last,
+            "round {round}: {} after {last}",
+            g.fence().number()
+        );
+        last = g.fence().number();
+        let held = nolock::fence::Lock::new(MINUTE)
+            .expect("a valid lock TTL")
+            .acquire(&mut conn, &resource)
+            .await
+            .unwrap();
+        assert!(matches!(held, LockAttempt::Held { expires_in: Some(t) } if t <= MINUTE));
 
-        let extended = fence::extend(&mut conn, &resource, &g.token, MINUTE).await;
-        assert!(matches!(extended.unwrap(), Extend::Extended { .. }));
-        assert_eq!(d.get(&lock).await.as_deref(), Some(g.token.as_str()));
+        let extended = g.extend(&mut conn).await;
+        assert!(matches!(extended.unwrap(), LockExtend::Extended { .. }));
+        let held_by = format!("{}:{}", g.fence().number(), g.token());
+        assert_eq!(d.get(&lock).await.as_deref(), Some(held_by.as_str()));
 
-        let released = fence::release(&mut conn, &resource, &g.token).await;
-        assert_eq!(released.unwrap(), Release::Released);
-        let again = fence::release(&mut conn, &resource, &g.token).await;
-        assert_eq!(again.unwrap(), Release::Lost);
-        let lost = fence::extend(&mut conn, &resource, &g.token, MINUTE).await;
-        assert_eq!(lost.unwrap(), Extend::Lost);
+        // The grant's calls as values, so that they can be sent again.
+        let (release, extend) = (fence::ReleaseLock::new(&g), fence::ExtendLock::new(&g));
+        let released = g.release(&mut conn).await;
+        assert_eq!(released.unwrap(), LockRelease::Released);
+        let mut again = nolock::Batch::new();
+        again.push(release);
+        let again = again.run(&mut conn).await.pop().unwrap();
+        assert_eq!(again.unwrap(), LockRelease::Lost);
+        let mut lost = nolock::Batch::new();
+        lost.push(extend);
+        let lost = lost.run(&mut conn).await.pop().unwrap();
+        assert_eq!(lost.unwrap(), LockExtend::Lost);
         assert!(!d.exists(&lock).await);
     }
     assert_eq!(last, 3);
@@ -445,18 +470,36 @@ async fn fenced_writes_refuse_older_fences(d: &Deployment) {
     let resource = format!("{}balance", prefix("fenced_write"));
 
     assert_eq!(fence::read(&mut conn, &resource).await.unwrap(), None);
-    let first = grant(fence::acquire(&mut conn, &resource, MINUTE).await.unwrap());
-    let r = fence::release(&mut conn, &resource, &first.token).await;
-    assert_eq!(r.unwrap(), Release::Released);
-    let g = grant(fence::acquire(&mut conn, &resource, MINUTE).await.unwrap());
-    assert_eq!((first.fence, g.fence), (1, 2));
-    let w = fence::write(&mut conn, &resource, 2, "a").await.unwrap();
+    let first = grant(
+        nolock::fence::Lock::new(MINUTE)
+            .expect("a valid lock TTL")
+            .acquire(&mut conn, &resource)
+            .await
+            .unwrap(),
+    );
+    let first_fence = first.fence().number();
+    let r = first.release(&mut conn).await;
+    assert_eq!(r.unwrap(), LockRelease::Released);
+    let g = grant(
+        nolock::fence::Lock::new(MINUTE)
+            .expect("a valid lock TTL")
+            .acquire(&mut conn, &resource)
+            .await
+            .unwrap(),
+    );
+    assert_eq!((first_fence, g.fence().number()), (1, 2));
+    let w = fence_of(&resource, 2).write(&mut conn, "a").await.unwrap();
     assert_eq!(w, Write::Applied);
-    let w = fence::write(&mut conn, &resource, 2, "b").await.unwrap();
+    let w = fence_of(&resource, 2).write(&mut conn, "b").await.unwrap();
     assert_eq!(w, Write::Applied, "the same grant writes again");
-    let w = fence::write(&mut conn, &resource, 1, "late").await.unwrap();
+    let w = fence_of(&resource, 1)
+        .write(&mut conn, "late")
+        .await
+        .unwrap();
     assert_eq!(w, Write::Stale { current_fence: 2 });
-    let w = fence::write(&mut conn, &resource, 3, "never granted").await;
+    let w = fence_of(&resource, 3)
+        .write(&mut conn, "never granted")
+        .await;
     assert_eq!(w.unwrap(), Write::NotGranted { counter: 2 });
     let read = fence::read(&mut conn, &resource).await.unwrap().unwrap();
     assert_eq!((read.value.as_slice(), read.fence), (&b"b"[..], 2));
@@ -464,9 +507,13 @@ async fn fenced_writes_refuse_older_fences(d: &Deployment) {
 
     // The weaker form, at a key in another slot.
     let key = format!("{}elsewhere", prefix("fenced_write"));
-    let w = fence::write_unbound(&mut conn, &key, 2, "a").await.unwrap();
+    let w = fence_of("unbound", 2)
+        .write_unbound(&mut conn, &key, "a")
+        .await
+        .unwrap();
     assert_eq!(w, Write::Applied);
-    let w = fence::write_unbound(&mut conn, &key, 1, "late")
+    let w = fence_of("unbound", 1)
+        .write_unbound(&mut conn, &key, "late")
         .await
         .unwrap();
     assert_eq!(w, Write::Stale { current_fence: 2 });
@@ -481,7 +528,9 @@ async fn a_lease_renews_on_the_deployment_connection(d: &Deployment) {
     let mut owner = d.owner(&lock).await;
     let ttl = Duration::from_millis(300);
 
-    let lease = Lease::acquire(conn, &resource, ttl, &Backoff::none())
+    let lease = nolock::fence::Lock::new(ttl)
+        .expect("a valid lock TTL")
+        .lease(conn, &resource)
         .await
         .unwrap()
         .acquired()
@@ -492,8 +541,8 @@ async fn a_lease_renews_on_the_deployment_connection(d: &Deployment) {
     while start.elapsed() < 3 * ttl + Duration::from_millis(100) {
         let holder: Option<String> = raw(&mut owner, &["GET", &lock]).await;
         assert_eq!(
-            holder.as_deref(),
-            Some(lease.token().as_str()),
+            holder,
+            Some(format!("{}:{}", lease.fence().number(), lease.token())),
             "lapsed after {:?}",
             start.elapsed()
         );
@@ -501,7 +550,7 @@ async fn a_lease_renews_on_the_deployment_connection(d: &Deployment) {
         tokio::time::sleep(Duration::from_millis(40)).await;
     }
     assert!(lease.deadline() > first_deadline, "renewed");
-    assert_eq!(lease.release().await.unwrap(), Release::Released);
+    assert_eq!(lease.release().await.unwrap(), LockRelease::Released);
     assert!(!d.exists(&lock).await);
 }
 
@@ -527,7 +576,13 @@ async fn a_waiter_is_woken_by_a_release_through_any_node(d: &Deployment) {
     };
     let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();
     let waiters = fence::Waiters::new(&client).await.unwrap();
-    let held = grant(fence::acquire(&mut conn, &resource, MINUTE).await.unwrap());
+    let held = grant(
+        nolock::fence::Lock::new(MINUTE)
+            .expect("a valid lock TTL")
+            .acquire(&mut conn, &resource)
+            .await
+            .unwrap(),
+    );
     // Without the wake-up, the waiter would sleep 20 s.
     let slow = Backoff {
         initial_delay: Duration::from_secs(20),
@@ -538,17 +593,22 @@ async fn a_waiter_is_woken_by_a_release_through_any_node(d: &Deployment) {
     let resource2 = resource.clone();
     let waiter = tokio::spawn(async move {
         let out = waiters
-            .acquire(&mut waiter_conn, &resource2, MINUTE, &slow)
+            .acquire(
+                &mut waiter_conn,
+                &fence::Lock::new(MINUTE).unwrap().with_wait(slow),
+                &resource2,
+            )
             .await;
         (out.unwrap(), std::time::Instant::now())
     });
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(!waiter.is_finished(), "waits while held");
     let released = std::time::Instant::now();
-    let r = fence::release(&mut conn, &resource, &held.token).await;
-    assert_eq!(r.unwrap(), Release::Released);
+    let held_fence = held.fence().number();
+    let r = held.release(&mut conn).await;
+    assert_eq!(r.unwrap(), LockRelease::Released);
     let (outcome, got) = waiter.await.unwrap();
-    assert_eq!(grant(outcome).fence, held.fence + 1);
+    assert_eq!(grant(outcome).fence().number(), held_fence + 1);
     assert!(got.duration_since(released) < Duration::from_secs(10));
 }
 
@@ -610,16 +670,22 @@ async fn every_module_recovers_a_script_flush_on_every_node(d: &Deployment) {
 
     // fence: acquire, extend, write, read (read-only), release
     let resource = key("job");
-    let g = grant(fence::acquire(&mut conn, &resource, MINUTE).await.unwrap());
-    assert_eq!(g.fence, 1);
-    let e = fence::extend(&mut conn, &resource, &g.token, MINUTE).await;
-    assert!(matches!(e.unwrap(), Extend::Extended { .. }));
-    let w = fence::write(&mut conn, &resource, g.fence, "x").await;
+    let mut g = grant(
+        nolock::fence::Lock::new(MINUTE)
+            .expect("a valid lock TTL")
+            .acquire(&mut conn, &resource)
+            .await
+            .unwrap(),
+    );
+    assert_eq!(g.fence().number(), 1);
+    let e = g.extend(&mut conn).await;
+    assert!(matches!(e.unwrap(), LockExtend::Extended { .. }));
+    let w = g.fence().write(&mut conn, "x").await;
     assert_eq!(w.unwrap(), Write::Applied);
     let read = fence::read(&mut conn, &resource).await.unwrap().unwrap();
     assert_eq!(read.fence, 1);
-    let r = fence::release(&mut conn, &resource, &g.token).await;
-    assert_eq!(r.unwrap(), Release::Released);
+    let r = g.release(&mut conn).await;
+    assert_eq!(r.unwrap(), LockRelease::Released);
 
     // Alone on the deployment: one SCRIPT LOAD per script, on the tag's node.
     let scripts = [

@@ -309,10 +309,11 @@ async fn kill_and_restart_keeps_counts_and_fences_rising() {
                     .await;
                 let f = fences
                     .record(process, FenceOp::Acquire, async {
-                        fence::acquire(c, &lock, Duration::from_millis(20))
+                        fence::Lock::new(Duration::from_millis(20))?
+                            .acquire(c, &lock)
                             .await
                             .map(|a| match a.acquired() {
-                                Some(g) => FenceReply::Granted(g.fence),
+                                Some(g) => FenceReply::Granted(g.fence().number()),
                                 None => FenceReply::Held,
                             })
                     })

@@ -6,9 +6,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use nolock::fence::{self, Acquire, Extend, Lease, Release, Token, Write};
+use nolock::fence::{self, Fence, Lock, LockAttempt, LockExtend, LockRelease, Token, Write};
 use nolock::Error;
-use nolock::{Backoff, Loss};
+use nolock::{Backoff, Loss, Work};
 use redis::aio::MultiplexedConnection;
 use support::{command_calls, keys, prefix, raw, RedisServer};
 
@@ -22,9 +22,22 @@ fn fence_key(resource: &str) -> String {
     nolock::keys::derive(resource, "fence")
 }
 
-fn grant(outcome: Acquire) -> fence::Grant {
+fn lock(ttl: Duration) -> Lock {
+    Lock::new(ttl).unwrap()
+}
+
+fn fence_of(resource: &str, number: u64) -> Fence {
+    Fence::from_message(resource, number).unwrap()
+}
+
+/// The lock value of a grant: its fence, then its token.
+fn held_by(grant: &fence::Grant) -> String {
+    format!("{}:{}", grant.fence().number(), grant.token())
+}
+
+fn grant(outcome: LockAttempt) -> fence::Grant {
     match outcome {
-        Acquire::Acquired(grant) => grant,
+        LockAttempt::Acquired(grant) => grant,
         held => panic!("expected a grant, got {held:?}"),
     }
 }
@@ -52,20 +65,24 @@ async fn acquire_grants_increasing_fences_and_reports_a_held_lock() {
     let resource = format!("{}r", prefix("acquire"));
 
     let before = Instant::now();
-    let first = grant(fence::acquire(&mut conn, &resource, MINUTE).await.unwrap());
-    assert_eq!(first.fence, 1, "fences start at 1");
-    assert_eq!(first.ttl, MINUTE);
-    assert!(first.deadline > before && first.deadline <= Instant::now() + MINUTE);
+    let first = grant(lock(MINUTE).acquire(&mut conn, &resource).await.unwrap());
+    assert_eq!(first.fence().number(), 1, "fences start at 1");
+    assert_eq!(first.ttl(), MINUTE);
+    assert!(first.deadline() > before && first.deadline() <= Instant::now() + MINUTE);
     let holder: String = raw(&mut conn, &["GET", &lock_key(&resource)]).await;
-    assert_eq!(holder, first.token.as_str());
+    assert_eq!(
+        holder,
+        format!("1:{}", first.token()),
+        "the fence, then the token"
+    );
     let pttl: i64 = raw(&mut conn, &["PTTL", &lock_key(&resource)]).await;
     assert!(pttl > 55_000 && pttl <= 60_000, "{pttl}");
     let counter_ttl: i64 = raw(&mut conn, &["PTTL", &fence_key(&resource)]).await;
     assert_eq!(counter_ttl, -1, "the fence counter never expires");
 
     // Held: a value, not an error, and nothing written.
-    match fence::acquire(&mut conn, &resource, MINUTE).await.unwrap() {
-        Acquire::Held { expires_in } => {
+    match lock(MINUTE).acquire(&mut conn, &resource).await.unwrap() {
+        LockAttempt::Held { expires_in } => {
             let left = expires_in.expect("the lock has a TTL");
             assert!(
                 left <= MINUTE && left > MINUTE - Duration::from_secs(5),
@@ -77,19 +94,18 @@ async fn acquire_grants_increasing_fences_and_reports_a_held_lock() {
     let counter: String = raw(&mut conn, &["GET", &fence_key(&resource)]).await;
     assert_eq!(counter, "1", "a refused acquire does not move the counter");
 
+    let first_token = first.token().clone();
     assert_eq!(
-        fence::release(&mut conn, &resource, &first.token)
-            .await
-            .unwrap(),
-        Release::Released
+        first.release(&mut conn).await.unwrap(),
+        LockRelease::Released
     );
     assert_eq!(
         keys(&mut conn, &lock_key(&resource)).await,
         Vec::<String>::new()
     );
-    let second = grant(fence::acquire(&mut conn, &resource, MINUTE).await.unwrap());
-    assert_eq!(second.fence, 2);
-    assert_ne!(second.token, first.token);
+    let second = grant(lock(MINUTE).acquire(&mut conn, &resource).await.unwrap());
+    assert_eq!(second.fence().number(), 2);
+    assert_ne!(second.token(), &first_token);
 }
 
 #[tokio::test]
@@ -101,24 +117,31 @@ async fn acquire_as_is_idempotent_for_the_holder_of_the_token() {
 
     let short = Duration::from_secs(5);
     let first = grant(
-        fence::acquire_as(&mut conn, &resource, &token, short)
+        lock(short)
+            .acquire_as(&mut conn, &resource, &token)
             .await
             .unwrap(),
     );
     // A retry (say after a lost reply) finds its own lock: same fence, new TTL.
     let again = grant(
-        fence::acquire_as(&mut conn, &resource, &token, MINUTE)
+        lock(MINUTE)
+            .acquire_as(&mut conn, &resource, &token)
             .await
             .unwrap(),
     );
-    assert_eq!(again.fence, first.fence);
+    assert_eq!(again.fence().number(), first.fence().number());
     let pttl: i64 = raw(&mut conn, &["PTTL", &lock_key(&resource)]).await;
     assert!(pttl > 55_000, "TTL set again: {pttl}");
     let counter: String = raw(&mut conn, &["GET", &fence_key(&resource)]).await;
-    assert_eq!(counter, first.fence.to_string(), "no second increment");
+    assert_eq!(
+        counter,
+        first.fence().number().to_string(),
+        "no second increment"
+    );
 
     let other = Token::random().unwrap();
-    assert!(!fence::acquire_as(&mut conn, &resource, &other, MINUTE)
+    assert!(!lock(MINUTE)
+        .acquire_as(&mut conn, &resource, &other)
         .await
         .unwrap()
         .is_acquired());
@@ -156,22 +179,22 @@ async fn fifty_tasks_hold_the_lock_one_at_a_time_with_increasing_fences() {
         tasks.push(tokio::spawn(async move {
             barrier.wait().await;
             for _ in 0..ROUNDS {
-                let outcome = fence::acquire_with_retry(&mut conn, &resource, MINUTE, &backoff)
+                let outcome = lock(MINUTE)
+                    .with_wait(backoff)
+                    .acquire(&mut conn, &resource)
                     .await
                     .unwrap();
                 let grant = grant(outcome);
                 let now = holders.fetch_add(1, Ordering::SeqCst) + 1;
                 max_holders.fetch_max(now, Ordering::SeqCst);
                 // Inside the critical section, pushes happen in grant order.
-                fences.lock().unwrap().push(grant.fence);
+                fences.lock().unwrap().push(grant.fence().number());
                 tokio::task::yield_now().await;
                 tokio::time::sleep(Duration::from_micros(200)).await;
                 holders.fetch_sub(1, Ordering::SeqCst);
                 assert_eq!(
-                    fence::release(&mut conn, &resource, &grant.token)
-                        .await
-                        .unwrap(),
-                    Release::Released
+                    grant.release(&mut conn).await.unwrap(),
+                    LockRelease::Released
                 );
             }
         }));
@@ -200,50 +223,36 @@ async fn a_paused_holder_is_fenced_out_and_cannot_touch_the_new_lock() {
     let resource = format!("{p}payout");
     let ttl = Duration::from_millis(200);
 
-    let a = grant(fence::acquire(&mut conn, &resource, ttl).await.unwrap());
+    let mut a = grant(lock(ttl).acquire(&mut conn, &resource).await.unwrap());
     // A is paused (GC, stalled VM) past its TTL ...
     tokio::time::sleep(ttl + Duration::from_millis(50)).await;
     wait_gone(&mut conn, &lock_key(&resource)).await;
     // ... and B takes over and writes.
-    let b = grant(fence::acquire(&mut conn, &resource, MINUTE).await.unwrap());
-    assert!(b.fence > a.fence);
+    let b = grant(lock(MINUTE).acquire(&mut conn, &resource).await.unwrap());
+    assert!(b.fence().number() > a.fence().number());
     assert_eq!(
-        fence::write(&mut conn, &resource, b.fence, "paid by B")
-            .await
-            .unwrap(),
+        b.fence().write(&mut conn, "paid by B").await.unwrap(),
         Write::Applied
     );
 
     // A wakes up and carries on as if it still held the lock.
     assert_eq!(
-        fence::write(&mut conn, &resource, a.fence, "paid by A")
-            .await
-            .unwrap(),
+        a.fence().write(&mut conn, "paid by A").await.unwrap(),
         Write::Stale {
-            current_fence: b.fence
+            current_fence: b.fence().number()
         }
     );
-    assert_eq!(
-        fence::extend(&mut conn, &resource, &a.token, MINUTE)
-            .await
-            .unwrap(),
-        Extend::Lost
-    );
-    assert_eq!(
-        fence::release(&mut conn, &resource, &a.token)
-            .await
-            .unwrap(),
-        Release::Lost
-    );
+    assert_eq!(a.extend(&mut conn).await.unwrap(), LockExtend::Lost);
+    assert_eq!(a.release(&mut conn).await.unwrap(), LockRelease::Lost);
 
     let holder: String = raw(&mut conn, &["GET", &lock_key(&resource)]).await;
-    assert_eq!(holder, b.token.as_str(), "B's lock survived A's release");
+    assert_eq!(holder, held_by(&b), "B's lock survived A's release");
     let pttl: i64 = raw(&mut conn, &["PTTL", &lock_key(&resource)]).await;
     assert!(pttl > 55_000, "A's extend did not touch B's TTL: {pttl}");
     let stored = fence::read(&mut conn, &resource).await.unwrap().unwrap();
     assert_eq!(
         (stored.value.as_slice(), stored.fence),
-        (&b"paid by B"[..], b.fence)
+        (&b"paid by B"[..], b.fence().number())
     );
 }
 
@@ -253,33 +262,24 @@ async fn extend_resets_the_ttl_but_never_revives_an_expired_lock() {
     let mut conn = redis.conn().await;
     let resource = format!("{}r", prefix("extend"));
 
-    let g = grant(
-        fence::acquire(&mut conn, &resource, Duration::from_secs(2))
-            .await
-            .unwrap(),
-    );
+    let mut g = grant(lock(MINUTE).acquire(&mut conn, &resource).await.unwrap());
+    // Most of the TTL has gone by.
+    let _: () = raw(&mut conn, &["PEXPIRE", &lock_key(&resource), "100"]).await;
     let before = Instant::now();
-    match fence::extend(&mut conn, &resource, &g.token, MINUTE)
-        .await
-        .unwrap()
-    {
-        Extend::Extended { deadline } => {
+    match g.extend(&mut conn).await.unwrap() {
+        LockExtend::Extended { deadline } => {
             assert!(
                 deadline > before + Duration::from_secs(55) && deadline <= Instant::now() + MINUTE
-            )
+            );
+            assert_eq!(g.deadline(), deadline, "the grant's deadline moved");
         }
-        Extend::Lost => panic!("still ours"),
+        LockExtend::Lost => panic!("still ours"),
     }
     let pttl: i64 = raw(&mut conn, &["PTTL", &lock_key(&resource)]).await;
     assert!(pttl > 55_000, "{pttl}");
 
     let _: () = raw(&mut conn, &["DEL", &lock_key(&resource)]).await;
-    assert_eq!(
-        fence::extend(&mut conn, &resource, &g.token, MINUTE)
-            .await
-            .unwrap(),
-        Extend::Lost
-    );
+    assert_eq!(g.extend(&mut conn).await.unwrap(), LockExtend::Lost);
     assert_eq!(
         keys(&mut conn, &lock_key(&resource)).await,
         Vec::<String>::new(),
@@ -294,12 +294,13 @@ async fn a_lease_outlives_three_ttls_and_stops_renewing_once_released() {
     let resource = format!("{}r", prefix("lease"));
     let ttl = Duration::from_millis(300);
 
-    let lease = Lease::acquire(conn.clone(), &resource, ttl, &Backoff::none())
+    let lease = lock(ttl)
+        .lease(conn.clone(), &resource)
         .await
         .unwrap()
         .acquired()
         .expect("free lock");
-    assert_eq!(lease.fence(), 1);
+    assert_eq!(lease.fence().number(), 1);
     assert_eq!(lease.resource(), resource);
     assert_eq!(lease.ttl(), ttl);
     let first_deadline = lease.deadline();
@@ -310,7 +311,7 @@ async fn a_lease_outlives_three_ttls_and_stops_renewing_once_released() {
         let holder: Option<String> = raw(&mut conn, &["GET", &lock_key(&resource)]).await;
         assert_eq!(
             holder.as_deref(),
-            Some(lease.token().as_str()),
+            Some(format!("{}:{}", lease.fence().number(), lease.token())).as_deref(),
             "lapsed after {:?}",
             start.elapsed()
         );
@@ -324,7 +325,7 @@ async fn a_lease_outlives_three_ttls_and_stops_renewing_once_released() {
     let renewals = command_calls(&mut conn, "pexpire").await;
     assert!(renewals >= 3, "only {renewals} renewals");
 
-    assert_eq!(lease.release().await.unwrap(), Release::Released);
+    assert_eq!(lease.release().await.unwrap(), LockRelease::Released);
     assert_eq!(
         keys(&mut conn, &lock_key(&resource)).await,
         Vec::<String>::new()
@@ -352,7 +353,8 @@ async fn a_lease_signals_loss_within_one_renewal_period() {
     let ttl = Duration::from_millis(600);
     let period = ttl / 3;
 
-    let lease = Lease::acquire(conn.clone(), &resource, ttl, &Backoff::none())
+    let lease = lock(ttl)
+        .lease(conn.clone(), &resource)
         .await
         .unwrap()
         .acquired()
@@ -374,7 +376,7 @@ async fn a_lease_signals_loss_within_one_renewal_period() {
     assert!(took <= period + Duration::from_millis(150), "took {took:?}");
     assert!(token.is_cancelled());
     assert_eq!(lease.loss(), Some(Loss::NotHeld));
-    assert_eq!(lease.release().await.unwrap(), Release::Lost);
+    assert_eq!(lease.release().await.unwrap(), LockRelease::Lost);
 }
 
 #[tokio::test]
@@ -384,7 +386,8 @@ async fn an_unreachable_server_loses_the_lease_at_its_deadline() {
     let resource = format!("{}r", prefix("renewal_failed"));
     let ttl = Duration::from_millis(600);
 
-    let lease = Lease::acquire(conn, &resource, ttl, &Backoff::none())
+    let lease = lock(ttl)
+        .lease(conn, &resource)
         .await
         .unwrap()
         .acquired()
@@ -440,7 +443,8 @@ async fn a_lease_survives_a_busy_server() {
     let resource = format!("{}r", prefix("busy"));
     let ttl = Duration::from_millis(1500);
 
-    let lease = Lease::acquire(conn.clone(), &resource, ttl, &Backoff::none())
+    let lease = lock(ttl)
+        .lease(conn.clone(), &resource)
         .await
         .unwrap()
         .acquired()
@@ -453,8 +457,11 @@ async fn a_lease_survives_a_busy_server() {
     assert_eq!(lease.loss(), None, "a BUSY blip does not end the lease");
     assert!(lease.deadline() > Instant::now() + ttl / 3, "renewed since");
     let held: Option<String> = raw(&mut conn, &["GET", &lock_key(&resource)]).await;
-    assert_eq!(held.as_deref(), Some(lease.token().as_str()));
-    assert_eq!(lease.release().await.unwrap(), Release::Released);
+    assert_eq!(
+        held.as_deref(),
+        Some(format!("{}:{}", lease.fence().number(), lease.token())).as_deref()
+    );
+    assert_eq!(lease.release().await.unwrap(), LockRelease::Released);
 }
 
 #[tokio::test]
@@ -471,7 +478,8 @@ async fn a_lease_survives_reply_timeouts_during_a_pause() {
     let resource = format!("{}r", prefix("paused"));
     let ttl = Duration::from_millis(1500);
 
-    let lease = Lease::acquire(renewing, &resource, ttl, &Backoff::none())
+    let lease = lock(ttl)
+        .lease(renewing, &resource)
         .await
         .unwrap()
         .acquired()
@@ -487,7 +495,7 @@ async fn a_lease_survives_reply_timeouts_during_a_pause() {
         "timeouts within the deadline are not a loss"
     );
     assert!(lease.deadline() > Instant::now() + ttl / 3, "renewed since");
-    assert_eq!(lease.release().await.unwrap(), Release::Released);
+    assert_eq!(lease.release().await.unwrap(), LockRelease::Released);
 }
 
 #[tokio::test]
@@ -497,7 +505,8 @@ async fn a_pause_longer_than_the_deadline_loses_the_lease() {
     let resource = format!("{}r", prefix("long_busy"));
     let ttl = Duration::from_millis(600);
 
-    let lease = Lease::acquire(conn, &resource, ttl, &Backoff::none())
+    let lease = lock(ttl)
+        .lease(conn, &resource)
         .await
         .unwrap()
         .acquired()
@@ -514,7 +523,7 @@ async fn a_pause_longer_than_the_deadline_loses_the_lease() {
     }
     busy.await.unwrap();
     // The lock expired meanwhile; the release finds it gone.
-    assert_eq!(lease.release().await.unwrap(), Release::Lost);
+    assert_eq!(lease.release().await.unwrap(), LockRelease::Lost);
 }
 
 #[tokio::test]
@@ -523,7 +532,8 @@ async fn dropping_a_lease_releases_the_lock_in_the_background() {
     let mut conn = redis.conn().await;
     let resource = format!("{}r", prefix("drop"));
 
-    let lease = Lease::acquire(conn.clone(), &resource, MINUTE, &Backoff::none())
+    let lease = lock(MINUTE)
+        .lease(conn.clone(), &resource)
         .await
         .unwrap()
         .acquired()
@@ -540,7 +550,8 @@ async fn dropping_a_lease_releases_the_lock_in_the_background() {
         .await
         .expect("tokens are cancelled when the lease ends");
     // Free again well before the one-minute TTL.
-    assert!(fence::acquire(&mut conn, &resource, MINUTE)
+    assert!(lock(MINUTE)
+        .acquire(&mut conn, &resource)
         .await
         .unwrap()
         .is_acquired());
@@ -555,17 +566,14 @@ async fn with_lease_runs_the_work_and_releases() {
     let resource = format!("{p}job");
 
     let mut writer = conn.clone();
-    let account2 = resource.clone();
-    let result = fence::with_lease(
-        conn.clone(),
-        &resource,
-        MINUTE,
-        &Backoff::none(),
-        |grant| async move { fence::write(&mut writer, &account2, grant.fence, "done").await },
-    )
-    .await
-    .unwrap();
-    assert_eq!(result.unwrap().unwrap(), Write::Applied);
+    let result = lock(MINUTE)
+        .with_lease(conn.clone(), &resource, |fence| async move {
+            assert_eq!(fence.number(), 1);
+            fence.write(&mut writer, "done").await
+        })
+        .await
+        .unwrap();
+    assert_eq!(result.done().unwrap().unwrap(), Write::Applied);
     assert_eq!(
         keys(&mut check, &lock_key(&resource)).await,
         Vec::<String>::new(),
@@ -580,20 +588,21 @@ async fn with_lease_runs_the_work_and_releases() {
         1
     );
 
-    // Held by someone else for longer than the backoff waits: Ok(None).
-    let other = grant(fence::acquire(&mut check, &resource, MINUTE).await.unwrap());
+    // Held by someone else for longer than the lock waits: Busy, not run.
+    let other = grant(lock(MINUTE).acquire(&mut check, &resource).await.unwrap());
     let ran = Arc::new(AtomicBool::new(false));
     let ran2 = ran.clone();
-    let wait = Backoff::new(Duration::from_millis(50));
-    let none = fence::with_lease(conn, &resource, MINUTE, &wait, |_| async move {
-        ran2.store(true, Ordering::SeqCst);
-    })
-    .await
-    .unwrap();
-    assert_eq!(none, None);
+    let waiting = lock(MINUTE).with_wait(Backoff::new(Duration::from_millis(50)));
+    let busy = waiting
+        .with_lease(conn, &resource, |_| async move {
+            ran2.store(true, Ordering::SeqCst);
+        })
+        .await
+        .unwrap();
+    assert_eq!(busy, Work::Busy);
     assert!(!ran.load(Ordering::SeqCst));
     let holder: String = raw(&mut check, &["GET", &lock_key(&resource)]).await;
-    assert_eq!(holder, other.token.as_str());
+    assert_eq!(holder, held_by(&other));
 }
 
 #[tokio::test]
@@ -602,48 +611,67 @@ async fn with_lease_cancels_the_work_when_the_lease_is_lost() {
     let conn = redis.conn().await;
     let mut admin = redis.conn().await;
     let resource = format!("{}r", prefix("with_lease_lost"));
-    let lock = lock_key(&resource);
+    let lock_key = lock_key(&resource);
 
     let finished = Arc::new(AtomicBool::new(false));
     let finished2 = finished.clone();
     let started = Instant::now();
-    let err = fence::with_lease(
-        conn,
-        &resource,
-        Duration::from_millis(300),
-        &Backoff::none(),
-        |grant| {
-            let lock = lock.clone();
+    let out = lock(Duration::from_millis(300))
+        .with_lease(conn, &resource, |fence| {
+            let lock_key = lock_key.clone();
             async move {
                 // Someone deletes the lock while the work runs (long past its TTL).
-                let _: () = raw(&mut admin, &["DEL", &lock]).await;
+                let _: () = raw(&mut admin, &["DEL", &lock_key]).await;
                 tokio::time::sleep(Duration::from_secs(10)).await;
                 finished2.store(true, Ordering::SeqCst);
-                grant.fence
+                fence.number()
             }
-        },
-    )
-    .await
-    .unwrap_err();
-    match &err {
-        Error::LeaseLost {
-            resource: r,
-            fence,
-            loss,
-        } => {
-            assert_eq!(
-                (r.as_str(), *fence, loss),
-                (resource.as_str(), 1, &Loss::NotHeld)
-            );
-        }
-        other => panic!("{other}"),
-    }
-    assert!(!err.is_definite() && !err.is_invalid_input());
+        })
+        .await
+        .unwrap();
+    assert_eq!(out, Work::Stopped(Loss::NotHeld));
     assert!(
         started.elapsed() < Duration::from_secs(5),
         "cancelled, not waited out"
     );
     assert!(!finished.load(Ordering::SeqCst));
+}
+
+/// Work that stalls the runtime past the TTL (no renewal can run) and then
+/// finishes: the answer says the hold was lost, in its type, and the fence
+/// it carried is refused once a newer grant exists.
+#[test]
+fn with_lease_over_a_stall_past_the_ttl_answers_overran() {
+    let server = RedisServer::start();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut conn = server.conn().await;
+        let resource = format!("{}r", prefix("with_lease_stall"));
+        let ttl = Duration::from_millis(200);
+        let out = lock(ttl)
+            .with_lease(conn.clone(), &resource, |fence| async move {
+                // A GC pause, a stuck VM: the whole runtime stops.
+                std::thread::sleep(2 * ttl);
+                fence
+            })
+            .await
+            .unwrap();
+        let Work::Overran { output: old, loss } = out else {
+            panic!("the lost hold must show: {out:?}");
+        };
+        assert_eq!(loss, Loss::NotHeld);
+        let next = grant(lock(MINUTE).acquire(&mut conn, &resource).await.unwrap());
+        assert!(next.fence().number() > old.number());
+        assert_eq!(
+            old.write(&mut conn, "late").await.unwrap(),
+            Write::Stale {
+                current_fence: next.fence().number()
+            }
+        );
+    });
 }
 
 #[tokio::test]
@@ -660,46 +688,49 @@ async fn fences_are_exact_above_2_pow_53() {
         &["SET", &fence_key(&resource), &two_53.to_string()],
     )
     .await;
-    let g = grant(fence::acquire(&mut conn, &resource, MINUTE).await.unwrap());
-    assert_eq!(g.fence, two_53 + 1, "not rounded to 2^53");
+    let g = grant(lock(MINUTE).acquire(&mut conn, &resource).await.unwrap());
+    assert_eq!(g.fence().number(), two_53 + 1, "not rounded to 2^53");
     let counter: String = raw(&mut conn, &["GET", &fence_key(&resource)]).await;
     assert_eq!(counter, "9007199254740993");
 
     // 2^53 + 1 and 2^53 + 2 are different fences, though equal as doubles ...
     assert_eq!(
-        fence::write_unbound(&mut conn, &account, two_53 + 2, "newer")
+        fence_of("unbound", two_53 + 2)
+            .write_unbound(&mut conn, &account, "newer")
             .await
             .unwrap(),
         Write::Applied
     );
     assert_eq!(
-        fence::write_unbound(&mut conn, &account, g.fence, "older")
+        fence_of("unbound", g.fence().number())
+            .write_unbound(&mut conn, &account, "older")
             .await
             .unwrap(),
         Write::Stale {
             current_fence: two_53 + 2
         }
     );
-    // ... and so are the largest u64 values.
+    // ... and so are the largest fences a counter reaches.
+    const MAX: u64 = i64::MAX as u64;
     assert_eq!(
-        fence::write_unbound(&mut conn, &account, u64::MAX, "max")
+        fence_of("unbound", MAX)
+            .write_unbound(&mut conn, &account, "max")
             .await
             .unwrap(),
         Write::Applied
     );
     assert_eq!(
-        fence::write_unbound(&mut conn, &account, u64::MAX - 1, "max-1")
+        fence_of("unbound", MAX - 1)
+            .write_unbound(&mut conn, &account, "max-1")
             .await
             .unwrap(),
-        Write::Stale {
-            current_fence: u64::MAX
-        }
+        Write::Stale { current_fence: MAX }
     );
     let stored = fence::read_unbound(&mut conn, &account)
         .await
         .unwrap()
         .unwrap();
-    assert_eq!((stored.value, stored.fence), (b"max".to_vec(), u64::MAX));
+    assert_eq!((stored.value, stored.fence), (b"max".to_vec(), MAX));
 }
 
 #[tokio::test]
@@ -710,24 +741,39 @@ async fn unbound_writes_accept_equal_or_newer_fences_only() {
 
     assert_eq!(fence::read_unbound(&mut conn, &key).await.unwrap(), None);
     assert_eq!(
-        fence::write_unbound(&mut conn, &key, 7, "a").await.unwrap(),
+        fence_of("unbound", 7)
+            .write_unbound(&mut conn, &key, "a")
+            .await
+            .unwrap(),
         Write::Applied
     );
     // The same grant writes again (a second step, or a retry).
     assert_eq!(
-        fence::write_unbound(&mut conn, &key, 7, "b").await.unwrap(),
+        fence_of("unbound", 7)
+            .write_unbound(&mut conn, &key, "b")
+            .await
+            .unwrap(),
         Write::Applied
     );
     assert_eq!(
-        fence::write_unbound(&mut conn, &key, 9, "c").await.unwrap(),
+        fence_of("unbound", 9)
+            .write_unbound(&mut conn, &key, "c")
+            .await
+            .unwrap(),
         Write::Applied
     );
     assert_eq!(
-        fence::write_unbound(&mut conn, &key, 8, "d").await.unwrap(),
+        fence_of("unbound", 8)
+            .write_unbound(&mut conn, &key, "d")
+            .await
+            .unwrap(),
         Write::Stale { current_fence: 9 }
     );
     assert_eq!(
-        fence::write_unbound(&mut conn, &key, 10, "").await.unwrap(),
+        fence_of("unbound", 10)
+            .write_unbound(&mut conn, &key, "")
+            .await
+            .unwrap(),
         Write::Applied,
         "empty values are values"
     );
@@ -739,36 +785,30 @@ async fn unbound_writes_accept_equal_or_newer_fences_only() {
 
 #[tokio::test]
 async fn a_stale_write_is_refused_as_soon_as_a_newer_grant_exists() {
-    // Issue 11: A's write after B's grant, before B wrote anything, used to
-    // be Applied (and B's later write then erased it).
+    // A's write after B's grant, before B wrote anything, is refused (were
+    // it applied, B's later write would then erase it).
     let redis = support::redis();
     let mut conn = redis.conn().await;
     let resource = format!("{}payout", prefix("stale-unwritten"));
     let ttl = Duration::from_millis(100);
 
-    let a = grant(fence::acquire(&mut conn, &resource, ttl).await.unwrap());
+    let a = grant(lock(ttl).acquire(&mut conn, &resource).await.unwrap());
     wait_gone(&mut conn, &lock_key(&resource)).await;
-    let b = grant(fence::acquire(&mut conn, &resource, MINUTE).await.unwrap());
+    let b = grant(lock(MINUTE).acquire(&mut conn, &resource).await.unwrap());
     assert_eq!(
-        fence::write(&mut conn, &resource, a.fence, "A")
-            .await
-            .unwrap(),
+        a.fence().write(&mut conn, "A").await.unwrap(),
         Write::Stale {
-            current_fence: b.fence
+            current_fence: b.fence().number()
         },
         "B has not written, but its grant exists"
     );
     assert_eq!(fence::read(&mut conn, &resource).await.unwrap(), None);
     assert_eq!(
-        fence::write(&mut conn, &resource, b.fence, "B")
-            .await
-            .unwrap(),
+        b.fence().write(&mut conn, "B").await.unwrap(),
         Write::Applied
     );
     assert_eq!(
-        fence::write(&mut conn, &resource, b.fence, "B again")
-            .await
-            .unwrap(),
+        b.fence().write(&mut conn, "B again").await.unwrap(),
         Write::Applied,
         "the newest grant may write again"
     );
@@ -782,24 +822,25 @@ async fn a_fence_above_the_counter_is_refused() {
 
     // No grant at all yet: every fence is above the (missing) counter.
     assert_eq!(
-        fence::write(&mut conn, &resource, 1, "x").await.unwrap(),
+        fence_of(&resource, 1).write(&mut conn, "x").await.unwrap(),
         Write::NotGranted { counter: 0 }
     );
-    let g = grant(fence::acquire(&mut conn, &resource, MINUTE).await.unwrap());
-    for made_up in [g.fence + 1, u64::MAX] {
+    let g = grant(lock(MINUTE).acquire(&mut conn, &resource).await.unwrap());
+    for made_up in [g.fence().number() + 1, i64::MAX as u64] {
         assert_eq!(
-            fence::write(&mut conn, &resource, made_up, "x")
+            fence_of(&resource, made_up)
+                .write(&mut conn, "x")
                 .await
                 .unwrap(),
-            Write::NotGranted { counter: g.fence }
+            Write::NotGranted {
+                counter: g.fence().number()
+            }
         );
     }
     assert_eq!(fence::read(&mut conn, &resource).await.unwrap(), None);
     // The made-up fences left nothing behind that could shut out the real one.
     assert_eq!(
-        fence::write(&mut conn, &resource, g.fence, "real")
-            .await
-            .unwrap(),
+        g.fence().write(&mut conn, "real").await.unwrap(),
         Write::Applied
     );
 }
@@ -811,31 +852,24 @@ async fn advance_then_acquire_gives_a_fence_above_the_floor() {
     let resource = format!("{}job", prefix("advance"));
 
     let first = fence::advance(&mut conn, &resource, 41).await.unwrap();
-    assert_eq!((first.raised, first.counter), (true, 41));
-    let g = grant(fence::acquire(&mut conn, &resource, MINUTE).await.unwrap());
-    assert_eq!(g.fence, 42);
+    assert_eq!((first.raised, first.counter), (true, 42), "above the floor");
+    let g = grant(lock(MINUTE).acquire(&mut conn, &resource).await.unwrap());
+    assert_eq!(g.fence().number(), 43);
     let lower = fence::advance(&mut conn, &resource, 7).await.unwrap();
-    assert_eq!((lower.raised, lower.counter), (false, 42), "never lowered");
-    // Raising above a live grant makes its writes stale.
-    let up = fence::advance(&mut conn, &resource, 100).await.unwrap();
-    assert_eq!((up.raised, up.counter), (true, 100));
+    assert_eq!((lower.raised, lower.counter), (false, 43), "never lowered");
+    // Raising to a live grant's own fence makes its writes stale.
+    let up = fence::advance(&mut conn, &resource, 43).await.unwrap();
+    assert_eq!((up.raised, up.counter), (true, 44));
     assert_eq!(
-        fence::write(&mut conn, &resource, g.fence, "v")
-            .await
-            .unwrap(),
-        Write::Stale { current_fence: 100 }
+        g.fence().write(&mut conn, "v").await.unwrap(),
+        Write::Stale { current_fence: 44 }
     );
     // Exact above 2^53.
     let big = (1u64 << 53) + 1;
     let _ = fence::advance(&mut conn, &resource, big).await.unwrap();
-    assert_eq!(
-        fence::release(&mut conn, &resource, &g.token)
-            .await
-            .unwrap(),
-        Release::Released
-    );
-    let next = grant(fence::acquire(&mut conn, &resource, MINUTE).await.unwrap());
-    assert_eq!(next.fence, big + 1);
+    assert_eq!(g.release(&mut conn).await.unwrap(), LockRelease::Released);
+    let next = grant(lock(MINUTE).acquire(&mut conn, &resource).await.unwrap());
+    assert_eq!(next.fence().number(), big + 2);
     // A counter nolock did not write is refused, and left alone.
     let other = format!("{resource}:other");
     let _: () = raw(&mut conn, &["SET", &fence_key(&other), "007"]).await;
@@ -843,6 +877,118 @@ async fn advance_then_acquire_gives_a_fence_above_the_floor() {
     assert!(matches!(err, Error::Redis(_)) && err.is_definite(), "{err}");
     let kept: String = raw(&mut conn, &["GET", &fence_key(&other)]).await;
     assert_eq!(kept, "007");
+}
+
+/// A failover handed the same fence to two holders (the new primary had
+/// not seen the first grant). Advancing to that fence refuses both: the
+/// counter ends above it, and a write equal to the counter is the only one
+/// accepted.
+#[tokio::test]
+async fn advance_over_a_duplicated_fence_refuses_both_holders() {
+    let redis = support::redis();
+    let mut conn = redis.conn().await;
+    let resource = format!("{}job", prefix("duplicate"));
+    let a = grant(lock(MINUTE).acquire(&mut conn, &resource).await.unwrap());
+    // The failover: the counter and the lock are back where they were.
+    let _: () = raw(
+        &mut conn,
+        &["DEL", &lock_key(&resource), &fence_key(&resource)],
+    )
+    .await;
+    let b = grant(lock(MINUTE).acquire(&mut conn, &resource).await.unwrap());
+    assert_eq!(a.fence().number(), b.fence().number(), "the duplicate");
+    // The database has seen this fence: advance past it.
+    let advanced = fence::advance(&mut conn, &resource, b.fence().number())
+        .await
+        .unwrap();
+    assert!(advanced.counter > b.fence().number());
+    for holder in [&a, &b] {
+        assert_eq!(
+            holder.fence().write(&mut conn, "v").await.unwrap(),
+            Write::Stale {
+                current_fence: advanced.counter
+            }
+        );
+    }
+    assert_eq!(fence::read(&mut conn, &resource).await.unwrap(), None);
+}
+
+/// A holder that takes its lock again with its token after an advance is
+/// answered its own grant's fence (which the advance made stale), never the
+/// floor: the floor is a fence the resource has already seen.
+#[tokio::test]
+async fn re_entry_after_advance_keeps_the_grants_own_stale_fence() {
+    let redis = support::redis();
+    let mut conn = redis.conn().await;
+    let resource = format!("{}r", prefix("reentry"));
+    let token = Token::random().unwrap();
+    let first = grant(
+        lock(MINUTE)
+            .acquire_as(&mut conn, &resource, &token)
+            .await
+            .unwrap(),
+    );
+    assert_eq!(first.fence().number(), 1);
+    let _ = fence::advance(&mut conn, &resource, 9).await.unwrap();
+    assert_eq!(
+        first.fence().write(&mut conn, "v").await.unwrap(),
+        Write::Stale { current_fence: 10 }
+    );
+    let again = grant(
+        lock(MINUTE)
+            .acquire_as(&mut conn, &resource, &token)
+            .await
+            .unwrap(),
+    );
+    assert_eq!(again.fence().number(), 1, "its own fence, not the floor");
+    assert_eq!(
+        again.fence().write(&mut conn, "v").await.unwrap(),
+        Write::Stale { current_fence: 10 }
+    );
+    // Released, the next grant is above the floor and writes.
+    assert_eq!(
+        again.release(&mut conn).await.unwrap(),
+        LockRelease::Released
+    );
+    let next = grant(lock(MINUTE).acquire(&mut conn, &resource).await.unwrap());
+    assert_eq!(next.fence().number(), 11);
+    assert!(next
+        .fence()
+        .write(&mut conn, "v")
+        .await
+        .unwrap()
+        .is_applied());
+}
+
+/// The calls on a grant or fence of resource A touch only A: B's lock,
+/// value and counter are left alone.
+#[tokio::test]
+async fn a_grant_of_one_resource_never_touches_another() {
+    let redis = support::redis();
+    let mut conn = redis.conn().await;
+    let p = prefix("two_resources");
+    let (ra, rb) = (format!("{p}a"), format!("{p}b"));
+    let mut a = grant(lock(MINUTE).acquire(&mut conn, &ra).await.unwrap());
+    let b = grant(lock(MINUTE).acquire(&mut conn, &rb).await.unwrap());
+    assert_eq!(a.fence().resource(), ra);
+    assert!(a.fence().write(&mut conn, "a").await.unwrap().is_applied());
+    assert!(matches!(
+        a.extend(&mut conn).await.unwrap(),
+        LockExtend::Extended { .. }
+    ));
+    assert_eq!(a.release(&mut conn).await.unwrap(), LockRelease::Released);
+    let held: String = raw(&mut conn, &["GET", &lock_key(&rb)]).await;
+    assert_eq!(held, held_by(&b));
+    assert_eq!(fence::read(&mut conn, &rb).await.unwrap(), None);
+    let counter: String = raw(&mut conn, &["GET", &fence_key(&rb)]).await;
+    assert_eq!(counter, "1");
+    // A fence carried in a message writes to the resource it names.
+    let carried = Fence::from_message(&rb, b.fence().number()).unwrap();
+    assert!(carried.write(&mut conn, "b").await.unwrap().is_applied());
+    assert_eq!(
+        fence::read(&mut conn, &ra).await.unwrap().unwrap().value,
+        b"a"
+    );
 }
 
 #[tokio::test]
@@ -854,21 +1000,13 @@ async fn a_restart_without_persistence_is_made_safe_by_advance() {
     let mut highest_seen = 0;
     let mut a = None;
     for _ in 0..3 {
-        let g = grant(fence::acquire(&mut conn, &resource, MINUTE).await.unwrap());
-        assert!(fence::write(&mut conn, &resource, g.fence, "v")
-            .await
-            .unwrap()
-            .is_applied());
-        highest_seen = g.fence;
-        assert_eq!(
-            fence::release(&mut conn, &resource, &g.token)
-                .await
-                .unwrap(),
-            Release::Released
-        );
-        a = Some(g);
+        let g = grant(lock(MINUTE).acquire(&mut conn, &resource).await.unwrap());
+        assert!(g.fence().write(&mut conn, "v").await.unwrap().is_applied());
+        highest_seen = g.fence().number();
+        a = Some(g.fence().clone());
+        assert_eq!(g.release(&mut conn).await.unwrap(), LockRelease::Released);
     }
-    let a = a.unwrap(); // paused across the restart, fence 3
+    let a = a.unwrap(); // a holder paused across the restart, fence 3
 
     let report = fence::durability(&mut conn).await.unwrap();
     assert_eq!(report.restart, fence::Restart::LosesAll);
@@ -880,23 +1018,22 @@ async fn a_restart_without_persistence_is_made_safe_by_advance() {
         .await
         .unwrap();
     assert!(advanced.raised);
-    let b = grant(fence::acquire(&mut conn, &resource, MINUTE).await.unwrap());
-    assert!(b.fence > highest_seen, "{} <= {highest_seen}", b.fence);
+    let b = grant(lock(MINUTE).acquire(&mut conn, &resource).await.unwrap());
+    assert!(
+        b.fence().number() > highest_seen,
+        "{} <= {highest_seen}",
+        b.fence().number()
+    );
     // The database's own check (fence < $2) accepts B ...
-    assert!(b.fence > highest_seen);
+    assert!(b.fence().number() > highest_seen);
     // ... and Redis refuses the paused holder.
     assert_eq!(
-        fence::write(&mut conn, &resource, a.fence, "A")
-            .await
-            .unwrap(),
+        a.write(&mut conn, "A").await.unwrap(),
         Write::Stale {
-            current_fence: b.fence
+            current_fence: b.fence().number()
         }
     );
-    assert!(fence::write(&mut conn, &resource, b.fence, "B")
-        .await
-        .unwrap()
-        .is_applied());
+    assert!(b.fence().write(&mut conn, "B").await.unwrap().is_applied());
 }
 
 #[tokio::test]
@@ -904,7 +1041,7 @@ async fn durability_reads_the_settings_and_falls_back_to_info() {
     let server = RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"]);
     let mut conn = server.conn().await;
     let report = fence::durability(&mut conn).await.unwrap();
-    assert_eq!(report.source, fence::Source::Config);
+    assert_eq!(report.source, fence::ConfigSource::Config);
     assert_eq!(report.restart, fence::Restart::Keeps);
     assert_eq!(report.appendfsync.as_deref(), Some("always"));
     assert_eq!(
@@ -912,6 +1049,27 @@ async fn durability_reads_the_settings_and_falls_back_to_info() {
         ("master", 0)
     );
     assert!(!report.fences_can_go_back(), "{:?}", report.reasons());
+
+    // `always`, except while rewriting: redis.conf says up to 30 s can go.
+    let _: () = raw(
+        &mut conn,
+        &["CONFIG", "SET", "no-appendfsync-on-rewrite", "yes"],
+    )
+    .await;
+    let report = fence::durability(&mut conn).await.unwrap();
+    assert_eq!(report.restart, fence::Restart::LosesDuringRewrite);
+    assert_eq!(report.no_appendfsync_on_rewrite, Some(true));
+    assert!(report.fences_can_go_back());
+    assert!(
+        report.reasons()[0].contains("no-appendfsync-on-rewrite"),
+        "{:?}",
+        report.reasons()
+    );
+    let _: () = raw(
+        &mut conn,
+        &["CONFIG", "SET", "no-appendfsync-on-rewrite", "no"],
+    )
+    .await;
 
     let _: () = raw(&mut conn, &["CONFIG", "SET", "appendfsync", "everysec"]).await;
     let report = fence::durability(&mut conn).await.unwrap();
@@ -933,7 +1091,7 @@ async fn durability_reads_the_settings_and_falls_back_to_info() {
         .await
         .unwrap();
     let report = fence::durability(&mut limited).await.unwrap();
-    assert_eq!(report.source, fence::Source::Info);
+    assert_eq!(report.source, fence::ConfigSource::Info);
     assert_eq!(report.restart, fence::Restart::Unknown);
     assert!(report.appendonly && report.fences_can_go_back());
 }
@@ -951,7 +1109,8 @@ async fn keys_of_another_shape_are_definite_errors_and_left_alone() {
     let _: () = raw(&mut conn, &["SET", &fence_key(&resource), "-3"]).await;
 
     for key in [&text, &bare_hash] {
-        let err = fence::write_unbound(&mut conn, key, 5, "v")
+        let err = fence_of("unbound", 5)
+            .write_unbound(&mut conn, key, "v")
             .await
             .unwrap_err();
         assert!(matches!(err, Error::Redis(_)) && err.is_definite(), "{err}");
@@ -961,11 +1120,13 @@ async fn keys_of_another_shape_are_definite_errors_and_left_alone() {
         ));
     }
     // A counter nolock did not write: the fenced write refuses it too.
-    let err = fence::write(&mut conn, &resource, 5, "v")
+    let err = fence_of(&resource, 5)
+        .write(&mut conn, "v")
         .await
         .unwrap_err();
     assert!(err.to_string().contains("non-counter"), "{err}");
-    let err = fence::acquire(&mut conn, &resource, MINUTE)
+    let err = lock(MINUTE)
+        .acquire(&mut conn, &resource)
         .await
         .unwrap_err();
     assert!(matches!(err, Error::Redis(_)), "{err}");
@@ -991,25 +1152,22 @@ async fn script_flush_before_acquire_and_release_still_works() {
     let resource = format!("{}r", prefix("flush"));
 
     let _: () = raw(&mut conn, &["SCRIPT", "FLUSH"]).await;
-    let g = grant(fence::acquire(&mut conn, &resource, MINUTE).await.unwrap());
-    assert_eq!(g.fence, 1, "ran exactly once, after a SCRIPT LOAD");
+    let mut g = grant(lock(MINUTE).acquire(&mut conn, &resource).await.unwrap());
+    assert_eq!(
+        g.fence().number(),
+        1,
+        "ran exactly once, after a SCRIPT LOAD"
+    );
     assert_eq!(command_calls(&mut conn, "script|load").await, 1);
 
     let _: () = raw(&mut conn, &["SCRIPT", "FLUSH"]).await;
     assert!(matches!(
-        fence::extend(&mut conn, &resource, &g.token, MINUTE)
-            .await
-            .unwrap(),
-        Extend::Extended { .. }
+        g.extend(&mut conn).await.unwrap(),
+        LockExtend::Extended { .. }
     ));
 
     let _: () = raw(&mut conn, &["SCRIPT", "FLUSH"]).await;
-    assert_eq!(
-        fence::release(&mut conn, &resource, &g.token)
-            .await
-            .unwrap(),
-        Release::Released
-    );
+    assert_eq!(g.release(&mut conn).await.unwrap(), LockRelease::Released);
     assert_eq!(command_calls(&mut conn, "script|load").await, 3);
     assert_eq!(command_calls(&mut conn, "eval").await, 0);
     assert_eq!(keys(&mut conn, "*").await, vec![fence_key(&resource)]);
@@ -1022,7 +1180,7 @@ async fn release_and_extend_still_work_on_a_full_server() {
     let mut conn = server.conn().await;
     let p = prefix("oom");
     let resource = format!("{p}r");
-    let g = grant(fence::acquire(&mut conn, &resource, MINUTE).await.unwrap());
+    let mut g = grant(lock(MINUTE).acquire(&mut conn, &resource).await.unwrap());
 
     // Fill the server until it refuses even a small write. Big values first;
     // a refused big SET frees its own buffer again, so finish with small ones.
@@ -1048,7 +1206,7 @@ async fn release_and_extend_still_work_on_a_full_server() {
 
     // A new grant needs memory: refused, definitely, with nothing written.
     let other = format!("{p}other");
-    let err = fence::acquire(&mut conn, &other, MINUTE).await.unwrap_err();
+    let err = lock(MINUTE).acquire(&mut conn, &other).await.unwrap_err();
     assert!(matches!(err, Error::Redis(_)) && err.is_definite(), "{err}");
     assert!(err.to_string().contains("OOM"), "{err}");
     assert_eq!(
@@ -1060,17 +1218,10 @@ async fn release_and_extend_still_work_on_a_full_server() {
     // through the NOSCRIPT fallback.
     let _: () = raw(&mut conn, &["SCRIPT", "FLUSH"]).await;
     assert!(matches!(
-        fence::extend(&mut conn, &resource, &g.token, MINUTE)
-            .await
-            .unwrap(),
-        Extend::Extended { .. }
+        g.extend(&mut conn).await.unwrap(),
+        LockExtend::Extended { .. }
     ));
-    assert_eq!(
-        fence::release(&mut conn, &resource, &g.token)
-            .await
-            .unwrap(),
-        Release::Released
-    );
+    assert_eq!(g.release(&mut conn).await.unwrap(), LockRelease::Released);
     assert_eq!(
         keys(&mut conn, &lock_key(&resource)).await,
         Vec::<String>::new()
@@ -1091,109 +1242,87 @@ async fn bad_input_is_rejected_before_anything_is_sent() {
         ..Backoff::new(ok)
     };
 
+    // The configuration is refused when the lock is built ...
+    for (ttl, what) in [
+        (Duration::ZERO, "zero ttl"),
+        (Duration::from_micros(999), "sub-ms ttl"),
+    ] {
+        let err = Lock::new(ttl).unwrap_err();
+        assert!(
+            matches!(err, Error::ZeroDuration { what: "ttl" }),
+            "{what}: {err:?}"
+        );
+    }
+    for ttl in [too_long, Duration::MAX] {
+        let err = Lock::new(ttl).unwrap_err();
+        assert!(
+            matches!(err, Error::DurationTooLong { what: "ttl", .. }),
+            "{err:?}"
+        );
+    }
+    // ... and the rest before anything is sent.
     let cases: Vec<(Error, &str)> = vec![
         (
-            fence::acquire(&mut conn, "", ok).await.unwrap_err(),
+            lock(ok).acquire(&mut conn, "").await.unwrap_err(),
             "empty resource",
         ),
         (
-            fence::acquire(&mut conn, "r", Duration::ZERO)
-                .await
-                .unwrap_err(),
-            "zero ttl",
-        ),
-        (
-            fence::acquire(&mut conn, "r", Duration::from_micros(999))
-                .await
-                .unwrap_err(),
-            "sub-ms ttl",
-        ),
-        (
-            fence::acquire(&mut conn, "r", too_long).await.unwrap_err(),
-            "ttl too long",
-        ),
-        (
-            fence::acquire(&mut conn, "r", Duration::MAX)
-                .await
-                .unwrap_err(),
-            "Duration::MAX",
-        ),
-        (
-            fence::acquire_as(&mut conn, "", &token, ok)
+            lock(ok)
+                .acquire_as(&mut conn, "", &token)
                 .await
                 .unwrap_err(),
             "acquire_as empty",
         ),
         (
-            fence::acquire_as(&mut conn, "r", &token, Duration::ZERO)
+            lock(ok)
+                .with_wait(no_wait)
+                .acquire(&mut conn, "")
                 .await
                 .unwrap_err(),
-            "acquire_as zero",
+            "waiting, empty",
         ),
         (
-            fence::acquire_with_retry(&mut conn, "", ok, &no_wait)
-                .await
-                .unwrap_err(),
-            "retry empty",
-        ),
-        (
-            fence::acquire_with_retry(&mut conn, "r", too_long, &no_wait)
-                .await
-                .unwrap_err(),
-            "retry long",
-        ),
-        (
-            fence::acquire_with_retry(&mut conn, "r", ok, &zero_initial)
+            lock(ok)
+                .with_wait(zero_initial)
+                .acquire(&mut conn, "r")
                 .await
                 .unwrap_err(),
             "zero backoff",
         ),
         (
-            fence::extend(&mut conn, "", &token, ok).await.unwrap_err(),
-            "extend empty",
+            fence::Fence::from_message("", 1).unwrap_err(),
+            "fence of no resource",
         ),
+        (fence::Fence::from_message("k", 0).unwrap_err(), "fence 0"),
         (
-            fence::extend(&mut conn, "r", &token, Duration::ZERO)
+            fence_of("k", 1)
+                .write_unbound(&mut conn, "", "v")
                 .await
                 .unwrap_err(),
-            "extend zero",
+            "unbound write to no key",
         ),
         (
-            fence::extend(&mut conn, "r", &token, too_long)
+            fence_of("k", 1)
+                .write(&mut conn, vec![0u8; nolock::MAX_VALUE_LEN + 1])
                 .await
                 .unwrap_err(),
-            "extend long",
-        ),
-        (
-            fence::release(&mut conn, "", &token).await.unwrap_err(),
-            "release empty",
-        ),
-        (
-            fence::write(&mut conn, "", 1, "v").await.unwrap_err(),
-            "write empty",
-        ),
-        (
-            fence::write(&mut conn, "k", 0, "v").await.unwrap_err(),
-            "write fence 0",
+            "value too large",
         ),
         (fence::read(&mut conn, "").await.unwrap_err(), "read empty"),
         (
-            Lease::acquire(conn.clone(), "", ok, &no_wait)
-                .await
-                .unwrap_err(),
+            fence::advance(&mut conn, "r", 0).await.unwrap_err(),
+            "advance 0",
+        ),
+        (
+            lock(ok).lease(conn.clone(), "").await.unwrap_err(),
             "lease empty",
         ),
         (
-            Lease::acquire(conn.clone(), "r", Duration::ZERO, &no_wait)
+            lock(ok)
+                .with_lease(conn.clone(), "", |_| async {})
                 .await
                 .unwrap_err(),
-            "lease zero",
-        ),
-        (
-            fence::with_lease(conn.clone(), "r", too_long, &no_wait, |_| async {})
-                .await
-                .unwrap_err(),
-            "with_lease long",
+            "with_lease empty",
         ),
     ];
     for (err, what) in &cases {
@@ -1203,34 +1332,19 @@ async fn bad_input_is_rejected_before_anything_is_sent() {
     let kinds: Vec<String> = cases.iter().map(|(e, _)| format!("{e:?}")).collect();
     assert!(matches!(cases[0].0, Error::EmptyKey), "{}", kinds[0]);
     assert!(
-        matches!(cases[1].0, Error::ZeroDuration { what: "ttl" }),
-        "{}",
-        kinds[1]
-    );
-    assert!(
-        matches!(cases[2].0, Error::ZeroDuration { what: "ttl" }),
-        "{}",
-        kinds[2]
-    );
-    assert!(
-        matches!(cases[3].0, Error::DurationTooLong { what: "ttl", .. }),
-        "{}",
-        kinds[3]
-    );
-    assert!(
         matches!(
-            cases[9].0,
+            cases[3].0,
             Error::ZeroDuration {
                 what: "initial_delay"
             }
         ),
         "{}",
-        kinds[9]
+        kinds[3]
     );
     assert!(
-        matches!(cases[15].0, Error::ZeroLimit { what: "fence" }),
+        matches!(cases[5].0, Error::ZeroLimit { what: "fence" }),
         "{}",
-        kinds[15]
+        kinds[5]
     );
 
     let dbsize: i64 = raw(&mut conn, &["DBSIZE"]).await;
@@ -1251,29 +1365,30 @@ async fn a_waiter_gets_the_lock_soon_after_it_is_released() {
     let mut waiter_conn = redis.conn().await;
     let resource = format!("{}r", prefix("waiter"));
 
-    let held = grant(fence::acquire(&mut conn, &resource, MINUTE).await.unwrap());
+    let held = grant(lock(MINUTE).acquire(&mut conn, &resource).await.unwrap());
     let resource2 = resource.clone();
     let waiter = tokio::spawn(async move {
         let backoff = Backoff {
             max_delay: Duration::from_millis(50),
             ..Backoff::new(Duration::from_secs(10))
         };
-        let outcome = fence::acquire_with_retry(&mut waiter_conn, &resource2, MINUTE, &backoff)
+        let outcome = lock(MINUTE)
+            .with_wait(backoff)
+            .acquire(&mut waiter_conn, &resource2)
             .await
             .unwrap();
         (outcome, Instant::now())
     });
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(!waiter.is_finished(), "waits while held");
+    let held_fence = held.fence().number();
     assert_eq!(
-        fence::release(&mut conn, &resource, &held.token)
-            .await
-            .unwrap(),
-        Release::Released
+        held.release(&mut conn).await.unwrap(),
+        LockRelease::Released
     );
     let released = Instant::now();
     let (outcome, got) = waiter.await.unwrap();
-    assert_eq!(grant(outcome).fence, held.fence + 1);
+    assert_eq!(grant(outcome).fence().number(), held_fence + 1);
     // Within about one max_delay of the release.
     assert!(got.duration_since(released) < Duration::from_secs(2));
 }
@@ -1285,7 +1400,7 @@ async fn waiters_are_woken_by_the_release_not_by_a_timer() {
     let resource = format!("{}r", prefix("woken"));
     let waiters = fence::Waiters::new(&redis.client()).await.unwrap();
 
-    let held = grant(fence::acquire(&mut conn, &resource, MINUTE).await.unwrap());
+    let held = grant(lock(MINUTE).acquire(&mut conn, &resource).await.unwrap());
     // Without a wake-up each waiter would sleep 20 s (the capped expiry).
     let slow = Backoff {
         initial_delay: Duration::from_secs(20),
@@ -1299,26 +1414,22 @@ async fn waiters_are_woken_by_the_release_not_by_a_timer() {
         tasks.push(tokio::spawn(async move {
             let g = grant(
                 waiters
-                    .acquire(&mut c, &resource, MINUTE, &slow)
+                    .acquire(&mut c, &lock(MINUTE).with_wait(slow), &resource)
                     .await
                     .unwrap(),
             );
             // Hand over at once: the release wakes the next waiter.
-            assert_eq!(
-                fence::release(&mut c, &resource, &g.token).await.unwrap(),
-                Release::Released
-            );
-            g.fence
+            let number = g.fence().number();
+            assert_eq!(g.release(&mut c).await.unwrap(), LockRelease::Released);
+            number
         }));
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(tasks.iter().all(|t| !t.is_finished()), "wait while held");
     let released = Instant::now();
     assert_eq!(
-        fence::release(&mut conn, &resource, &held.token)
-            .await
-            .unwrap(),
-        Release::Released
+        held.release(&mut conn).await.unwrap(),
+        LockRelease::Released
     );
     let mut fences = Vec::new();
     for t in tasks {
@@ -1353,17 +1464,17 @@ fn a_runtime_without_timers_gets_an_error_before_anything_is_sent() {
             .unwrap();
         let before = command_calls(&mut conn, "evalsha").await;
         let wait = Backoff::new(Duration::from_secs(1));
-        let err = fence::acquire_with_retry(&mut conn, "r", MINUTE, &wait)
+        let err = lock(MINUTE)
+            .with_wait(wait)
+            .acquire(&mut conn, "r")
             .await
             .unwrap_err();
         assert!(matches!(err, Error::NoTimer) && err.is_definite(), "{err}");
-        let err = Lease::acquire(conn.clone(), "r", MINUTE, &Backoff::none())
-            .await
-            .unwrap_err();
+        let err = lock(MINUTE).lease(conn.clone(), "r").await.unwrap_err();
         assert!(matches!(err, Error::NoTimer), "{err}");
         assert_eq!(command_calls(&mut conn, "evalsha").await, before);
         // One attempt needs no timer.
-        let once = fence::acquire_with_retry(&mut conn, "r", MINUTE, &Backoff::none()).await;
+        let once = lock(MINUTE).acquire(&mut conn, "r").await;
         assert!(once.unwrap().is_acquired());
     });
 }
@@ -1374,7 +1485,7 @@ async fn a_hundred_waiters_back_off_instead_of_stampeding() {
     let server = RedisServer::start();
     let mut conn = server.conn().await;
     let resource = format!("{}r", prefix("herd"));
-    let _held = grant(fence::acquire(&mut conn, &resource, MINUTE).await.unwrap());
+    let _held = grant(lock(MINUTE).acquire(&mut conn, &resource).await.unwrap());
     let evalsha_before = command_calls(&mut conn, "evalsha").await;
 
     let timeout = Duration::from_millis(400);
@@ -1389,7 +1500,9 @@ async fn a_hundred_waiters_back_off_instead_of_stampeding() {
         let mut conn = conn.clone();
         let resource = resource.clone();
         tasks.push(tokio::spawn(async move {
-            fence::acquire_with_retry(&mut conn, &resource, MINUTE, &backoff)
+            lock(MINUTE)
+                .with_wait(backoff)
+                .acquire(&mut conn, &resource)
                 .await
                 .unwrap()
         }));
@@ -1397,7 +1510,7 @@ async fn a_hundred_waiters_back_off_instead_of_stampeding() {
     for task in tasks {
         assert!(matches!(
             task.await.unwrap(),
-            Acquire::Held {
+            LockAttempt::Held {
                 expires_in: Some(_)
             }
         ));
@@ -1427,15 +1540,19 @@ async fn a_lease_renews_through_a_connection_manager() {
         .unwrap();
     let ttl = Duration::from_millis(150);
 
-    let lease = Lease::acquire(manager, &resource, ttl, &Backoff::none())
+    let lease = lock(ttl)
+        .lease(manager, &resource)
         .await
         .unwrap()
         .acquired()
         .unwrap();
     tokio::time::sleep(ttl * 3).await;
     let holder: Option<String> = raw(&mut check, &["GET", &lock_key(&resource)]).await;
-    assert_eq!(holder.as_deref(), Some(lease.token().as_str()));
-    assert_eq!(lease.release().await.unwrap(), Release::Released);
+    assert_eq!(
+        holder.as_deref(),
+        Some(format!("{}:{}", lease.fence().number(), lease.token())).as_deref()
+    );
+    assert_eq!(lease.release().await.unwrap(), LockRelease::Released);
 }
 
 mod model {
@@ -1495,35 +1612,39 @@ mod model {
                     let resource = format!("{p}r");
                     let mut holder: Option<usize> = None;
                     let mut grants: [Option<fence::Grant>; 3] = [None, None, None];
+                    let mut fences: [Option<Fence>; 3] = [None, None, None];
                     let mut counter = 0u64;
                     let mut stored = 0u64;
                     for op in ops {
                         match op {
                             Op::Acquire(c) => {
-                                let out =
-                                    fence::acquire(&mut conn, &resource, MINUTE).await.unwrap();
+                                let out = lock(MINUTE).acquire(&mut conn, &resource).await.unwrap();
                                 prop_assert_eq!(out.is_acquired(), holder.is_none(), "{:?}", op);
-                                if let Acquire::Acquired(g) = out {
+                                if let LockAttempt::Acquired(g) = out {
                                     counter += 1;
-                                    prop_assert_eq!(g.fence, counter);
+                                    prop_assert_eq!(g.fence().number(), counter);
                                     holder = Some(c);
+                                    fences[c] = Some(g.fence().clone());
                                     grants[c] = Some(g);
                                 }
                             }
                             Op::Extend(c) | Op::Release(c) => {
-                                let Some(g) = grants[c].clone() else { continue };
                                 // A client's latest grant is the live one iff it holds.
                                 let ours = holder == Some(c);
                                 if let Op::Extend(_) = op {
-                                    let out = fence::extend(&mut conn, &resource, &g.token, MINUTE)
-                                        .await
-                                        .unwrap();
-                                    prop_assert_eq!(matches!(out, Extend::Extended { .. }), ours);
+                                    let Some(g) = grants[c].as_mut() else {
+                                        continue;
+                                    };
+                                    let out = g.extend(&mut conn).await.unwrap();
+                                    prop_assert_eq!(
+                                        matches!(out, LockExtend::Extended { .. }),
+                                        ours
+                                    );
                                 } else {
-                                    let out = fence::release(&mut conn, &resource, &g.token)
-                                        .await
-                                        .unwrap();
-                                    prop_assert_eq!(out == Release::Released, ours);
+                                    // A release consumes the grant; its fence stays.
+                                    let Some(g) = grants[c].take() else { continue };
+                                    let out = g.release(&mut conn).await.unwrap();
+                                    prop_assert_eq!(out == LockRelease::Released, ours);
                                     if ours {
                                         holder = None;
                                     }
@@ -1534,14 +1655,12 @@ mod model {
                                 holder = None;
                             }
                             Op::Write(c) => {
-                                let Some(g) = grants[c].clone() else { continue };
-                                let out = fence::write(&mut conn, &resource, g.fence, "v")
-                                    .await
-                                    .unwrap();
+                                let Some(f) = fences[c].clone() else { continue };
+                                let out = f.write(&mut conn, "v").await.unwrap();
                                 // Only the newest grant writes, written yet or not.
-                                if g.fence == counter {
+                                if f.number() == counter {
                                     prop_assert_eq!(out, Write::Applied);
-                                    stored = g.fence;
+                                    stored = f.number();
                                 } else {
                                     prop_assert_eq!(
                                         out,
@@ -1613,7 +1732,8 @@ async fn a_lost_acquire_reply_is_retried_with_the_same_token_and_fence() {
         inner: redis.conn().await,
         lost: false,
     };
-    let err = fence::acquire(&mut conn, &resource, MINUTE)
+    let err = lock(MINUTE)
+        .acquire(&mut conn, &resource)
         .await
         .unwrap_err();
     assert!(matches!(err, Error::Indeterminate(_)), "{err}");
@@ -1631,12 +1751,14 @@ async fn a_lost_acquire_reply_is_retried_with_the_same_token_and_fence() {
         inner: redis.conn().await,
         lost: false,
     };
-    let grant = fence::acquire_with_retry(&mut conn, &resource, MINUTE, &backoff)
+    let grant = lock(MINUTE)
+        .with_wait(backoff)
+        .acquire(&mut conn, &resource)
         .await
         .unwrap()
         .acquired()
         .expect("the lock is ours");
-    assert_eq!(grant.fence, 1);
+    assert_eq!(grant.fence().number(), 1);
     let fence_now: String = raw(
         &mut plain,
         &["GET", &nolock::keys::derive(&resource, "fence")],
@@ -1644,10 +1766,8 @@ async fn a_lost_acquire_reply_is_retried_with_the_same_token_and_fence() {
     .await;
     assert_eq!(fence_now, "1", "one fence for one grant");
     assert_eq!(
-        fence::release(&mut plain, &resource, &grant.token)
-            .await
-            .unwrap(),
-        Release::Released
+        grant.release(&mut plain).await.unwrap(),
+        LockRelease::Released
     );
 }
 
@@ -1696,10 +1816,11 @@ async fn foreign_counters_and_values_are_definite_errors_with_nothing_written() 
         let _: () = raw(&mut conn, &["PEXPIRE", &counter, "600000"]).await;
         let before = snapshot(&mut conn, &counter).await;
         let errors = [
-            fence::acquire(&mut conn, &resource, MINUTE)
+            lock(MINUTE).acquire(&mut conn, &resource).await.map(|_| ()),
+            fence_of(&resource, 1)
+                .write(&mut conn, "v")
                 .await
                 .map(|_| ()),
-            fence::write(&mut conn, &resource, 1, "v").await.map(|_| ()),
             fence::advance(&mut conn, &resource, 5).await.map(|_| ()),
         ];
         for (call, result) in ["acquire", "write", "advance"].iter().zip(errors) {
@@ -1722,13 +1843,11 @@ async fn foreign_counters_and_values_are_definite_errors_with_nothing_written() 
     let not_fences = foreign.iter().filter(|v| **v != "9223372036854775808");
     for (i, stored) in not_fences.enumerate() {
         let resource = format!("{p}v{i}");
-        let g = grant(fence::acquire(&mut conn, &resource, MINUTE).await.unwrap());
+        let g = grant(lock(MINUTE).acquire(&mut conn, &resource).await.unwrap());
         let value = nolock::keys::derive(&resource, "value");
         let _: () = raw(&mut conn, &["HSET", &value, "value", "x", "fence", stored]).await;
         let before = snapshot(&mut conn, &value).await;
-        let err = fence::write(&mut conn, &resource, g.fence, "v")
-            .await
-            .unwrap_err();
+        let err = g.fence().write(&mut conn, "v").await.unwrap_err();
         assert!(
             matches!(err, Error::Redis(_)),
             "write over {stored:?}: {err}"
@@ -1737,4 +1856,83 @@ async fn foreign_counters_and_values_are_definite_errors_with_nothing_written() 
         assert!(matches!(err, Error::Redis(_)), "read of {stored:?}: {err}");
         assert_eq!(snapshot(&mut conn, &value).await, before, "{stored:?}");
     }
+}
+
+/// `Waiters` is subscribed to a resource's channel only while someone of
+/// this process waits for it: after the waiters leave (granted, timed out
+/// or dropped mid-wait) its table and the server's subscriptions are empty.
+#[tokio::test]
+async fn waiters_unsubscribe_when_the_last_waiter_leaves() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let waiters = fence::Waiters::new(&server.client()).await.unwrap();
+    let p = prefix("unsubscribe");
+    let channel = |r: &str| nolock::keys::derive(r, "released");
+    let numsub = |mut c: MultiplexedConnection, ch: String| async move {
+        let reply: (String, i64) = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(&ch)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        reply.1
+    };
+    let waiting = lock(MINUTE).with_wait(Backoff::new(Duration::from_millis(300)));
+
+    // Many resources, each waited on while held, then given up on.
+    let mut tasks = Vec::new();
+    let mut resources = Vec::new();
+    for i in 0..20 {
+        let r = format!("{p}r{i}");
+        let held = grant(lock(MINUTE).acquire(&mut conn, &r).await.unwrap());
+        for _ in 0..3 {
+            let (waiters, waiting, r, mut c) =
+                (waiters.clone(), waiting.clone(), r.clone(), conn.clone());
+            tasks.push(tokio::spawn(async move {
+                waiters.acquire(&mut c, &waiting, &r).await.unwrap()
+            }));
+        }
+        resources.push((r, held));
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(waiters.subscriptions(), 20);
+    assert_eq!(numsub(conn.clone(), channel(&resources[0].0)).await, 1);
+    for t in tasks {
+        assert!(!t.await.unwrap().is_acquired(), "timed out while held");
+    }
+    // A waiter dropped mid-wait leaves too.
+    let (r, _held) = &resources[0];
+    let (w2, wait2, r2, mut c2) = (waiters.clone(), waiting.clone(), r.clone(), conn.clone());
+    let dropped = tokio::spawn(async move { w2.acquire(&mut c2, &wait2, &r2).await });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    dropped.abort();
+    let _ = dropped.await;
+    // The unsubscribes run in the background: bounded wait.
+    let start = Instant::now();
+    loop {
+        let mut subscribed = 0;
+        for (r, _) in &resources {
+            subscribed += numsub(conn.clone(), channel(r)).await;
+        }
+        if subscribed == 0 && waiters.subscriptions() == 0 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{subscribed} server subscriptions, {} in the table",
+            waiters.subscriptions()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // And a new waiter subscribes again, and is woken by a release.
+    let (r, held) = resources.pop().unwrap();
+    let (w3, wait3, r3, mut c3) = (waiters.clone(), waiting.clone(), r.clone(), conn.clone());
+    let next = tokio::spawn(async move { w3.acquire(&mut c3, &wait3, &r3).await.unwrap() });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(waiters.subscriptions(), 1);
+    assert_eq!(
+        held.release(&mut conn).await.unwrap(),
+        LockRelease::Released
+    );
+    assert!(next.await.unwrap().is_acquired());
 }

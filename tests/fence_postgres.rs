@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use nolock::fence::{self, Acquire, Release};
+use nolock::fence::{self, Lock, LockAttempt, LockRelease};
 use nolock::Backoff;
 use tokio_postgres::{Client, NoTls};
 
@@ -95,15 +95,15 @@ where
     }
 }
 
-fn grant(outcome: Acquire) -> fence::Grant {
+fn grant(outcome: LockAttempt) -> fence::Grant {
     match outcome {
-        Acquire::Acquired(grant) => grant,
+        LockAttempt::Acquired(grant) => grant,
         held => panic!("expected a grant, got {held:?}"),
     }
 }
 
 fn pg_fence(grant: &fence::Grant) -> i64 {
-    i64::try_from(grant.fence).expect("Redis fences fit a bigint")
+    grant.fence().as_i64()
 }
 
 #[tokio::test]
@@ -124,21 +124,25 @@ async fn a_paused_holder_updates_zero_rows() {
         let ttl = Duration::from_millis(200);
 
         // A takes the lease, then is paused past its TTL before it writes.
-        let a = grant(fence::acquire(&mut conn, &resource, ttl).await.unwrap());
+        let a = grant(
+            nolock::fence::Lock::new(ttl)
+                .expect("a valid lock TTL")
+                .acquire(&mut conn, &resource)
+                .await
+                .unwrap(),
+        );
         tokio::time::sleep(ttl + Duration::from_millis(100)).await;
 
         // B takes over and pays.
         let b = grant(
-            fence::acquire_with_retry(
-                &mut conn,
-                &resource,
-                ttl,
-                &Backoff::new(Duration::from_secs(5)),
-            )
-            .await
-            .unwrap(),
+            Lock::new(ttl)
+                .unwrap()
+                .with_wait(Backoff::new(Duration::from_secs(5)))
+                .acquire(&mut conn, &resource)
+                .await
+                .unwrap(),
         );
-        assert!(b.fence > a.fence);
+        assert!(b.fence().number() > a.fence().number());
         let rows = db_b
             .execute(FENCED_UPDATE, &[&"paid by B", &pg_fence(&b), &7i64])
             .await
@@ -151,12 +155,7 @@ async fn a_paused_holder_updates_zero_rows() {
             .await
             .unwrap();
         assert_eq!(rows, 0, "A's stale write is refused by the database");
-        assert_eq!(
-            fence::release(&mut conn, &resource, &a.token)
-                .await
-                .unwrap(),
-            Release::Lost
-        );
+        assert_eq!(a.release(&mut conn).await.unwrap(), LockRelease::Lost);
 
         let row = db_a
             .query_one("SELECT status, fence FROM payouts WHERE id = 7", &[])
@@ -193,17 +192,21 @@ async fn holders_in_turn_each_update_the_row_exactly_once() {
             ..Backoff::new(Duration::from_secs(30))
         };
 
+        let payouts = Lock::new(Duration::from_secs(10))
+            .unwrap()
+            .with_wait(backoff);
         let mut tasks = Vec::new();
         for _ in 0..WORKERS {
-            let (conn, db, resource, updated) =
-                (conn.clone(), db.clone(), resource.clone(), updated.clone());
+            let (conn, db, resource, updated, payouts) = (
+                conn.clone(),
+                db.clone(),
+                resource.clone(),
+                updated.clone(),
+                payouts.clone(),
+            );
             tasks.push(tokio::spawn(async move {
-                fence::with_lease(
-                    conn,
-                    &resource,
-                    Duration::from_secs(10),
-                    &backoff,
-                    |grant| async move {
+                payouts
+                    .with_lease(conn, &resource, |fence| async move {
                         // Read-modify-write under the lease; the fence makes a
                         // stale holder's write a no-op instead of a lost update.
                         let row = db
@@ -214,16 +217,16 @@ async fn holders_in_turn_each_update_the_row_exactly_once() {
                         let rows = db
                             .execute(
                                 FENCED_UPDATE,
-                                &[&(n + 1).to_string(), &pg_fence(&grant), &1i64],
+                                &[&(n + 1).to_string(), &fence.as_i64(), &1i64],
                             )
                             .await
                             .unwrap();
                         updated.fetch_add(rows as usize, Ordering::SeqCst);
-                    },
-                )
-                .await
-                .unwrap()
-                .expect("acquired within the backoff");
+                    })
+                    .await
+                    .unwrap()
+                    .done()
+                    .expect("acquired within the wait, and held to the end");
             }));
         }
         for task in tasks {

@@ -15,6 +15,9 @@ use nolock::cas::{
     self, Adjust, Adjustment, CompareAndDelete, CompareAndExpire, CompareAndSet, Expected,
     GetVersioned, SetIfAbsent, SetIfGreater, SetIfLess, SetIfVersion, Update,
 };
+use nolock::fence::{
+    AcquireLock, AdvanceFence, ExtendLock, Lock, LockExtend, LockRelease, ReleaseLock, WriteFenced,
+};
 use nolock::limits::{self, TryIncrement};
 use nolock::rate::{
     Algorithm, Check, Limiter, MultiCheck, MultiKey, MultiLimiter, MultiRefundCharge, Quota,
@@ -186,6 +189,142 @@ async fn without_an_id_a_lost_reply_is_not_sent_again() {
     let err = retry(&policy(), &mut conn, &op).await.unwrap_err();
     assert!(matches!(err, Error::Indeterminate(_)), "{err}");
     assert_eq!(count(&mut direct, &key).await, 1);
+}
+
+/// A lost reply, then the same operation (with its id) sent again by
+/// `retry`: the first run's answer.
+async fn lost_then_retried<O>(
+    proxy: &FaultProxy,
+    conn: &mut ConnectionManager,
+    op: O,
+    id: &str,
+) -> O::Output
+where
+    O: Operation,
+{
+    let op = op.idempotent(id).unwrap();
+    proxy.lose_replies(1);
+    match op.run(conn).await {
+        Err(Error::Indeterminate(_)) => {}
+        Err(err) => panic!("{id}: {err}"),
+        Ok(_) => panic!("{id}: the reply was not lost"),
+    }
+    retry(&policy(), conn, &op).await.unwrap()
+}
+
+/// A release whose reply is lost deleted the lock; sent again under its id
+/// it answers `Released` again, where a plain resend answers `Lost` (the
+/// lock is gone) and cannot be told apart from a lease that expired.
+#[tokio::test]
+async fn a_resent_release_is_told_apart_from_a_lost_lock() {
+    let (_server, proxy, mut conn, mut direct) = setup().await;
+    let p = prefix("idem_release");
+    let lock = Lock::new(MINUTE).unwrap();
+    let grant = lock
+        .acquire(&mut direct, &format!("{p}a"))
+        .await
+        .unwrap()
+        .acquired()
+        .unwrap();
+    let release = ReleaseLock::new(&grant);
+    let again = lost_then_retried(&proxy, &mut conn, release, "release-a").await;
+    assert_eq!(again, LockRelease::Released, "its own success");
+    let holder: Option<String> = raw(
+        &mut direct,
+        &["GET", &nolock::keys::derive(&format!("{p}a"), "lock")],
+    )
+    .await;
+    assert_eq!(holder, None);
+
+    // Without an id, the resend finds the lock gone.
+    let other = lock
+        .acquire(&mut direct, &format!("{p}b"))
+        .await
+        .unwrap()
+        .acquired()
+        .unwrap();
+    let plain = ReleaseLock::new(&other);
+    proxy.lose_replies(1);
+    let mut batch = nolock::Batch::new();
+    batch.push(plain);
+    let first = batch.run(&mut conn).await.pop().unwrap().unwrap_err();
+    assert!(matches!(first, Error::Indeterminate(_)), "{first}");
+    let resent = batch.run(&mut conn).await.pop().unwrap().unwrap();
+    assert_eq!(resent, LockRelease::Lost);
+}
+
+/// Every write of the fence and cas modules, its reply lost and sent again
+/// under its id: applied once, answered with the first reply.
+#[tokio::test]
+async fn lost_fence_and_cas_writes_are_applied_once() {
+    let (_server, proxy, mut conn, mut direct) = setup().await;
+    let p = prefix("idem_writes");
+    let k = |s: &str| format!("{p}{s}");
+    let lock = Lock::new(MINUTE).unwrap();
+    // An acquire under a token of its own (its resend would also answer from
+    // the lock; the id answers from the record).
+    let attempt = AcquireLock::new(&lock, &k("r")).unwrap();
+    let mut grant = lost_then_retried(&proxy, &mut conn, attempt, "acquire")
+        .await
+        .acquired()
+        .expect("granted");
+    assert_eq!(grant.fence().number(), 1);
+    let counter: String = raw(
+        &mut direct,
+        &["GET", &nolock::keys::derive(&k("r"), "fence")],
+    )
+    .await;
+    assert_eq!(counter, "1", "one grant");
+    let extended = lost_then_retried(&proxy, &mut conn, ExtendLock::new(&grant), "extend").await;
+    grant.apply(&extended);
+    assert!(matches!(extended, LockExtend::Extended { .. }));
+    let write = WriteFenced::new(grant.fence(), "v1").unwrap();
+    assert!(lost_then_retried(&proxy, &mut conn, write, "write")
+        .await
+        .is_applied());
+    let advanced = lost_then_retried(
+        &proxy,
+        &mut conn,
+        AdvanceFence::new(&k("r"), 5).unwrap(),
+        "advance",
+    )
+    .await;
+    assert_eq!(
+        (advanced.raised, advanced.counter),
+        (true, 6),
+        "the first answer"
+    );
+
+    let set = CompareAndSet::new(&k("x"), Expected::Absent, "a", None).unwrap();
+    assert!(lost_then_retried(&proxy, &mut conn, set, "cas")
+        .await
+        .is_applied());
+    let ins = SetIfAbsent::new(&k("y"), "b", None).unwrap();
+    assert!(lost_then_retried(&proxy, &mut conn, ins, "insert")
+        .await
+        .is_inserted());
+    let exp = CompareAndExpire::new(&k("x"), "a", MINUTE).unwrap();
+    assert!(lost_then_retried(&proxy, &mut conn, exp, "expire")
+        .await
+        .is_applied());
+    let del = CompareAndDelete::new(&k("x"), "a").unwrap();
+    assert!(lost_then_retried(&proxy, &mut conn, del, "delete")
+        .await
+        .is_applied());
+    let up = SetIfGreater::new(&k("hw"), 3).unwrap();
+    assert!(
+        lost_then_retried(&proxy, &mut conn, up, "greater")
+            .await
+            .applied
+    );
+    let down = SetIfLess::new(&k("hw"), 1).unwrap();
+    assert!(
+        lost_then_retried(&proxy, &mut conn, down, "less")
+            .await
+            .applied
+    );
+    let hw: String = raw(&mut direct, &["GET", &k("hw")]).await;
+    assert_eq!(hw, "1");
 }
 
 #[tokio::test]

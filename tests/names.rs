@@ -7,7 +7,7 @@ mod support;
 
 use std::time::Duration;
 
-use nolock::fence::{self, Acquire, Write};
+use nolock::fence::{self, LockAttempt, Write};
 use nolock::rate::{Algorithm, MultiLimiter, Quota};
 use support::prefix;
 
@@ -23,23 +23,33 @@ async fn x_and_braced_x_are_independent_fence_resources() {
         (format!("{p}x"), format!("{{{p}x}}")),
         (format!("{p}a}}b"), format!("{{{p}a}}}}b")),
     ] {
-        let Acquire::Acquired(a) = fence::acquire(&mut conn, &plain, MINUTE).await.unwrap() else {
+        let LockAttempt::Acquired(a) = nolock::fence::Lock::new(MINUTE)
+            .expect("a valid lock TTL")
+            .acquire(&mut conn, &plain)
+            .await
+            .unwrap()
+        else {
             panic!("{plain} is free")
         };
-        let Acquire::Acquired(b) = fence::acquire(&mut conn, &braced, MINUTE).await.unwrap() else {
+        let LockAttempt::Acquired(b) = nolock::fence::Lock::new(MINUTE)
+            .expect("a valid lock TTL")
+            .acquire(&mut conn, &braced)
+            .await
+            .unwrap()
+        else {
             panic!("{braced} is free, though {plain} is held")
         };
-        assert_eq!((a.fence, b.fence), (1, 1), "separate counters");
         assert_eq!(
-            fence::write(&mut conn, &plain, a.fence, "plain")
-                .await
-                .unwrap(),
+            (a.fence().number(), b.fence().number()),
+            (1, 1),
+            "separate counters"
+        );
+        assert_eq!(
+            a.fence().write(&mut conn, "plain").await.unwrap(),
             Write::Applied
         );
         assert_eq!(
-            fence::write(&mut conn, &braced, b.fence, "braced")
-                .await
-                .unwrap(),
+            b.fence().write(&mut conn, "braced").await.unwrap(),
             Write::Applied
         );
         let plain_value = fence::read(&mut conn, &plain).await.unwrap().unwrap();

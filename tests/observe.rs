@@ -91,16 +91,13 @@ async fn metrics_and_spans_match_the_decisions() {
         );
     }
     assert_eq!(allowed, 3);
-    let lease = nolock::fence::Lease::acquire(
-        conn.clone(),
-        "metrics-test-lease",
-        Duration::from_millis(300),
-        &nolock::Backoff::none(),
-    )
-    .await
-    .unwrap()
-    .acquired()
-    .unwrap();
+    let lease = nolock::fence::Lock::new(Duration::from_millis(300))
+        .expect("a valid lock TTL")
+        .lease(conn.clone(), "metrics-test-lease")
+        .await
+        .unwrap()
+        .acquired()
+        .unwrap();
     // Opted in, the first key is recorded.
     nolock::record_keys_in_spans(true);
     let peek = limiter.peek(&mut conn, "opted-in-key", 1).await.unwrap();

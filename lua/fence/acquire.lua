@@ -1,6 +1,7 @@
 -- fence/acquire: take a lock if it is free, and hand out the next fencing token.
 --
--- KEYS[1]  the lock: a string holding the owner token, with a TTL.
+-- KEYS[1]  the lock: a string "<fence>:<token>" (the grant's fence, then the
+--          owner token), with a TTL.
 -- KEYS[2]  the fence counter: an integer string with NO TTL, incremented once
 --          per grant and never reset. Same hash tag as KEYS[1].
 -- ARGV[1]  token  non-empty string, unique per acquisition (nolock sends 128
@@ -19,15 +20,22 @@
 -- strictly greater than all earlier grants of this resource (as long as the
 -- counter survives: see the fence module docs on persistence and failover).
 -- If the lock already holds ARGV[1] (a retry of an acquire whose reply was
--- lost), the call is idempotent: the TTL is set again and the same fence is
--- returned, without a new increment.
+-- lost), the call is idempotent: the TTL is set again and the SAME fence is
+-- returned, the one stored in the lock, without a new increment. A re-entry
+-- never answers the counter: after fence/advance raised it past this grant,
+-- the grant keeps its own (now refused) fence and is not handed the floor as
+-- if it were fresh.
+-- A lock value not of the form "<digits>:<token>" (written by something else,
+-- or by an older nolock that stored the token alone) is a lock held by
+-- someone else: it is left to its TTL.
 -- All arguments and the counter are checked before the first write: a counter
 -- that is not exactly a canonical decimal in [1, 2^63-1] (the only form
 -- nolock writes) is an error naming the key, and INCR refuses to pass 2^63-1
 -- before anything is set.
 --
 -- Example: a free lock, counter at 41, token "ab..", ttl 30000:
---   {1, "42"}; the same call by another token: {0, 29998}.
+--   {1, "42"} and the lock holds "42:ab.."; the same call by another token:
+--   {0, 29998}; by "ab.." again: {1, "42"}.
 
 --@include lib/fail
 
@@ -60,13 +68,14 @@ if not incrementable then
   -- Refused before any write, unless the lock is held: then the answer is
   -- the one the lock gives, as when the lock is read first.
   local holder = redis.call('GET', KEYS[1])
-  if holder and holder ~= token then return {0, redis.call('PTTL', KEYS[1])} end
+  if holder then
+    local fence, owner = string.match(holder, '^(%d+):(.*)$')
+    if owner ~= token then return {0, redis.call('PTTL', KEYS[1])} end
+    redis.call('PEXPIRE', KEYS[1], ttl)
+    return {1, fence}
+  end
   if type(counter) ~= 'string' then
     return redis.call('GET', KEYS[2]) -- raises the WRONGTYPE error
-  end
-  if holder then
-    redis.call('PEXPIRE', KEYS[1], ttl)
-    return {1, counter}
   end
   if counter == '9223372036854775807' then
     return redis.call('INCR', KEYS[2]) -- raises the overflow error, writes nothing
@@ -74,23 +83,30 @@ if not incrementable then
   return fail(KEYS[2] .. ': fence counter holds a non-counter value')
 end
 
-local holder = redis.call('SET', KEYS[1], token, 'NX', 'PX', ttl, 'GET')
-if holder == token then
-  -- Our own earlier grant (the SET did nothing): the counter has not moved
-  -- since (only a grant or fence/advance moves it).
-  if not counter then
-    return fail('lock held without a fence counter')
-  end
-  redis.call('PEXPIRE', KEYS[1], ttl)
-  return {1, counter}
-end
-if holder then
-  return {0, redis.call('PTTL', KEYS[1])}
+-- The next fence, as digits: exact below 2^53 through a double, above it by
+-- carrying the trailing nines (the counter is at most 2^63 - 2 here, so it
+-- is never all nines).
+local fence
+if not counter then
+  fence = '1'
+elseif #counter < 16 then
+  fence = string.format('%d', tonumber(counter) + 1)
+else
+  local head, nines = string.match(counter, '^(.-)(9*)$')
+  fence = string.sub(head, 1, -2) .. string.char(string.byte(head, -1) + 1)
+    .. string.rep('0', #nines)
 end
 
--- Granted. INCR's reply arrives in Lua as a double: exact below 2^53, and
--- printed exactly by tostring (%.14g) below 10^14; past that the digits
--- are read back.
-local fence = redis.call('INCR', KEYS[2])
-if fence < 100000000000000 then return {1, tostring(fence)} end
-return {1, redis.call('GET', KEYS[2])}
+local holder = redis.call('SET', KEYS[1], fence .. ':' .. token, 'NX', 'PX', ttl, 'GET')
+if not holder then
+  -- Granted: the counter moves to the fence just stored with the lock.
+  redis.call('INCR', KEYS[2])
+  return {1, fence}
+end
+local held, owner = string.match(holder, '^(%d+):(.*)$')
+if owner == token then
+  -- Our own earlier grant (the SET did nothing): its fence, as stored.
+  redis.call('PEXPIRE', KEYS[1], ttl)
+  return {1, held}
+end
+return {0, redis.call('PTTL', KEYS[1])}

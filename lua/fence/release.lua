@@ -3,7 +3,8 @@
 -- and tell the waiters.
 --
 -- KEYS[1]  the lock written by fence/acquire.
--- ARGV[1]  token    the owner token of the grant being released.
+-- ARGV[1]  holder   the lock value of the grant being released,
+--                   "<fence>:<token>" as fence/acquire stored it.
 -- ARGV[2]  channel  optional: the pub/sub channel on which to announce the
 --                   release (nolock sends `keys::derive(resource, "released")`).
 --
@@ -18,16 +19,16 @@
 -- comes after the DEL and cannot fail in a way that undoes it (redis.pcall):
 -- a lost announcement only makes waiters sleep until their fallback timer.
 --
--- Example: lock = "ab..": release "ab.." gives {1} and one message on the
+-- Example: lock = "7:ab..": release "7:ab.." gives {1} and one message on the
 -- channel; again gives {0}.
 
 --@include lib/fail
 
-local token = ARGV[1]
-if token == nil or token == '' then
-  return fail('empty token')
+local holder = ARGV[1]
+if holder == nil or holder == '' then
+  return fail('empty holder')
 end
-if redis.call('GET', KEYS[1]) == token then
+if redis.call('GET', KEYS[1]) == holder then
   redis.call('DEL', KEYS[1])
   if ARGV[2] then
     redis.pcall('PUBLISH', ARGV[2], '1')

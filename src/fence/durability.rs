@@ -15,6 +15,12 @@ pub enum Restart {
     /// `appendonly yes` with `appendfsync always`: every increment is on disk
     /// before the grant is returned, so a restart keeps every counter.
     Keeps,
+    /// `appendonly yes` with `appendfsync always`, but
+    /// `no-appendfsync-on-rewrite yes`: while the server rewrites its
+    /// append-only file or saves a snapshot (in the background, as often as
+    /// `auto-aof-rewrite-*` and `save` say), it skips the fsync, and a crash
+    /// then can lose up to about 30 s of increments (redis.conf's words).
+    LosesDuringRewrite,
     /// `appendonly yes` with `appendfsync everysec`: the last second or two of
     /// increments can be lost (a crash between fsyncs), and their fences are
     /// then handed out again.
@@ -39,7 +45,7 @@ pub enum Restart {
 /// Where a [`Durability`] report came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum Source {
+pub enum ConfigSource {
     /// `CONFIG GET` and `INFO replication`: the full picture.
     Config,
     /// `CONFIG GET` was refused (no `+config|get` permission, or the command
@@ -57,13 +63,15 @@ pub enum Source {
 #[non_exhaustive]
 pub struct Durability {
     /// Where the settings were read.
-    pub source: Source,
+    pub source: ConfigSource,
     /// What a restart does to the counters.
     pub restart: Restart,
     /// `appendonly` (or `aof_enabled` from `INFO`).
     pub appendonly: bool,
     /// `appendfsync` (`always`, `everysec` or `no`); `None` from `INFO`.
     pub appendfsync: Option<String>,
+    /// `no-appendfsync-on-rewrite`; `None` from `INFO`.
+    pub no_appendfsync_on_rewrite: Option<bool>,
     /// The RDB `save` rules (`""` for none); `None` from `INFO`.
     pub save: Option<String>,
     /// `role` from `INFO replication` (`master` or `slave`).
@@ -101,6 +109,9 @@ impl Durability {
         let mut out = Vec::new();
         let restart = match self.restart {
             Restart::Keeps => None,
+            Restart::LosesDuringRewrite => Some(
+                "no-appendfsync-on-rewrite yes: a crash during a rewrite or snapshot loses up to about 30 s of increments",
+            ),
             Restart::LosesLastSecond => {
                 Some("appendfsync everysec: a crash loses up to about a second of increments")
             }
@@ -137,13 +148,15 @@ impl Durability {
 /// `conn`, and say whether fence counters can go back (see "Limits of a
 /// Redis fence" in the module docs).
 ///
-/// Sends `CONFIG GET` for `appendonly`, `appendfsync`, `save`,
+/// Sends `CONFIG GET` for `appendonly`, `appendfsync`,
+/// `no-appendfsync-on-rewrite` (which turns `always` into "not during a
+/// rewrite"), `save`,
 /// `min-replicas-to-write` and `min-replicas-max-lag`, then
 /// `INFO replication` (for the role and the connected replicas). When the
 /// server refuses `CONFIG GET` (an ACL user without `+config|get`, or
 /// `rename-command CONFIG ""`, common on managed services), it falls back to
 /// `INFO persistence`, which tells whether the append-only file is on but
-/// not its fsync policy: the report then says [`Source::Info`] and, with the
+/// not its fsync policy: the report then says [`ConfigSource::Info`] and, with the
 /// file on, [`Restart::Unknown`]. Permissions needed: `+info`, and
 /// `+config|get` for the full report. Nothing is written.
 ///
@@ -192,7 +205,7 @@ where
         let persistence = info(conn, "persistence").await?;
         let appendonly = persistence.get("aof_enabled").map(String::as_str) == Some("1");
         return Ok(Durability {
-            source: Source::Info,
+            source: ConfigSource::Info,
             restart: if appendonly {
                 Restart::Unknown
             } else {
@@ -200,6 +213,7 @@ where
             },
             appendonly,
             appendfsync: None,
+            no_appendfsync_on_rewrite: None,
             save: None,
             role,
             connected_replicas,
@@ -217,7 +231,9 @@ where
     let appendonly = get("appendonly")? == "yes";
     let appendfsync = get("appendfsync")?;
     let save = get("save")?;
+    let no_fsync_on_rewrite = get("no-appendfsync-on-rewrite")? == "yes";
     let restart = match (appendonly, appendfsync.as_str()) {
+        (true, "always") if no_fsync_on_rewrite => Restart::LosesDuringRewrite,
         (true, "always") => Restart::Keeps,
         (true, "everysec") => Restart::LosesLastSecond,
         (true, _) => Restart::LosesUnflushed,
@@ -225,10 +241,11 @@ where
         (false, _) => Restart::LosesSinceSnapshot,
     };
     Ok(Durability {
-        source: Source::Config,
+        source: ConfigSource::Config,
         restart,
         appendonly,
         appendfsync: Some(appendfsync),
+        no_appendfsync_on_rewrite: Some(no_fsync_on_rewrite),
         save: Some(save),
         role,
         connected_replicas,
@@ -243,9 +260,10 @@ where
     })
 }
 
-const CONFIG_NAMES: [&str; 5] = [
+const CONFIG_NAMES: [&str; 6] = [
     "appendonly",
     "appendfsync",
+    "no-appendfsync-on-rewrite",
     "save",
     "min-replicas-to-write",
     "min-replicas-max-lag",
@@ -297,10 +315,11 @@ mod tests {
 
     fn report(restart: Restart, role: &str, replicas: u64) -> Durability {
         Durability {
-            source: Source::Config,
+            source: ConfigSource::Config,
             restart,
             appendonly: true,
             appendfsync: Some("always".into()),
+            no_appendfsync_on_rewrite: Some(false),
             save: Some(String::new()),
             role: role.into(),
             connected_replicas: replicas,
@@ -314,6 +333,7 @@ mod tests {
         assert!(!report(Restart::Keeps, "master", 0).fences_can_go_back());
         assert!(report(Restart::Keeps, "master", 0).reasons().is_empty());
         for restart in [
+            Restart::LosesDuringRewrite,
             Restart::LosesLastSecond,
             Restart::LosesUnflushed,
             Restart::LosesSinceSnapshot,

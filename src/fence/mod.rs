@@ -36,25 +36,37 @@
 //!
 //! # The calls
 //!
+//! A [`Lock`] is the configured object (the TTL of its grants, how long an
+//! acquire waits); it hands out [`Grant`]s, receipts that carry their
+//! resource, owner token and [`Fence`]. Release, extension and fenced writes
+//! go through the grant or its fence, never through a resource name and a
+//! bare number passed again.
+//!
 //! | call | script | what it does |
 //! |---|---|---|
-//! | [`acquire`], [`acquire_as`] | `lua/fence/acquire.lua` | take the lock if free; return the next fence, or how long it stays held |
-//! | [`acquire_with_retry`] | same | the same with jittered exponential [`Backoff`](crate::Backoff), never past the lock's expiry, up to a deadline |
-//! | [`extend`] | `lua/fence/extend.lua` | reset the TTL, only if the token still holds the lock |
-//! | [`release`] | `lua/fence/release.lua` | delete the lock, only if the token still holds it |
-//! | [`Lease`], [`with_lease`] | extend + release | renew every `ttl / 3` in a background task, signal loss |
-//! | [`write()`] | `lua/fence/write.lua` | fenced write of the resource's value, checked against its fence counter: `Applied`, `Stale` or `NotGranted` |
+//! | [`Lock::acquire`], [`Lock::acquire_as`] | `lua/fence/acquire.lua` | take the lock if free (waiting per [`Lock::with_wait`]); a [`Grant`] with the next fence, or how long it stays held |
+//! | [`Grant::extend`] | `lua/fence/extend.lua` | reset the TTL, only if the grant still holds the lock; moves [`Grant::deadline`] |
+//! | [`Grant::release`] | `lua/fence/release.lua` | delete the lock, only if the grant still holds it |
+//! | [`Lock::lease`], [`Lock::with_lease`] | extend + release | renew every `ttl / 3` in a background task, signal loss; [`Work`] says what became of the hold |
+//! | [`Fence::write`] | `lua/fence/write.lua` | fenced write of the resource's value, checked against its fence counter: `Applied`, `Stale` or `NotGranted` |
 //! | [`read`] | `lua/fence/read.lua` | read the resource's value and the fence that wrote it |
-//! | [`write_unbound`], [`read_unbound`] | same | the weaker form for a value at any key: checked against the stored fence only |
-//! | [`advance`] | `lua/fence/advance.lua` | raise the fence counter to a floor, after it went back |
+//! | [`Fence::write_unbound`], [`read_unbound`] | same | the weaker form for a value at any key: checked against the stored fence only |
+//! | [`advance`] | `lua/fence/advance.lua` | raise the fence counter above a floor, after it went back |
 //! | [`durability()`] | `CONFIG GET`, `INFO` | can this server's counters go back? (check at startup) |
 //! | [`Waiters::acquire`] | acquire, `SUBSCRIBE` | wait for a held lock, woken when it is released |
 //!
+//! Every call is also an operation value ([`AcquireLock`], [`ReleaseLock`],
+//! [`ExtendLock`], [`WriteFenced`], [`ReadFenced`], [`AdvanceFence`]): put
+//! them in a [`crate::Batch`], or give one an operation id
+//! ([`crate::Operation::idempotent`]) so that a release resent after a lost
+//! reply answers `Released` again instead of `Lost`.
+//!
 //! A resource name `r` uses keys in one cluster slot
 //! ([`crate::keys::derive`], which also says how names with `{` or `}` are
-//! laid out): `{r}:lock`, holding the owner token with the TTL, `{r}:fence`,
-//! the counter, and `{r}:value`, the value of [`write()`]. Releases are
-//! announced on the pub/sub channel `{r}:released`. The counter has **no TTL**: it must never
+//! laid out): `{r}:lock`, holding the grant's fence and owner token
+//! (`"<fence>:<token>"`) with the TTL, `{r}:fence`, the counter, and
+//! `{r}:value`, the value of [`Fence::write`]. Releases are announced on the
+//! pub/sub channel `{r}:released`. The counter has **no TTL**: it must never
 //! start again from zero, so it stays (about 60 bytes) for every resource name
 //! ever locked. Derive resource names from a bounded set (one per account, per
 //! job kind), not from unbounded input.
@@ -62,31 +74,34 @@
 //! Fences start at 1, are exact `u64` values (returned by the scripts as
 //! strings, since Lua numbers are doubles and lose precision above 2^53) and
 //! never exceed `i64::MAX`, Redis' integer limit, so they fit a PostgreSQL
-//! `bigint` with `i64::try_from(fence)`.
+//! `bigint` ([`Fence::as_i64`]).
 //!
 //! Owner tokens are 128 bits from the operating system's CSPRNG
-//! ([`Token::random`]). Only the holder of a token can extend or release its
+//! ([`Token::random`]). Only the holder of a grant can extend or release its
 //! lock, so a late release never deletes someone else's lock. Calling
-//! [`acquire_as`] again with the same token while the lock is still yours is
-//! idempotent (same fence, TTL set again): retry with the same token after an
+//! [`Lock::acquire_as`] again with the same token while the lock is still
+//! yours is idempotent: it answers the grant's own fence, as stored in the
+//! lock, and sets the TTL again. Retry with the same token after an
 //! [`Error::Indeterminate`] to find out whether the first call took the lock.
 //! The token plays the part an operation id plays elsewhere
 //! ([`crate::Operation::idempotent`], [`crate::retry()`]), with one
 //! difference: a resend answers from the lock as it is now, not from a
 //! record of the first reply (once the lock has expired, the same token
-//! takes it anew, with a new fence).
+//! takes it anew, with a new fence). A re-entry after [`advance`] keeps the
+//! grant's own fence, which the advance has made stale: it is never handed
+//! the floor as if it were a fresh grant.
 //!
 //! # Fencing the resource
 //!
-//! **In Redis**, write the protected value with [`write()`]: it lives beside
-//! the lock and its counter, and one script compares the writer's fence with
-//! the **counter**, so only the newest grant writes. A holder paused past its
-//! lease gets [`Write::Stale`] as soon as a newer grant exists, even before
-//! that grant writes anything; a fence above the counter (never granted) gets
-//! [`Write::NotGranted`]. The newest grant may write several times (a
-//! multi-step update, or a retry after a lost reply). [`write_unbound`] keeps
-//! a value at a key of your choice but only compares with the fence stored
-//! there, which is weaker (see there).
+//! **In Redis**, write the protected value with [`Fence::write`]: it lives
+//! beside the lock and its counter, and one script compares the writer's
+//! fence with the **counter**, so only the newest grant writes. A holder
+//! paused past its lease gets [`Write::Stale`] as soon as a newer grant
+//! exists, even before that grant writes anything; a fence above the counter
+//! (never granted) gets [`Write::NotGranted`]. The newest grant may write
+//! several times (a multi-step update, or a retry after a lost reply).
+//! [`Fence::write_unbound`] keeps a value at a key of your choice but only
+//! compares with the fence stored there, which is weaker (see there).
 //!
 //! **In SQL**, store the fence next to the data and make every write
 //! conditional on it, in the same statement:
@@ -111,33 +126,29 @@
 //! # async fn pay(conn: redis::aio::MultiplexedConnection, db: &tokio_postgres::Client)
 //! #     -> Result<(), Box<dyn std::error::Error>> {
 //! use std::time::Duration;
-//! use nolock::fence;
-//! use nolock::Backoff;
+//! use nolock::fence::Lock;
+//! use nolock::{Backoff, Work};
 //!
+//! let payouts = Lock::new(Duration::from_secs(10))?.with_wait(Backoff::new(Duration::from_secs(2)));
 //! let payout_id: i64 = 42;
-//! let done = fence::with_lease(
-//!     conn,
-//!     &format!("payout:{payout_id}"),
-//!     Duration::from_secs(10),
-//!     &Backoff::new(Duration::from_secs(2)),
-//!     |grant| async move {
+//! let done = payouts
+//!     .with_lease(conn, &format!("payout:{payout_id}"), |fence| async move {
 //!         // ... call the payment provider ...
-//!         let fence = i64::try_from(grant.fence)?;
-//!         let rows = db
-//!             .execute(
-//!                 "UPDATE payouts SET status = $1, fence = $2 WHERE id = $3 AND fence < $2",
-//!                 &[&"paid", &fence, &payout_id],
-//!             )
-//!             .await?;
-//!         Ok::<bool, Box<dyn std::error::Error>>(rows == 1) // false: a newer holder won
-//!     },
-//! )
-//! .await?;
+//!         db.execute(
+//!             "UPDATE payouts SET status = $1, fence = $2 WHERE id = $3 AND fence < $2",
+//!             &[&"paid", &fence.as_i64(), &payout_id],
+//!         )
+//!         .await
+//!     })
+//!     .await?;
 //! match done {
-//!     Some(Ok(true)) => println!("paid"),
-//!     Some(Ok(false)) => println!("superseded by a newer holder; nothing written"),
-//!     Some(Err(e)) => return Err(e),
-//!     None => println!("someone else holds the lease; try later"),
+//!     Work::Done(Ok(1)) => println!("paid"),
+//!     Work::Done(Ok(_)) => println!("superseded by a newer holder; nothing written"),
+//!     Work::Done(Err(e)) => return Err(e.into()),
+//!     Work::Busy => println!("someone else holds the lease; try later"),
+//!     // The lease ended before the work did: only the fence check in the
+//!     // UPDATE says whether the write landed before a newer holder's.
+//!     lost => println!("lease lost: {:?}", lost.loss()),
 //! }
 //! # Ok(()) }
 //! ```
@@ -167,7 +178,7 @@
 //!   refused; a holder paused across the restart, whose fence is still the
 //!   highest, can write over them, and once the counter catches up, two
 //!   holders carry equal fences. It is not safe, and not only stuck.
-//!   (Redis values written with [`write()`] went back with the counter; a
+//!   (Redis values written with [`Fence::write`] went back with the counter; a
 //!   fence above the counter is then refused as [`Write::NotGranted`].)
 //! * **Failover to a lagging replica**: the new primary has not seen the last
 //!   increments, so it hands out fences that were already given, and with them
@@ -175,9 +186,11 @@
 //!   reversed fences). Redis replication is asynchronous.
 //!
 //! **Recovering**: before granting again after a restart or failover, raise
-//! the counter with [`advance`] to the highest fence the protected resource
-//! has seen (`SELECT max(fence) ...`). Every new grant is then above every
-//! fence used before, and a paused holder's writes are refused again.
+//! the counter with [`advance`] past the highest fence the protected resource
+//! has seen (`SELECT max(fence) ...`). The counter ends strictly above that
+//! floor, so every new grant is above every fence used before, and a paused
+//! holder's writes are refused again, including two holders that a failover
+//! gave the same fence.
 //!
 //! **Checking**: [`durability()`] reads the server's persistence and
 //! replication settings and says whether counters can go back, so a service
@@ -187,7 +200,7 @@
 //! (every increment is on disk before the reply), so a restart keeps the
 //! counter (`everysec` can lose the last second of increments); and for
 //! replicated setups, confirm each grant on the replicas
-//! before using its fence (`WAIT 1 <timeout>` after [`acquire`] and check that
+//! before using its fence (`WAIT 1 <timeout>` after [`Lock::acquire`] and check that
 //! at least one replica acknowledged), with `min-replicas-to-write 1` and
 //! `min-replicas-max-lag` so a primary cut off from its replicas stops
 //! granting. Even then, Redis is not a consensus system; when that is not
@@ -200,30 +213,30 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use redis::aio::ConnectionLike;
-
-use crate::script::{embedded, Invocation, Reply, Script};
+#[cfg(doc)]
+use crate::Work;
 use crate::{keys, validate, Error, Result};
 
+mod advance;
 mod durability;
+mod grant;
 mod lease;
+mod lock;
 mod retry;
 mod waiters;
 mod write;
 
-pub use durability::{durability, Durability, Restart, Source};
-pub use lease::{with_lease, Lease};
-pub use retry::acquire_with_retry;
+pub use advance::{advance, Advance, AdvanceFence};
+pub use durability::{durability, ConfigSource, Durability, Restart};
+pub use grant::{ExtendLock, Fence, Grant, ReleaseLock};
+pub use lease::Lease;
+pub use lock::{AcquireLock, Lock};
 pub use waiters::Waiters;
-pub use write::{read, read_unbound, write, write_unbound, Fenced, Write};
-
-static ACQUIRE: Script = embedded!("fence/acquire");
-static RELEASE: Script = embedded!("fence/release");
-static EXTEND: Script = embedded!("fence/extend");
-static ADVANCE: Script = embedded!("fence/advance");
+pub use write::{read, read_unbound, Fenced, ReadFenced, Write, WriteFenced};
 
 /// A random owner token: 128 bits from the OS CSPRNG, as 32 lowercase hex
-/// digits. Whoever has it can extend and release the lock it was granted.
+/// digits. Whoever has it can take the lock again while it is held under it
+/// ([`Lock::acquire_as`]); extending and releasing go through the [`Grant`].
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Token(String);
 
@@ -261,37 +274,11 @@ impl fmt::Display for Token {
     }
 }
 
-/// One acquisition of a lock: its owner token, its fence and how long it lasts.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[must_use = "a grant holds the lock until it is released or expires"]
-pub struct Grant {
-    /// The owner token: pass it to [`extend`] and [`release`].
-    pub token: Token,
-    /// The fencing token of this grant: greater than every earlier grant's
-    /// fence for the same resource (see the module docs for when that can
-    /// fail). Pass it to every write the lock protects.
-    pub fence: u64,
-    /// The TTL the lock was set with, in whole milliseconds.
-    pub ttl: Duration,
-    /// A conservative local bound on the lock's expiry as granted (before any
-    /// extension): `ttl` after the request was sent, less the drift allowance.
-    pub deadline: Instant,
-    /// When the acquire request was sent.
-    sent: Instant,
-}
-
-impl Grant {
-    /// The time left until [`Grant::deadline`] (zero once it has passed).
-    pub fn remaining(&self) -> Duration {
-        self.deadline.saturating_duration_since(Instant::now())
-    }
-}
-
-/// The outcome of [`acquire`]: a grant (or a lease, for [`Lease::acquire`]),
-/// or the lock is held by someone else.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The outcome of [`Lock::acquire`]: a grant (or a lease, for
+/// [`Lock::lease`]), or the lock is held by someone else.
+#[derive(Debug, PartialEq, Eq)]
 #[must_use = "the lock may be held by someone else"]
-pub enum Acquire<G = Grant> {
+pub enum LockAttempt<G = Grant> {
     /// The lock is yours.
     Acquired(G),
     /// Another token holds the lock. Nothing was written.
@@ -302,39 +289,41 @@ pub enum Acquire<G = Grant> {
     },
 }
 
-impl<G> Acquire<G> {
-    /// True for [`Acquire::Acquired`].
+impl<G> LockAttempt<G> {
+    /// True for [`LockAttempt::Acquired`].
     pub fn is_acquired(&self) -> bool {
-        matches!(self, Acquire::Acquired(_))
+        matches!(self, LockAttempt::Acquired(_))
     }
 
     /// The grant (or lease), if acquired.
     pub fn acquired(self) -> Option<G> {
         match self {
-            Acquire::Acquired(grant) => Some(grant),
-            Acquire::Held { .. } => None,
+            LockAttempt::Acquired(grant) => Some(grant),
+            LockAttempt::Held { .. } => None,
         }
     }
 }
 
-/// The outcome of [`release`].
+/// The outcome of [`Grant::release`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[must_use = "Lost means the work may have overlapped with another holder"]
-pub enum Release {
-    /// The lock still held the token and is now deleted.
+pub enum LockRelease {
+    /// The lock still held the grant and is now deleted.
     Released,
     /// The lock had already expired (or was deleted) and may now belong to
     /// someone else, who was left alone. If the work under it wrote to a
     /// resource, only the fence check there tells whether those writes landed
-    /// before a newer holder's.
+    /// before a newer holder's. A plain release resent after a lost reply
+    /// also answers this (its first send deleted the lock): send a
+    /// [`ReleaseLock`] with an operation id to be told `Released` again.
     Lost,
 }
 
-/// The outcome of [`extend`].
+/// The outcome of [`Grant::extend`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[must_use = "Lost means the lock is gone: stop the work"]
-pub enum Extend {
-    /// The lock still held the token; its TTL starts again from now.
+pub enum LockExtend {
+    /// The lock still held the grant; its TTL starts again from now.
     Extended {
         /// The new conservative local bound on the lock's expiry.
         deadline: Instant,
@@ -344,14 +333,15 @@ pub enum Extend {
     Lost,
 }
 
-/// The two keys of a resource: the lock and its fence counter.
-#[derive(Debug, Clone)]
+/// The keys of a resource: the lock, its fence counter, its value and its
+/// release channel.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Keys {
     pub(crate) lock: String,
     pub(crate) fence: String,
-    /// The protected value of [`write()`] and [`read`].
+    /// The protected value of [`Fence::write`] and [`read`].
     pub(crate) value: String,
-    /// The pub/sub channel on which [`release`] announces a release.
+    /// The pub/sub channel on which a release is announced.
     pub(crate) released: String,
 }
 
@@ -381,306 +371,16 @@ pub(crate) fn deadline(sent: Instant, ttl: Duration) -> Instant {
         .unwrap_or(sent)
 }
 
-/// Take the lock on `resource` for `ttl` if it is free, with a fresh random
-/// owner token, and get the next fence.
-///
-/// One round trip. When the lock is held by someone else this is not an
-/// error: it returns [`Acquire::Held`] with the time until it expires, and
-/// writes nothing. Use [`acquire_with_retry`] to wait for it, or [`Lease`] to
-/// keep it renewed while you work.
-///
-/// # Errors
-///
-/// Before any I/O: [`Error::EmptyKey`], [`Error::ZeroDuration`] and
-/// [`Error::DurationTooLong`] (`ttl`), [`Error::Entropy`]. From Redis:
-/// [`Error::Redis`] (e.g. `OOM` on a full server, `WRONGTYPE`, or a fence
-/// counter that is not an integer; nothing was written) and
-/// [`Error::Indeterminate`] (the lock may have been taken with a token you
-/// never saw; it expires after `ttl`. Use [`acquire_as`] to be able to retry).
-///
-/// # Example
-///
-/// ```no_run
-/// # async fn run(conn: &mut redis::aio::MultiplexedConnection) -> nolock::Result<()> {
-/// use std::time::Duration;
-/// use nolock::fence::{self, Acquire, Release};
-///
-/// match fence::acquire(conn, "report:daily", Duration::from_secs(30)).await? {
-///     Acquire::Acquired(grant) => {
-///         // ... build the report, writing with grant.fence ...
-///         if fence::release(conn, "report:daily", &grant.token).await? == Release::Lost {
-///             eprintln!("the lease expired before the work finished");
-///         }
-///     }
-///     Acquire::Held { expires_in } => println!("busy, free in at most {expires_in:?}"),
-/// }
-/// # Ok(()) }
-/// ```
-pub async fn acquire<C>(conn: &mut C, resource: &str, ttl: Duration) -> Result<Acquire>
-where
-    C: ConnectionLike + Send,
-{
-    // Check the input before drawing a token; acquire_as checks it again (cheap).
-    Keys::of(resource)?;
-    millis(ttl)?;
-    let token = Token::random()?;
-    acquire_as(conn, resource, &token, ttl).await
-}
-
-/// [`acquire`] with a token you chose (from [`Token::random`]).
-///
-/// While the lock still holds `token`, calling this again returns the same
-/// fence and sets the TTL again, without a new increment: after an
-/// [`Error::Indeterminate`] you can retry with the same token and learn
-/// whether the first call took the lock, instead of waiting out its TTL.
-///
-/// # Errors
-///
-/// As [`acquire`] (without [`Error::Entropy`]).
-///
-/// # Example
-///
-/// ```no_run
-/// # async fn run(conn: &mut redis::aio::MultiplexedConnection) -> nolock::Result<()> {
-/// use std::time::Duration;
-/// use nolock::fence::{self, Token};
-///
-/// let token = Token::random()?;
-/// let ttl = Duration::from_secs(30);
-/// let outcome = match fence::acquire_as(conn, "job:42", &token, ttl).await {
-///     Err(e) if !e.is_definite() => fence::acquire_as(conn, "job:42", &token, ttl).await?,
-///     other => other?,
-/// };
-/// println!("{outcome:?}");
-/// # Ok(()) }
-/// ```
-pub async fn acquire_as<C>(
-    conn: &mut C,
-    resource: &str,
-    token: &Token,
-    ttl: Duration,
-) -> Result<Acquire>
-where
-    C: ConnectionLike + Send,
-{
-    let call = acquire_call(resource, token, ttl)?;
-    let ttl = Duration::from_millis(millis(ttl)?);
-    let sent = Instant::now();
-    let value = call.run(conn).await?;
-    decode_acquire(value, token.clone(), ttl, sent)
-}
-
-fn acquire_call(resource: &str, token: &Token, ttl: Duration) -> Result<Invocation> {
-    let keys = Keys::of(resource)?;
-    let ttl_ms = millis(ttl)?;
-    Ok(Invocation::new(&ACQUIRE, &[&keys.lock, &keys.fence])
-        .arg(token.as_str())
-        .arg(ttl_ms))
-}
-
 fn millis(ttl: Duration) -> Result<u64> {
     validate::millis("ttl", ttl)
 }
 
-fn decode_acquire(
-    value: redis::Value,
-    token: Token,
-    ttl: Duration,
-    sent: Instant,
-) -> Result<Acquire> {
-    let mut reply = Reply::new(ACQUIRE.name(), value)?;
-    let outcome = if reply.flag()? {
-        Acquire::Acquired(Grant {
-            token,
-            fence: reply.uint()?,
-            ttl,
-            deadline: deadline(sent, ttl),
-            sent,
-        })
-    } else {
-        Acquire::Held {
-            expires_in: u64::try_from(reply.int()?).ok().map(Duration::from_millis),
-        }
-    };
-    reply.finish()?;
-    Ok(outcome)
-}
-
-/// Delete the lock on `resource`, only if it still holds `token`.
-///
-/// Never deletes a lock that expired and was taken by someone else. Declared
-/// `allow-oom`, so it works on a full server. A release is announced with
-/// `PUBLISH` on the channel `keys::derive(resource, "released")`, which
-/// wakes the [`Waiters`] of every process waiting for the lock. Safe to retry after
-/// [`Error::Indeterminate`]: a repeat finds the lock gone and returns
-/// [`Release::Lost`].
-///
-/// # Errors
-///
-/// [`Error::EmptyKey`] before any I/O; [`Error::Redis`] and
-/// [`Error::Indeterminate`] from Redis.
-///
-/// # Example
-///
-/// ```no_run
-/// # async fn run(conn: &mut redis::aio::MultiplexedConnection, grant: nolock::fence::Grant)
-/// #     -> nolock::Result<()> {
-/// use nolock::fence::{self, Release};
-/// match fence::release(conn, "report:daily", &grant.token).await? {
-///     Release::Released => {}
-///     Release::Lost => eprintln!("lease expired while working; check the fenced writes"),
-/// }
-/// # Ok(()) }
-/// ```
-pub async fn release<C>(conn: &mut C, resource: &str, token: &Token) -> Result<Release>
-where
-    C: ConnectionLike + Send,
-{
-    let keys = Keys::of(resource)?;
-    let value = Invocation::new(&RELEASE, &[&keys.lock])
-        .arg(token.as_str())
-        .arg(&keys.released)
-        .run(conn)
-        .await?;
-    let mut reply = Reply::new(RELEASE.name(), value)?;
-    let released = reply.flag()?;
-    reply.finish()?;
-    Ok(if released {
-        Release::Released
-    } else {
-        Release::Lost
-    })
-}
-
-/// Set the lock on `resource` to expire `ttl` from now, only if it still
-/// holds `token`.
-///
-/// An expired lock is not brought back (that would need a new fence). Declared
-/// `allow-oom`, so a holder keeps its lock on a full server. [`Lease`] calls
-/// this every `ttl / 3` for you.
-///
-/// # Errors
-///
-/// [`Error::EmptyKey`], [`Error::ZeroDuration`], [`Error::DurationTooLong`]
-/// before any I/O; [`Error::Redis`] and [`Error::Indeterminate`] from Redis
-/// (an extension is idempotent: retrying is safe).
-///
-/// # Example
-///
-/// ```no_run
-/// # async fn run(conn: &mut redis::aio::MultiplexedConnection, grant: nolock::fence::Grant)
-/// #     -> nolock::Result<()> {
-/// use std::time::Duration;
-/// use nolock::fence::{self, Extend};
-/// if let Extend::Lost = fence::extend(conn, "report:daily", &grant.token, grant.ttl).await? {
-///     return Ok(()); // stop: someone else may hold it now
-/// }
-/// # Ok(()) }
-/// ```
-pub async fn extend<C>(conn: &mut C, resource: &str, token: &Token, ttl: Duration) -> Result<Extend>
-where
-    C: ConnectionLike + Send,
-{
-    let keys = Keys::of(resource)?;
-    let ttl_ms = millis(ttl)?;
-    let ttl = Duration::from_millis(ttl_ms);
-    let sent = Instant::now();
-    let value = Invocation::new(&EXTEND, &[&keys.lock])
-        .arg(token.as_str())
-        .arg(ttl_ms)
-        .run(conn)
-        .await?;
-    let mut reply = Reply::new(EXTEND.name(), value)?;
-    let extended = reply.flag()?;
-    reply.finish()?;
-    Ok(if extended {
-        Extend::Extended {
-            deadline: deadline(sent, ttl),
-        }
-    } else {
-        Extend::Lost
-    })
-}
-
-/// The outcome of [`advance`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[must_use = "check that the counter is where the resource needs it"]
-pub struct Advance {
-    /// True when the counter was below the floor (or missing) and was raised.
-    pub raised: bool,
-    /// The counter afterwards: the floor, or the greater value it held. The
-    /// next grant's fence is `counter + 1`.
-    pub counter: u64,
-}
-
-/// Raise the fence counter of `resource` to at least `at_least`; never
-/// lower it.
-///
-/// The recovery step after the counter went back (a restart without
-/// persistence, a failover to a replica that had not seen the last grants;
-/// [`durability`] tells whether your server can do that): pass the highest
-/// fence the protected resource has seen (`SELECT max(fence) FROM ...`, or
-/// the fence of [`read`]), and every later grant is above it, so the
-/// resource accepts the new holder's writes and still refuses the old ones.
-/// Run it before taking new grants. A holder whose fence is now below the
-/// counter sees its [`write()`]s refused as [`Write::Stale`].
-///
-/// # Errors
-///
-/// Before any I/O: [`Error::EmptyKey`], [`Error::ZeroLimit`] (`at_least` 0),
-/// [`Error::OutOfRange`] (above `i64::MAX`, Redis' integer limit). From
-/// Redis: [`Error::Redis`] (the counter holds something nolock did not
-/// write; nothing was written) and [`Error::Indeterminate`] (safe to retry:
-/// raising to the same floor twice is the same as once).
-///
-/// # Example
-///
-/// ```no_run
-/// # async fn run(conn: &mut redis::aio::MultiplexedConnection, db: &tokio_postgres::Client)
-/// #     -> Result<(), Box<dyn std::error::Error>> {
-/// // At startup: the database has seen fences up to max(fence).
-/// let row = db.query_one("SELECT coalesce(max(fence), 0) FROM payouts", &[]).await?;
-/// let highest = u64::try_from(row.get::<_, i64>(0))?;
-/// if highest > 0 {
-///     let advanced = nolock::fence::advance(conn, "payouts", highest).await?;
-///     assert!(advanced.counter >= highest);
-/// }
-/// # Ok(()) }
-/// ```
-pub async fn advance<C>(conn: &mut C, resource: &str, at_least: u64) -> Result<Advance>
-where
-    C: ConnectionLike + Send,
-{
-    let call = advance_call(resource, at_least)?;
-    let value = call.run(conn).await?;
-    let mut reply = Reply::new(ADVANCE.name(), value)?;
-    let raised = reply.flag()?;
-    let counter = reply.uint()?;
-    reply.finish()?;
-    Ok(Advance { raised, counter })
-}
-
-fn advance_call(resource: &str, at_least: u64) -> Result<Invocation> {
-    let keys = Keys::of(resource)?;
-    if at_least == 0 {
-        return Err(Error::ZeroLimit { what: "at_least" });
-    }
-    const MAX: u64 = i64::MAX as u64;
-    if at_least > MAX {
-        return Err(Error::OutOfRange {
-            what: "at_least",
-            given: at_least,
-            max: MAX,
-        });
-    }
-    Ok(Invocation::new(&ADVANCE, &[&keys.fence]).arg(at_least.to_string()))
-}
+/// The largest fence Redis can count to (its integer limit).
+const MAX_FENCE: u64 = i64::MAX as u64;
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::script::words;
-    use redis::Value::{Array, BulkString, Int};
 
     #[test]
     fn keys_share_a_slot_and_the_resource_name() {
@@ -712,87 +412,6 @@ mod tests {
                 .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()));
         }
         assert_eq!(a.to_string(), a.as_str());
-    }
-
-    #[test]
-    fn the_acquire_command_carries_both_keys_the_token_and_the_ttl() {
-        let token = Token("t0k".into());
-        let call = acquire_call("r", &token, Duration::from_micros(1_500_900)).unwrap();
-        assert_eq!(
-            words(call.command()),
-            [
-                "EVALSHA",
-                ACQUIRE.sha1(),
-                "2",
-                "{r}:lock",
-                "{r}:fence",
-                "t0k",
-                "1500"
-            ]
-        );
-    }
-
-    #[test]
-    fn bad_ttls_are_rejected_before_a_command_is_built() {
-        let t = Token("t".into());
-        assert!(matches!(
-            acquire_call("r", &t, Duration::ZERO),
-            Err(Error::ZeroDuration { what: "ttl" })
-        ));
-        assert!(matches!(
-            acquire_call("r", &t, crate::MAX_TTL + Duration::from_millis(1)),
-            Err(Error::DurationTooLong { what: "ttl", .. })
-        ));
-        assert!(matches!(
-            acquire_call("", &t, Duration::from_secs(1)),
-            Err(Error::EmptyKey)
-        ));
-    }
-
-    #[test]
-    fn fences_decode_exactly_above_2_pow_53() {
-        let sent = Instant::now();
-        let value = Array(vec![Int(1), BulkString(b"9007199254740993".to_vec())]);
-        let token = Token("t".into());
-        let ttl = Duration::from_secs(1);
-        match decode_acquire(value, token, ttl, sent).unwrap() {
-            Acquire::Acquired(grant) => {
-                assert_eq!(grant.fence, (1 << 53) + 1);
-                assert_eq!(grant.deadline, sent + ttl - Duration::from_millis(12));
-            }
-            held => panic!("{held:?}"),
-        }
-        let held = decode_acquire(Array(vec![Int(0), Int(250)]), Token("t".into()), ttl, sent);
-        assert_eq!(
-            held.unwrap(),
-            Acquire::Held {
-                expires_in: Some(Duration::from_millis(250))
-            }
-        );
-        let forever = decode_acquire(Array(vec![Int(0), Int(-1)]), Token("t".into()), ttl, sent);
-        assert_eq!(forever.unwrap(), Acquire::Held { expires_in: None });
-    }
-
-    #[test]
-    fn advance_takes_a_floor_redis_can_store() {
-        let call = advance_call("r", 9).unwrap();
-        assert_eq!(
-            words(call.command()),
-            ["EVALSHA", ADVANCE.sha1(), "1", "{r}:fence", "9"]
-        );
-        assert!(advance_call("r", i64::MAX as u64).is_ok());
-        assert!(matches!(
-            advance_call("r", i64::MAX as u64 + 1),
-            Err(Error::OutOfRange {
-                what: "at_least",
-                ..
-            })
-        ));
-        assert!(matches!(
-            advance_call("r", 0),
-            Err(Error::ZeroLimit { what: "at_least" })
-        ));
-        assert!(matches!(advance_call("", 1), Err(Error::EmptyKey)));
     }
 
     #[test]

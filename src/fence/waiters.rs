@@ -2,7 +2,6 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
 
 use futures_util::StreamExt;
 use redis::aio::{ConnectionLike, PubSubSink};
@@ -10,7 +9,8 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 use super::retry::wait_for;
-use super::{millis, Acquire, Keys};
+use super::{AcquireLock, Lock, LockAttempt};
+#[cfg(doc)]
 use crate::Backoff;
 use crate::{timer, Error, Result};
 
@@ -18,8 +18,8 @@ use crate::{timer, Error, Result};
 /// connection, shared (clone it freely), that wakes a waiter of
 /// [`Waiters::acquire`] as soon as the lock it waits for is released.
 ///
-/// [`super::release`] (and so [`super::Lease`] and [`super::with_lease`])
-/// `PUBLISH`es on the channel `keys::derive(resource, "released")` after
+/// [`super::Grant::release`] (and so [`super::Lease`] and
+/// [`super::Lock::with_lease`]) `PUBLISH`es on the channel `keys::derive(resource, "released")` after
 /// deleting the lock. A [`Waiters`] subscribes to the channel of each
 /// resource it is asked to wait for, and each message wakes **one** waiter
 /// of this process for that resource (the first to have gone back to
@@ -29,9 +29,11 @@ use crate::{timer, Error, Result};
 /// [`Backoff::max_delay`]), so a lost message, a lock that simply expires,
 /// or a dropped pub/sub connection only costs that fallback sleep.
 ///
-/// It stays subscribed to every resource it has waited for until the last
-/// clone is dropped: take resource names from a bounded set, as the fence
-/// counters already ask.
+/// It is subscribed to a resource's channel only while some waiter of this
+/// process waits for it: the first waiter subscribes, the last one to leave
+/// (granted, timed out, failed or dropped) unsubscribes, so its table and
+/// the server's subscriptions follow the waiting, not every resource ever
+/// waited on ([`Waiters::subscriptions`]).
 ///
 /// # Clusters
 ///
@@ -56,8 +58,16 @@ struct Inner {
     /// Subscribing is serialised, so a channel is subscribed once.
     sink: tokio::sync::Mutex<PubSubSink>,
     /// Channel name -> the waiters of that resource.
-    channels: Arc<Mutex<HashMap<String, Arc<Notify>>>>,
+    channels: Arc<Mutex<HashMap<String, Channel>>>,
     reader: JoinHandle<()>,
+}
+
+/// The waiters of one resource in this process.
+#[derive(Debug)]
+struct Channel {
+    wake: Arc<Notify>,
+    /// How many are waiting; the entry (and the subscription) goes at 0.
+    waiting: usize,
 }
 
 impl Drop for Inner {
@@ -82,16 +92,16 @@ impl Waiters {
     /// ```no_run
     /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
     /// use std::time::Duration;
-    /// use nolock::fence::{Acquire, Waiters};
+    /// use nolock::fence::{Lock, LockAttempt, Waiters};
     /// use nolock::Backoff;
     ///
     /// let client = redis::Client::open("redis://127.0.0.1/")?;
     /// let mut conn = client.get_multiplexed_async_connection().await?;
     /// let waiters = Waiters::new(&client).await?;
-    /// let wait = Backoff::new(Duration::from_secs(10));
-    /// match waiters.acquire(&mut conn, "report:daily", Duration::from_secs(30), &wait).await? {
-    ///     Acquire::Acquired(grant) => println!("fence {}", grant.fence),
-    ///     Acquire::Held { .. } => println!("still busy after 10 s"),
+    /// let reports = Lock::new(Duration::from_secs(30))?.with_wait(Backoff::new(Duration::from_secs(10)));
+    /// match waiters.acquire(&mut conn, &reports, "report:daily").await? {
+    ///     LockAttempt::Acquired(grant) => println!("fence {}", grant.fence().number()),
+    ///     LockAttempt::Held { .. } => println!("still busy after 10 s"),
     /// }
     /// # Ok(()) }
     /// ```
@@ -99,7 +109,7 @@ impl Waiters {
         timer::check()?;
         let pubsub = client.get_async_pubsub().await.map_err(Error::from_redis)?;
         let (sink, mut stream) = pubsub.split();
-        let channels: Arc<Mutex<HashMap<String, Arc<Notify>>>> = Arc::default();
+        let channels: Arc<Mutex<HashMap<String, Channel>>> = Arc::default();
         let routes = Arc::clone(&channels);
         let reader = tokio::spawn(async move {
             while let Some(message) = stream.next().await {
@@ -107,7 +117,7 @@ impl Waiters {
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
                     .get(message.get_channel_name())
-                    .cloned();
+                    .map(|channel| Arc::clone(&channel.wake));
                 if let Some(notify) = notify {
                     notify.notify_one();
                 }
@@ -122,18 +132,20 @@ impl Waiters {
         })
     }
 
-    /// [`super::acquire_with_retry`], but each sleep also ends when the lock
-    /// is released (see [`Waiters`]): the next grant follows a release by
-    /// about one round trip instead of by the rest of a backoff delay.
+    /// `lock`'s acquire, waiting as [`Lock::with_wait`] says, but each sleep
+    /// also ends when the lock is released (see [`Waiters`]): the next grant
+    /// follows a release by about one round trip instead of by the rest of a
+    /// backoff delay.
     ///
     /// Between releases a waiter sleeps until the lock's expiry (capped at
     /// [`Backoff::max_delay`]); a lock without an expiry is polled with the
-    /// [`Backoff`] delays. The first call for a resource subscribes to its
-    /// channel (one more round trip on the pub/sub connection).
+    /// [`Backoff`] delays. The first waiter of a resource subscribes to its
+    /// channel (one more round trip on the pub/sub connection); the last to
+    /// leave unsubscribes.
     ///
     /// # Errors
     ///
-    /// As [`super::acquire_with_retry`], plus [`Error::Redis`] or
+    /// As [`Lock::acquire`], plus [`Error::Redis`] or
     /// [`Error::Indeterminate`] from the subscription (before any lock
     /// request is sent).
     ///
@@ -143,62 +155,124 @@ impl Waiters {
     /// # async fn run(waiters: nolock::fence::Waiters, conn: &mut redis::aio::MultiplexedConnection)
     /// #     -> nolock::Result<()> {
     /// use std::time::Duration;
-    /// let wait = nolock::Backoff::new(Duration::from_secs(5));
-    /// let outcome = waiters.acquire(conn, "job:42", Duration::from_secs(30), &wait).await?;
+    /// let jobs = nolock::fence::Lock::new(Duration::from_secs(30))?
+    ///     .with_wait(nolock::Backoff::new(Duration::from_secs(5)));
+    /// let outcome = waiters.acquire(conn, &jobs, "job:42").await?;
     /// # let _ = outcome;
     /// # Ok(()) }
     /// ```
-    pub async fn acquire<C>(
-        &self,
-        conn: &mut C,
-        resource: &str,
-        ttl: Duration,
-        backoff: &Backoff,
-    ) -> Result<Acquire>
+    pub async fn acquire<C>(&self, conn: &mut C, lock: &Lock, resource: &str) -> Result<LockAttempt>
     where
         C: ConnectionLike + Send,
     {
-        let keys = Keys::of(resource)?;
-        millis(ttl)?;
-        backoff.check()?;
-        let notify = self.watch(&keys.released).await?;
-        wait_for(conn, resource, ttl, backoff, Some(&notify)).await
+        let op = AcquireLock::new(lock, resource)?;
+        lock.wait().check()?;
+        let watch = self.watch(op.released_channel()).await?;
+        wait_for(conn, lock, &op, Some(&watch.wake)).await
     }
 
-    /// The wake-up of `channel`'s waiters, subscribing on first use.
-    async fn watch(&self, channel: &str) -> Result<Arc<Notify>> {
-        if let Some(notify) = self.lookup(channel) {
-            return Ok(notify);
+    /// How many resources it is subscribed to now: those with a waiter of
+    /// this process.
+    pub fn subscriptions(&self) -> usize {
+        self.table().len()
+    }
+
+    fn table(&self) -> std::sync::MutexGuard<'_, HashMap<String, Channel>> {
+        self.inner
+            .channels
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Join `channel`'s waiters, subscribing on first use.
+    async fn watch(&self, channel: &str) -> Result<Watch> {
+        if let Some(watch) = self.join(channel) {
+            return Ok(watch);
         }
         let mut sink = self.inner.sink.lock().await;
         // Another waiter may have subscribed while this one waited for the sink.
-        if let Some(notify) = self.lookup(channel) {
-            return Ok(notify);
+        if let Some(watch) = self.join(channel) {
+            return Ok(watch);
         }
         // Routed before SUBSCRIBE returns, so no message after it is dropped.
-        let notify = Arc::new(Notify::new());
-        self.inner
-            .channels
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(channel.to_owned(), Arc::clone(&notify));
+        let wake = Arc::new(Notify::new());
+        self.table().insert(
+            channel.to_owned(),
+            Channel {
+                wake: Arc::clone(&wake),
+                waiting: 1,
+            },
+        );
+        let watch = Watch {
+            waiters: self.clone(),
+            channel: channel.to_owned(),
+            wake,
+        };
         if let Err(err) = sink.subscribe(channel).await {
-            self.inner
-                .channels
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .remove(channel);
+            drop(sink);
+            drop(watch); // leaves, and unsubscribes whatever half happened
             return Err(Error::from_redis(err));
         }
-        Ok(notify)
+        Ok(watch)
     }
 
-    fn lookup(&self, channel: &str) -> Option<Arc<Notify>> {
-        self.inner
-            .channels
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(channel)
-            .cloned()
+    /// One more waiter on an already subscribed channel.
+    fn join(&self, channel: &str) -> Option<Watch> {
+        let mut table = self.table();
+        let entry = table.get_mut(channel)?;
+        entry.waiting += 1;
+        Some(Watch {
+            waiters: self.clone(),
+            channel: channel.to_owned(),
+            wake: Arc::clone(&entry.wake),
+        })
+    }
+
+    /// A waiter leaves; the last one out unsubscribes (in a task: a waiter
+    /// may be dropped anywhere, outside any `.await`).
+    fn leave(&self, channel: &str) {
+        let last = {
+            let mut table = self.table();
+            match table.get_mut(channel) {
+                Some(entry) if entry.waiting > 1 => {
+                    entry.waiting -= 1;
+                    false
+                }
+                Some(_) => {
+                    table.remove(channel);
+                    true
+                }
+                None => false,
+            }
+        };
+        if !last {
+            return;
+        }
+        let waiters = self.clone();
+        let channel = channel.to_owned();
+        let unsubscribe = async move {
+            let mut sink = waiters.inner.sink.lock().await;
+            // A new waiter that came meanwhile subscribed again under this
+            // same lock, before or after: only unsubscribe when none did.
+            if !waiters.table().contains_key(&channel) {
+                let _ = sink.unsubscribe(&channel).await;
+            }
+        };
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(unsubscribe);
+        }
+    }
+}
+
+/// One waiter's place on a channel; leaving it (drop) may unsubscribe.
+struct Watch {
+    waiters: Waiters,
+    channel: String,
+    wake: Arc<Notify>,
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.waiters.leave(&self.channel);
     }
 }

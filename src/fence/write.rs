@@ -1,15 +1,19 @@
-//! Fenced writes to a Redis resource.
+//! Fenced writes to a Redis resource: [`Fence::write`],
+//! [`Fence::write_unbound`], [`read`], [`read_unbound`], [`WriteFenced`],
+//! [`ReadFenced`].
 
 use redis::aio::ConnectionLike;
 
-use super::Keys;
-use crate::script::{embedded, Invocation, Reply, Script};
-use crate::{validate, Error, Result};
+use super::{Fence, Keys};
+use crate::script::{embedded, run_one, Invocation, Operation, Reply, Script};
+#[cfg(doc)]
+use crate::Error;
+use crate::{validate, Result};
 
 static WRITE: Script = embedded!("fence/write");
 static READ: Script = embedded!("fence/read");
 
-/// The outcome of [`write()`] and [`write_unbound`].
+/// The outcome of [`Fence::write`] and [`Fence::write_unbound`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[must_use = "a stale write means the lease is over: stop the work"]
 // Non-exhaustive: it gained `NotGranted` already; every outcome but `Applied`
@@ -18,8 +22,8 @@ static READ: Script = embedded!("fence/read");
 pub enum Write {
     /// The value is stored, with the writer's fence.
     Applied,
-    /// A newer grant exists (for [`write()`], whether or not it has written
-    /// yet; for [`write_unbound`], it has written): nothing was stored. The
+    /// A newer grant exists (for [`Fence::write`], whether or not it has
+    /// written yet; for [`Fence::write_unbound`], it has written): nothing was stored. The
     /// writer's lease is over (it was paused past its TTL, or lost it); it
     /// must stop and must not retry.
     Stale {
@@ -28,12 +32,11 @@ pub enum Write {
         current_fence: u64,
     },
     /// The writer's fence is above the resource's fence counter: no grant
-    /// ever carried it. Either the fence was not taken from a [`Grant`]
-    /// (a bug), or the counter went back (Redis restarted without persistence
-    /// or failed over to a lagging replica; see [`super::durability`]). Nothing
-    /// was stored; the writer must stop. Only [`write()`] returns this.
-    ///
-    /// [`Grant`]: super::Grant
+    /// ever carried it. Either the fence was not taken from a
+    /// [`super::Grant`] (a made-up [`Fence::from_message`]), or the counter
+    /// went back (Redis restarted without persistence or failed over to a
+    /// lagging replica; see [`super::durability`]). Nothing was stored; the
+    /// writer must stop. Only [`Fence::write`] returns this.
     NotGranted {
         /// The resource's fence counter (0 when it does not exist).
         counter: u64,
@@ -47,7 +50,7 @@ impl Write {
     }
 }
 
-/// A fenced resource as read by [`read`].
+/// A fenced value as read by [`read`] and [`read_unbound`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[must_use]
 pub struct Fenced {
@@ -57,138 +60,160 @@ pub struct Fenced {
     pub fence: u64,
 }
 
-/// Store `value` as the protected value of `resource`, only under the newest
-/// grant of its lock.
-///
-/// The value lives in a hash at `keys::derive(resource, "value")` (fields
-/// `value` and `fence`), in the slot of the resource's lock and counter, so
-/// one atomic script compares the writer's `fence` with the resource's
-/// **fence counter** and writes:
-///
-/// * `fence` equal to the counter (the newest grant): [`Write::Applied`],
-///   also when that grant writes again (a multi-step update, or a retry after
-///   [`Error::Indeterminate`]: the repeat is harmless);
-/// * below it: [`Write::Stale`]. A newer grant exists, **even if it has not
-///   written yet**, so a holder paused past its lease cannot slip a write in
-///   before its successor's first one;
-/// * above it: [`Write::NotGranted`]. No grant has that fence (see there).
-///
-/// The value is also never written under a fence below the one stored with
-/// it. One round trip. For a value that must live elsewhere (another slot, a
-/// key you name), [`write_unbound`] is the weaker form.
-///
-/// # Errors
-///
-/// Before any I/O: [`Error::EmptyKey`], [`Error::ZeroLimit`] (`fence == 0`:
-/// no grant has fence 0), [`Error::ValueTooLarge`] (above
-/// [`MAX_VALUE_LEN`](crate::MAX_VALUE_LEN)). From Redis: [`Error::Redis`]
-/// (the value key is not a hash, a hash without a valid fence field, or a
-/// counter that is not a canonical decimal; nothing was written) and
-/// [`Error::Indeterminate`].
-///
-/// # Example
-///
-/// ```no_run
-/// # async fn run(conn: &mut redis::aio::MultiplexedConnection, grant: nolock::fence::Grant)
-/// #     -> nolock::Result<()> {
-/// use nolock::fence::{self, Write};
-/// match fence::write(conn, "balance:42", grant.fence, "1700").await? {
-///     Write::Applied => {}
-///     Write::Stale { current_fence } => {
-///         eprintln!("superseded by grant {current_fence}; stopping");
-///         return Ok(());
-///     }
-///     Write::NotGranted { counter } => {
-///         eprintln!("fence above the counter ({counter}): did Redis lose it?");
-///         return Ok(());
-///     }
-///     // `Write` may gain outcomes; only `Applied` stored the value.
-///     _ => return Ok(()),
-/// }
-/// # Ok(()) }
-/// ```
-pub async fn write<C>(
-    conn: &mut C,
-    resource: &str,
-    fence: u64,
-    value: impl AsRef<[u8]>,
-) -> Result<Write>
-where
-    C: ConnectionLike + Send,
-{
-    let call = write_call(resource, fence, value.as_ref())?;
-    let reply = call.run(conn).await?;
-    decode_write(reply)
-}
-
-/// The **weaker** fenced write, for a value at a key of your choice (in any
-/// slot): compares `fence` only with the fence stored with the value.
-///
-/// `key` is a hash with the fields `value` and `fence`, written only through
-/// this function. A fence not below the stored one is accepted. What this
-/// form cannot see, because it does not read the lock's counter:
-///
-/// * a holder paused past its lease still writes (and is told
-///   [`Write::Applied`]) as long as its successor has not written yet; the
-///   successor's first write then replaces it;
-/// * a fence no grant carried (above the counter) is accepted, and then
-///   turns every real fence below it [`Write::Stale`].
-///
-/// Use [`write()`] unless the value cannot live in the resource's slot.
-///
-/// # Errors
-///
-/// As [`write()`].
-///
-/// # Example
-///
-/// ```no_run
-/// # async fn run(conn: &mut redis::aio::MultiplexedConnection, grant: nolock::fence::Grant)
-/// #     -> nolock::Result<()> {
-/// let out = nolock::fence::write_unbound(conn, "report:latest", grant.fence, "...").await?;
-/// if !out.is_applied() {
-///     return Ok(()); // a newer grant has written: stop
-/// }
-/// # Ok(()) }
-/// ```
-pub async fn write_unbound<C>(
-    conn: &mut C,
-    key: &str,
-    fence: u64,
-    value: impl AsRef<[u8]>,
-) -> Result<Write>
-where
-    C: ConnectionLike + Send,
-{
-    let call = write_unbound_call(key, fence, value.as_ref())?;
-    let reply = call.run(conn).await?;
-    decode_write(reply)
-}
-
-fn check_fence(fence: u64) -> Result<()> {
-    if fence == 0 {
-        return Err(Error::ZeroLimit { what: "fence" });
+impl Fence {
+    /// Store `value` as the protected value of the fence's resource, only
+    /// under the newest grant of its lock.
+    ///
+    /// The value lives in a hash at `keys::derive(resource, "value")`
+    /// (fields `value` and `fence`), in the slot of the resource's lock and
+    /// counter, so one atomic script compares this fence with the
+    /// resource's **fence counter** and writes:
+    ///
+    /// * equal to the counter (the newest grant): [`Write::Applied`], also
+    ///   when that grant writes again (a multi-step update, or a retry after
+    ///   [`Error::Indeterminate`]: the repeat is harmless);
+    /// * below it: [`Write::Stale`]. A newer grant exists, **even if it has
+    ///   not written yet**, so a holder paused past its lease cannot slip a
+    ///   write in before its successor's first one;
+    /// * above it: [`Write::NotGranted`]. No grant has that fence (see
+    ///   there).
+    ///
+    /// The value is also never written under a fence below the one stored
+    /// with it. One round trip. For a value that must live elsewhere
+    /// (another slot, a key you name), [`Fence::write_unbound`] is the
+    /// weaker form.
+    ///
+    /// # Errors
+    ///
+    /// Before any I/O: [`Error::ValueTooLarge`] (above
+    /// [`MAX_VALUE_LEN`](crate::MAX_VALUE_LEN)). From Redis: [`Error::Redis`]
+    /// (the value key is not a hash, a hash without a valid fence field, or
+    /// a counter that is not a canonical decimal; nothing was written) and
+    /// [`Error::Indeterminate`].
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// # async fn run(conn: &mut redis::aio::MultiplexedConnection, grant: nolock::fence::Grant)
+    /// #     -> nolock::Result<()> {
+    /// use nolock::fence::Write;
+    /// match grant.fence().write(conn, "1700").await? {
+    ///     Write::Applied => {}
+    ///     Write::Stale { current_fence } => {
+    ///         eprintln!("superseded by grant {current_fence}; stopping");
+    ///         return Ok(());
+    ///     }
+    ///     Write::NotGranted { counter } => {
+    ///         eprintln!("fence above the counter ({counter}): did Redis lose it?");
+    ///         return Ok(());
+    ///     }
+    ///     // `Write` may gain outcomes; only `Applied` stored the value.
+    ///     _ => return Ok(()),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn write<C>(&self, conn: &mut C, value: impl AsRef<[u8]>) -> Result<Write>
+    where
+        C: ConnectionLike + Send,
+    {
+        run_one(&WriteFenced::new(self, value)?, conn).await
     }
-    Ok(())
+
+    /// The **weaker** fenced write, for a value at a key of your choice (in
+    /// any slot): compares the fence only with the fence stored with the
+    /// value.
+    ///
+    /// `key` is a hash with the fields `value` and `fence`, written only
+    /// through this call. A fence not below the stored one is accepted. What
+    /// this form cannot see, because it does not read the lock's counter:
+    ///
+    /// * a holder paused past its lease still writes (and is told
+    ///   [`Write::Applied`]) as long as its successor has not written yet;
+    ///   the successor's first write then replaces it;
+    /// * a fence no grant carried (above the counter) is accepted, and then
+    ///   turns every real fence below it [`Write::Stale`].
+    ///
+    /// Use [`Fence::write`] unless the value cannot live in the resource's
+    /// slot.
+    ///
+    /// # Errors
+    ///
+    /// As [`Fence::write`], and [`Error::EmptyKey`] before any I/O.
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// # async fn run(conn: &mut redis::aio::MultiplexedConnection, grant: nolock::fence::Grant)
+    /// #     -> nolock::Result<()> {
+    /// let out = grant.fence().write_unbound(conn, "report:latest", "...").await?;
+    /// if !out.is_applied() {
+    ///     return Ok(()); // a newer grant has written: stop
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn write_unbound<C>(
+        &self,
+        conn: &mut C,
+        key: &str,
+        value: impl AsRef<[u8]>,
+    ) -> Result<Write>
+    where
+        C: ConnectionLike + Send,
+    {
+        run_one(&WriteFenced::unbound(self, key, value)?, conn).await
+    }
 }
 
-fn write_call(resource: &str, fence: u64, value: &[u8]) -> Result<Invocation> {
-    let keys = Keys::of(resource)?;
-    check_fence(fence)?;
-    let value = validate::value("value", value)?;
-    // Sent as decimal digits; the script compares them as digits, exactly.
-    Ok(Invocation::new(&WRITE, &[&keys.value, &keys.fence])
-        .arg(fence.to_string())
-        .arg(value))
+/// [`Fence::write`] and [`Fence::write_unbound`] as values: for a
+/// [`crate::Batch`], or with an operation id.
+#[derive(Debug, Clone)]
+pub struct WriteFenced {
+    call: Invocation,
 }
 
-fn write_unbound_call(key: &str, fence: u64, value: &[u8]) -> Result<Invocation> {
-    validate::key(key)?;
-    check_fence(fence)?;
-    let value = validate::value("value", value)?;
-    Ok(Invocation::new(&WRITE, &[key])
-        .arg(fence.to_string())
-        .arg(value))
+impl WriteFenced {
+    /// Write `value` to `fence`'s resource under `fence` ([`Fence::write`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`Fence::write`], before any I/O.
+    pub fn new(fence: &Fence, value: impl AsRef<[u8]>) -> Result<Self> {
+        let keys = Keys::of(fence.resource())?;
+        let value = validate::value("value", value.as_ref())?;
+        // Sent as decimal digits; the script compares them as digits, exactly.
+        Ok(WriteFenced {
+            call: Invocation::new(&WRITE, &[&keys.value, &keys.fence])
+                .arg(fence.number().to_string())
+                .arg(value),
+        })
+    }
+
+    /// Write `value` at `key` under `fence` ([`Fence::write_unbound`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`Fence::write_unbound`], before any I/O.
+    pub fn unbound(fence: &Fence, key: &str, value: impl AsRef<[u8]>) -> Result<Self> {
+        validate::key(key)?;
+        let value = validate::value("value", value.as_ref())?;
+        Ok(WriteFenced {
+            call: Invocation::new(&WRITE, &[key])
+                .arg(fence.number().to_string())
+                .arg(value),
+        })
+    }
+}
+
+impl Operation for WriteFenced {
+    type Output = Write;
+
+    fn invocation(&self) -> &Invocation {
+        &self.call
+    }
+
+    fn decode(&self, reply: redis::Value) -> Result<Write> {
+        decode_write(reply)
+    }
 }
 
 fn decode_write(value: redis::Value) -> Result<Write> {
@@ -205,8 +230,8 @@ fn decode_write(value: redis::Value) -> Result<Write> {
     })
 }
 
-/// Read the value of `resource` written by [`write()`], and the fence that
-/// wrote it, or `None` when it has none.
+/// Read the value of `resource` written by [`Fence::write`], and the fence
+/// that wrote it, or `None` when it has none.
 ///
 /// Runs with `EVALSHA_RO`, so a connection routed to a replica can serve it.
 ///
@@ -228,11 +253,10 @@ pub async fn read<C>(conn: &mut C, resource: &str) -> Result<Option<Fenced>>
 where
     C: ConnectionLike + Send,
 {
-    let keys = Keys::of(resource)?;
-    read_key(conn, &keys.value).await
+    run_one(&ReadFenced::new(resource)?, conn).await
 }
 
-/// Read a value written by [`write_unbound`] at `key`.
+/// Read a value written by [`Fence::write_unbound`] at `key`.
 ///
 /// # Errors
 ///
@@ -249,20 +273,56 @@ pub async fn read_unbound<C>(conn: &mut C, key: &str) -> Result<Option<Fenced>>
 where
     C: ConnectionLike + Send,
 {
-    validate::key(key)?;
-    read_key(conn, key).await
+    run_one(&ReadFenced::unbound(key)?, conn).await
 }
 
-async fn read_key<C>(conn: &mut C, key: &str) -> Result<Option<Fenced>>
-where
-    C: ConnectionLike + Send,
-{
-    let value = Invocation::new(&READ, &[key]).run(conn).await?;
-    let mut reply = Reply::new(READ.name(), value)?;
-    let value = reply.bytes()?;
-    let fence = reply.uint()?;
-    reply.finish()?;
-    Ok(value.map(|value| Fenced { value, fence }))
+/// [`read`] and [`read_unbound`] as values, for a [`crate::Batch`]
+/// (read-only: `EVALSHA_RO`, a replica can serve it).
+#[derive(Debug, Clone)]
+pub struct ReadFenced {
+    call: Invocation,
+}
+
+impl ReadFenced {
+    /// Read `resource`'s value ([`read`]).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::EmptyKey`] before any I/O.
+    pub fn new(resource: &str) -> Result<Self> {
+        let keys = Keys::of(resource)?;
+        Ok(ReadFenced {
+            call: Invocation::new(&READ, &[&keys.value]),
+        })
+    }
+
+    /// Read the value at `key` ([`read_unbound`]).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::EmptyKey`] before any I/O.
+    pub fn unbound(key: &str) -> Result<Self> {
+        validate::key(key)?;
+        Ok(ReadFenced {
+            call: Invocation::new(&READ, &[key]),
+        })
+    }
+}
+
+impl Operation for ReadFenced {
+    type Output = Option<Fenced>;
+
+    fn invocation(&self) -> &Invocation {
+        &self.call
+    }
+
+    fn decode(&self, value: redis::Value) -> Result<Option<Fenced>> {
+        let mut reply = Reply::new(READ.name(), value)?;
+        let value = reply.bytes()?;
+        let fence = reply.uint()?;
+        reply.finish()?;
+        Ok(value.map(|value| Fenced { value, fence }))
+    }
 }
 
 #[cfg(test)]
@@ -271,11 +331,15 @@ mod tests {
     use crate::script::words;
     use redis::Value::{Array, BulkString, Int};
 
+    fn fence(number: u64) -> Fence {
+        Fence::granted("acct", number)
+    }
+
     #[test]
     fn the_fence_is_sent_as_exact_digits() {
-        let call = write_call("acct", u64::MAX, b"v").unwrap();
+        let op = WriteFenced::new(&fence(u64::MAX), b"v").unwrap();
         assert_eq!(
-            words(call.command()),
+            words(op.invocation().command()),
             [
                 "EVALSHA",
                 WRITE.sha1(),
@@ -286,23 +350,23 @@ mod tests {
                 "v"
             ]
         );
-        let call = write_unbound_call("acct", 7, b"v").unwrap();
+        let op = WriteFenced::unbound(&fence(7), "elsewhere", b"v").unwrap();
         assert_eq!(
-            words(call.command()),
-            ["EVALSHA", WRITE.sha1(), "1", "acct", "7", "v"]
+            words(op.invocation().command()),
+            ["EVALSHA", WRITE.sha1(), "1", "elsewhere", "7", "v"]
         );
     }
 
     #[test]
     fn bad_input_is_rejected_before_a_command_is_built() {
-        assert!(matches!(write_call("", 1, b""), Err(Error::EmptyKey)));
         assert!(matches!(
-            write_unbound_call("", 1, b""),
-            Err(Error::EmptyKey)
+            WriteFenced::unbound(&fence(1), "", b""),
+            Err(crate::Error::EmptyKey)
         ));
+        assert!(matches!(ReadFenced::new(""), Err(crate::Error::EmptyKey)));
         assert!(matches!(
-            write_call("k", 0, b""),
-            Err(Error::ZeroLimit { what: "fence" })
+            ReadFenced::unbound(""),
+            Err(crate::Error::EmptyKey)
         ));
     }
 
@@ -312,10 +376,10 @@ mod tests {
         // other request in flight on it); cas refuses such values up front too.
         let big = vec![0u8; crate::MAX_VALUE_LEN + 1];
         assert!(matches!(
-            write_call("k", 1, &big),
-            Err(Error::ValueTooLarge { what: "value", .. })
+            WriteFenced::new(&fence(1), &big),
+            Err(crate::Error::ValueTooLarge { what: "value", .. })
         ));
-        assert!(write_call("k", 1, &big[..crate::MAX_VALUE_LEN]).is_ok());
+        assert!(WriteFenced::new(&fence(1), &big[..crate::MAX_VALUE_LEN]).is_ok());
     }
 
     #[test]
@@ -337,7 +401,7 @@ mod tests {
         let odd = Array(vec![Int(3), BulkString(b"0".to_vec())]);
         assert!(matches!(
             decode_write(odd),
-            Err(Error::UnexpectedReply { .. })
+            Err(crate::Error::UnexpectedReply { .. })
         ));
     }
 }

@@ -53,7 +53,7 @@ pub const MAX_ID_LEN: usize = 256;
 /// * **In a [`crate::Batch`]** each entry may carry its own id.
 /// * **Not the same as** [`crate::semaphore::AcquirePermit::with_id`] (the
 ///   permit's id, which lets a holder re-acquire its own permit) or
-///   [`crate::fence::acquire_as`] (the owner token): those answer from the
+///   [`crate::fence::Lock::acquire_as`] (the owner token): those answer from the
 ///   current state; an operation id replays the first reply.
 ///
 /// # Example

@@ -396,7 +396,7 @@ pub fn check_rate(
 }
 
 // ---------------------------------------------------------------------------
-// Fences: fence::acquire on one resource, fence::write to one fenced key.
+// Fences: Lock::acquire on one resource, Fence::write to its value.
 
 #[derive(Debug, Clone)]
 pub enum FenceOp {

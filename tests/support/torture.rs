@@ -86,9 +86,6 @@ impl Keys {
     fn lock(&self) -> String {
         format!("{{{}lock}}", self.prefix)
     }
-    fn fenced(&self) -> String {
-        format!("{{{}lock}}:data", self.prefix)
-    }
     fn balance(&self) -> String {
         format!("{{{}bal}}", self.prefix)
     }
@@ -333,7 +330,7 @@ pub async fn run(config: Config) -> Report {
     ));
 
     let stored = read_retrying(|| {
-        let key = keys.fenced();
+        let key = keys.lock();
         let mut conn = conn.clone();
         async move { fence::read(&mut conn, &key).await }
     })
@@ -370,9 +367,9 @@ pub async fn run(config: Config) -> Report {
         RateOp::Refund { .. } => "rate refund",
     }));
     ops.merge(&tally(&h.fences.events(), |op| match op {
-        FenceOp::Acquire => "fence::acquire",
-        FenceOp::Write { .. } => "fence::write",
-        FenceOp::Release => "fence::release",
+        FenceOp::Acquire => "fence::Lock::acquire",
+        FenceOp::Write { .. } => "fence::Fence::write",
+        FenceOp::Release => "fence::Grant::release",
     }));
     ops.merge(&tally(&h.balance.events(), |op| match op {
         BalanceOp::Debit(_) => "cas::debit",
@@ -557,20 +554,24 @@ async fn client(
                 }
             }
             65..=79 => {
-                let (lock, data) = (keys.lock(), keys.fenced());
+                let lock = keys.lock();
+                let mut granted = None;
                 let o = h
                     .fences
                     .record(process, FenceOp::Acquire, async {
-                        fence::acquire(c, &lock, FENCE_TTL)
-                            .await
-                            .map(|a| match a.acquired() {
-                                Some(g) => FenceReply::Granted(g.fence),
-                                None => FenceReply::Held,
-                            })
+                        let attempt = fence::Lock::new(FENCE_TTL)?.acquire(c, &lock).await?;
+                        Ok(match attempt.acquired() {
+                            Some(g) => {
+                                let f = g.fence().number();
+                                granted = Some(g.fence().clone());
+                                FenceReply::Granted(f)
+                            }
+                            None => FenceReply::Held,
+                        })
                     })
                     .await;
                 let mut dead = lost(&o);
-                if let Outcome::Ok(FenceReply::Granted(f)) = o {
+                if let (Outcome::Ok(FenceReply::Granted(f)), Some(granted)) = (o, granted) {
                     // Sometimes pause past the TTL, so a newer grant overtakes.
                     if rng.u32(0..4) == 0 {
                         tokio::time::sleep(FENCE_TTL + Duration::from_millis(20)).await;
@@ -585,7 +586,7 @@ async fn client(
                                 value: value.clone(),
                             },
                             async {
-                                fence::write(c, &data, f, &value).await.map(|w| match w {
+                                granted.write(c, &value).await.map(|w| match w {
                                     fence::Write::Applied => FenceReply::Applied,
                                     fence::Write::Stale { current_fence } => {
                                         FenceReply::Stale(current_fence)

@@ -7,7 +7,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use nolock::fence::{self, Acquire, Token};
+use nolock::fence::{Grant, Lock, LockAttempt};
 use nolock::Backoff;
 use redis::aio::MultiplexedConnection;
 
@@ -20,7 +20,7 @@ pub const HOLD: Duration = Duration::from_millis(1);
 /// The two waiting acquires compared.
 #[derive(Clone)]
 pub enum Locker {
-    /// `fence::acquire_with_retry` with `Backoff::new(30 s)` (its default delays).
+    /// `fence::Lock::with_wait(Backoff::new(30 s))` (its default delays).
     Nolock(MultiplexedConnection),
     /// rslock's `acquire_no_guard`: `lock` retried until it succeeds (3 tries
     /// 0–200 ms apart per `lock`, its defaults).
@@ -28,7 +28,7 @@ pub enum Locker {
 }
 
 enum Held {
-    Nolock(Token),
+    Nolock(Grant),
     Rslock(rslock::Lock),
 }
 
@@ -36,7 +36,7 @@ impl Locker {
     pub fn all(conns: &Conns) -> [(&'static str, Locker); 2] {
         [
             (
-                "fence::acquire_with_retry",
+                "fence::Lock::with_wait",
                 Locker::Nolock(conns.nolock.clone()),
             ),
             (
@@ -49,10 +49,12 @@ impl Locker {
     async fn acquire(&mut self, key: &str) -> Result<Held, Error> {
         match self {
             Locker::Nolock(conn) => {
-                let wait = Backoff::new(Duration::from_secs(30));
-                match fence::acquire_with_retry(conn, key, TTL, &wait).await? {
-                    Acquire::Acquired(grant) => Ok(Held::Nolock(grant.token)),
-                    Acquire::Held { .. } => Err(format!("{key} still held after 30 s").into()),
+                let lock = Lock::new(TTL)?.with_wait(Backoff::new(Duration::from_secs(30)));
+                match lock.acquire(conn, key).await? {
+                    LockAttempt::Acquired(grant) => Ok(Held::Nolock(grant)),
+                    LockAttempt::Held { .. } => {
+                        Err(format!("{key} still held after 30 s").into())
+                    }
                 }
             }
             Locker::Rslock(manager) => Ok(Held::Rslock(manager.acquire_no_guard(key, TTL).await?)),
@@ -61,8 +63,9 @@ impl Locker {
 
     async fn release(&mut self, key: &str, held: Held) -> Result<(), Error> {
         match (self, held) {
-            (Locker::Nolock(conn), Held::Nolock(token)) => {
-                let _ = fence::release(conn, key, &token).await?;
+            (Locker::Nolock(conn), Held::Nolock(grant)) => {
+                debug_assert_eq!(grant.resource(), key);
+                let _ = grant.release(conn).await?;
             }
             (Locker::Rslock(manager), Held::Rslock(lock)) => manager.unlock(&lock).await,
             _ => return Err("lock from another locker".into()),

@@ -15,12 +15,12 @@
 //!    in an "admit" regime (a quota no call reaches) and a "deny" one (10/s,
 //!    burst 10, exhausted);
 //! 3. the issue-10 cost targets: `limits::try_increment` against the design
-//!    card's GET/compare/INCR/EXPIRE script, and `fence::acquire` + `release`
+//!    card's GET/compare/INCR/EXPIRE script, and `Lock::acquire` + `Grant::release`
 //!    against `SET NX PX` + `INCR` and a token-checked release (one minimal
 //!    script each, in `subjects.rs`) and against rslock's lock + unlock.
 //!
 //! 4. a contended lock: 64 waiters take it in turn (hold 1 ms), with
-//!    `fence::acquire_with_retry` and with rslock's retrying `acquire`.
+//!    `Lock::with_wait` and with rslock's retrying `acquire`.
 //!
 //! Rows are measured in turn and the whole set repeated, so that a load change
 //! on a shared machine hits every row alike; server time is given as minimum
@@ -131,7 +131,7 @@ async fn main() -> Result<(), Error> {
             subjects::card_counter(&conns, false),
         ),
         (
-            "fence::acquire + fence::release",
+            "Lock::acquire + Grant::release",
             subjects::nolock_fence(&conns),
         ),
         (

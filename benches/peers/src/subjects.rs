@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
-use nolock::fence::{self, Acquire, Token};
+use nolock::fence::{Lock, LockAttempt, Token};
 use nolock::rate::{Algorithm, Limiter, Quota};
 use redis::aio::MultiplexedConnection;
 use throttle_kit::RateLimitBackend;
@@ -258,16 +258,17 @@ pub fn card_counter(conns: &Conns, admit: bool) -> Call {
     })
 }
 
-/// `fence::acquire` + `fence::release`: one pair per call.
+/// `Lock::acquire` + `Grant::release`: one pair per call.
 pub fn nolock_fence(conns: &Conns) -> Call {
     let conn = conns.nolock.clone();
+    let lock = Lock::new(TTL).expect("a valid TTL");
     call(move |key| {
-        let mut conn = conn.clone();
+        let (mut conn, lock) = (conn.clone(), lock.clone());
         async move {
-            let Acquire::Acquired(grant) = fence::acquire(&mut conn, &key, TTL).await? else {
+            let LockAttempt::Acquired(grant) = lock.acquire(&mut conn, &key).await? else {
                 return Err(format!("{key} is held").into());
             };
-            let _ = fence::release(&mut conn, &key, &grant.token).await?;
+            let _ = grant.release(&mut conn).await?;
             Ok(Decision::default())
         }
     })

@@ -1,0 +1,420 @@
+//! [`Lock`]: one kind of lock's configuration, and the acquires on it.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use redis::aio::ConnectionLike;
+
+use super::{millis, retry, Fence, Grant, Keys, Lease, LockAttempt, Token};
+use crate::script::{embedded, run_one, Invocation, Operation, Reply, Script};
+#[cfg(doc)]
+use crate::Error;
+use crate::{Backoff, Result, Work};
+
+pub(super) static ACQUIRE: Script = embedded!("fence/acquire");
+
+/// "One holder at a time, with a fence": the TTL of the grants and how
+/// long an acquire waits. Build it once (it is cheap to clone) and call it
+/// with the name of whatever is protected; every caller of one resource
+/// should share it, so that they agree on its TTL.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use nolock::fence::{Lock, LockAttempt, LockRelease};
+///
+/// # async fn run(conn: &mut redis::aio::MultiplexedConnection) -> nolock::Result<()> {
+/// let reports = Lock::new(Duration::from_secs(30))?;
+/// match reports.acquire(conn, "report:daily").await? {
+///     LockAttempt::Acquired(grant) => {
+///         // ... build the report, writing with grant.fence() ...
+///         if grant.release(conn).await? == LockRelease::Lost {
+///             eprintln!("the lease expired before the work finished");
+///         }
+///     }
+///     LockAttempt::Held { expires_in } => println!("busy, free in at most {expires_in:?}"),
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lock {
+    ttl: Duration,
+    wait: Backoff,
+}
+
+impl Lock {
+    /// A lock whose grants expire `ttl` after they were taken or last
+    /// extended; an acquire makes one attempt (see [`Lock::with_wait`]).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ZeroDuration`] (`ttl` under 1 ms) and
+    /// [`Error::DurationTooLong`] (above [`crate::MAX_TTL`]).
+    pub fn new(ttl: Duration) -> Result<Lock> {
+        let ttl = Duration::from_millis(millis(ttl)?);
+        Ok(Lock {
+            ttl,
+            wait: Backoff::none(),
+        })
+    }
+
+    /// The same lock, whose acquires wait while it is held, with `wait`:
+    /// jittered exponential sleeps, never past the holder's expiry, until
+    /// `wait.timeout` after the first attempt.
+    pub fn with_wait(self, wait: Backoff) -> Lock {
+        Lock { wait, ..self }
+    }
+
+    /// The TTL each grant and each extension sets, in whole milliseconds.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// How its acquires wait.
+    pub fn wait(&self) -> &Backoff {
+        &self.wait
+    }
+
+    /// Take the lock on `resource` if it is free, with a fresh random owner
+    /// token, and get the next fence (waiting as [`Lock::with_wait`] says).
+    ///
+    /// One round trip per attempt. A held lock is not an error: it returns
+    /// [`LockAttempt::Held`] with the time until it expires, and writes
+    /// nothing. A waiting lock draws one token for all its attempts, so an
+    /// attempt whose reply was lost is recognised by the next (same grant,
+    /// same fence) instead of leaving a lock behind.
+    ///
+    /// # Errors
+    ///
+    /// Before any I/O: [`Error::EmptyKey`], [`Error::Entropy`],
+    /// [`Error::ZeroDuration`] (a backoff's `initial_delay` under 1 ms),
+    /// [`Error::NoTimer`] (a lock that waits, on a runtime without timers).
+    /// From Redis: [`Error::Redis`] (e.g. `OOM` on a full server,
+    /// `WRONGTYPE`, or a fence counter that is not an integer; nothing was
+    /// written) and [`Error::Indeterminate`] (the lock may have been taken
+    /// with a token you never saw; it expires after the TTL. Use
+    /// [`Lock::acquire_as`] to be able to retry; a lock that waits retries
+    /// with its token within its deadline).
+    pub async fn acquire<C>(&self, conn: &mut C, resource: &str) -> Result<LockAttempt>
+    where
+        C: ConnectionLike + Send,
+    {
+        Keys::of(resource)?;
+        let token = Token::random()?;
+        self.acquire_as(conn, resource, &token).await
+    }
+
+    /// [`Lock::acquire`] with a token you chose (from [`Token::random`]).
+    ///
+    /// While the lock still holds `token`, calling this again answers the
+    /// same grant: the fence stored with the lock (never a newer one, and
+    /// never the counter: after [`super::advance`] the grant keeps its own,
+    /// now stale, fence), with the TTL set again. After an
+    /// [`Error::Indeterminate`] you can retry with the same token and learn
+    /// whether the first call took the lock, instead of waiting out its TTL.
+    ///
+    /// # Errors
+    ///
+    /// As [`Lock::acquire`] (without [`Error::Entropy`]).
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// # async fn run(conn: &mut redis::aio::MultiplexedConnection) -> nolock::Result<()> {
+    /// use std::time::Duration;
+    /// use nolock::fence::{Lock, Token};
+    ///
+    /// let jobs = Lock::new(Duration::from_secs(30))?;
+    /// let token = Token::random()?;
+    /// let outcome = match jobs.acquire_as(conn, "job:42", &token).await {
+    ///     Err(e) if !e.is_definite() => jobs.acquire_as(conn, "job:42", &token).await?,
+    ///     other => other?,
+    /// };
+    /// println!("{outcome:?}");
+    /// # Ok(()) }
+    /// ```
+    pub async fn acquire_as<C>(
+        &self,
+        conn: &mut C,
+        resource: &str,
+        token: &Token,
+    ) -> Result<LockAttempt>
+    where
+        C: ConnectionLike + Send,
+    {
+        let op = AcquireLock::with_token(self, resource, token)?;
+        if self.wait.timeout.is_zero() {
+            return run_one(&op, conn).await;
+        }
+        retry::wait_for(conn, self, &op, None).await
+    }
+
+    /// [`Lock::acquire`], then keep the grant renewed every `ttl / 3` in a
+    /// background task on `conn` ([`Lease`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`Lock::acquire`], and [`Error::NoTimer`] (the renewals need a
+    /// runtime with timers), before any I/O.
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// # async fn run(conn: redis::aio::MultiplexedConnection) -> nolock::Result<()> {
+    /// use std::time::Duration;
+    /// use nolock::fence::{Lock, LockAttempt};
+    ///
+    /// let reindex = Lock::new(Duration::from_secs(10))?;
+    /// let LockAttempt::Acquired(lease) = reindex.lease(conn.clone(), "reindex").await? else {
+    ///     return Ok(()); // someone else is reindexing
+    /// };
+    /// tokio::select! {
+    ///     _ = rebuild(lease.fence().as_i64()) => {}
+    ///     loss = lease.lost() => eprintln!("stopped reindexing: {loss}"),
+    /// }
+    /// lease.release().await?;
+    /// # Ok(()) }
+    /// # async fn rebuild(_fence: i64) {}
+    /// ```
+    pub async fn lease<C>(&self, mut conn: C, resource: &str) -> Result<LockAttempt<Lease>>
+    where
+        C: ConnectionLike + Send + 'static,
+    {
+        // The renewals sleep: refuse before taking a lock nobody would renew.
+        crate::timer::check()?;
+        Ok(match self.acquire(&mut conn, resource).await? {
+            LockAttempt::Acquired(grant) => LockAttempt::Acquired(Lease::start(conn, grant)?),
+            LockAttempt::Held { expires_in } => LockAttempt::Held { expires_in },
+        })
+    }
+
+    /// Run `work` under a renewed lease on `resource` ([`Lock::lease`]),
+    /// then release it.
+    ///
+    /// `work` gets the grant's [`Fence`]: pass it to every write the lock
+    /// protects ([`Fence::write`], or `fence.as_i64()` in a conditional SQL
+    /// write). The answer says what became of the hold, in its type
+    /// ([`Work`]): [`Work::Done`] when the lease was held from start to end;
+    /// [`Work::Overran`] when the work finished but the lease had ended
+    /// first (a stall past the TTL: another holder may have run meanwhile,
+    /// and only the fence checks tell whether the writes landed first);
+    /// [`Work::Stopped`] when the lease was lost while the work ran (its
+    /// future is dropped at that moment; work it spawned keeps running: use
+    /// [`Lease::cancellation_token`] for that); [`Work::Busy`] when the lock
+    /// stayed held by someone else for the whole wait.
+    ///
+    /// # Errors
+    ///
+    /// As [`Lock::lease`].
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # #[tokio::main]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let Ok(url) = std::env::var("REDIS_URL") else { return Ok(()) };
+    /// # let conn = redis::Client::open(url)?.get_multiplexed_async_connection().await?;
+    /// # let account = format!("doc-balance:{}", std::process::id());
+    /// use std::time::Duration;
+    /// use nolock::fence::{self, Lock};
+    /// use nolock::{Backoff, Work};
+    ///
+    /// let balances = Lock::new(Duration::from_secs(5))?.with_wait(Backoff::new(Duration::from_secs(1)));
+    /// let mut writer = conn.clone();
+    /// let outcome = balances
+    ///     .with_lease(conn.clone(), &account, |fence| async move {
+    ///         fence.write(&mut writer, "1700").await
+    ///     })
+    ///     .await?;
+    /// match outcome {
+    ///     Work::Done(write) => assert!(write?.is_applied()),
+    ///     other => println!("not written under a held lease: {:?}", other.loss()),
+    /// }
+    /// let stored = fence::read(&mut conn.clone(), &account).await?.expect("written");
+    /// assert_eq!(stored.value, b"1700");
+    /// # Ok(()) }
+    /// ```
+    pub async fn with_lease<C, F, Fut, T>(
+        &self,
+        conn: C,
+        resource: &str,
+        work: F,
+    ) -> Result<Work<T>>
+    where
+        C: ConnectionLike + Send + 'static,
+        F: FnOnce(Fence) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let lease = match self.lease(conn, resource).await? {
+            LockAttempt::Acquired(lease) => lease,
+            LockAttempt::Held { .. } => return Ok(Work::Busy),
+        };
+        Ok(lease.run(work).await)
+    }
+}
+
+/// [`Lock::acquire_as`]'s single attempt as a value: for a
+/// [`crate::Batch`] (many resources in one round trip), or run again with
+/// the same token after a lost reply. Its grant's deadline counts from when
+/// the value was built.
+#[derive(Debug, Clone)]
+pub struct AcquireLock {
+    call: Invocation,
+    keys: Keys,
+    resource: String,
+    token: Token,
+    ttl: Duration,
+    built: Instant,
+}
+
+impl AcquireLock {
+    /// One attempt at `resource` under a fresh random token.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::EmptyKey`] and [`Error::Entropy`], before any I/O.
+    pub fn new(lock: &Lock, resource: &str) -> Result<Self> {
+        Keys::of(resource)?;
+        AcquireLock::with_token(lock, resource, &Token::random()?)
+    }
+
+    /// One attempt at `resource` under `token`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::EmptyKey`], before any I/O.
+    pub fn with_token(lock: &Lock, resource: &str, token: &Token) -> Result<Self> {
+        let keys = Keys::of(resource)?;
+        let ttl_ms = millis(lock.ttl)?;
+        let call = Invocation::new(&ACQUIRE, &[&keys.lock, &keys.fence])
+            .arg(token.as_str())
+            .arg(ttl_ms);
+        Ok(AcquireLock {
+            call,
+            keys,
+            resource: resource.to_owned(),
+            token: token.clone(),
+            ttl: lock.ttl,
+            built: Instant::now(),
+        })
+    }
+
+    /// The owner token this attempt takes the lock under.
+    pub fn token(&self) -> &Token {
+        &self.token
+    }
+
+    /// The same attempt, sent again now (its deadline counts from now).
+    pub(super) fn resend(&self) -> AcquireLock {
+        AcquireLock {
+            built: Instant::now(),
+            ..self.clone()
+        }
+    }
+
+    pub(super) fn released_channel(&self) -> &str {
+        &self.keys.released
+    }
+}
+
+impl Operation for AcquireLock {
+    type Output = LockAttempt;
+
+    fn invocation(&self) -> &Invocation {
+        &self.call
+    }
+
+    fn decode(&self, value: redis::Value) -> Result<LockAttempt> {
+        let mut reply = Reply::new(ACQUIRE.name(), value)?;
+        let outcome = if reply.flag()? {
+            let number = reply.uint()?;
+            LockAttempt::Acquired(Grant::granted(
+                self.keys.clone(),
+                self.token.clone(),
+                self.ttl,
+                Fence::granted(&self.resource, number),
+                self.built,
+            ))
+        } else {
+            LockAttempt::Held {
+                expires_in: u64::try_from(reply.int()?).ok().map(Duration::from_millis),
+            }
+        };
+        reply.finish()?;
+        Ok(outcome)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::script::words;
+    use crate::Error;
+    use redis::Value::{Array, BulkString, Int};
+
+    fn lock(ms: u64) -> Lock {
+        Lock::new(Duration::from_millis(ms)).unwrap()
+    }
+
+    #[test]
+    fn the_acquire_command_carries_both_keys_the_token_and_the_ttl() {
+        let token = Token("t0k".into());
+        let lock = Lock::new(Duration::from_micros(1_500_900)).unwrap();
+        assert_eq!(lock.ttl(), Duration::from_millis(1500));
+        let op = AcquireLock::with_token(&lock, "r", &token).unwrap();
+        assert_eq!(
+            words(op.invocation().command()),
+            [
+                "EVALSHA",
+                ACQUIRE.sha1(),
+                "2",
+                "{r}:lock",
+                "{r}:fence",
+                "t0k",
+                "1500"
+            ]
+        );
+    }
+
+    #[test]
+    fn bad_input_is_rejected_before_a_command_is_built() {
+        assert!(matches!(
+            Lock::new(Duration::ZERO),
+            Err(Error::ZeroDuration { what: "ttl" })
+        ));
+        assert!(matches!(
+            Lock::new(crate::MAX_TTL + Duration::from_millis(1)),
+            Err(Error::DurationTooLong { what: "ttl", .. })
+        ));
+        assert!(matches!(
+            AcquireLock::new(&lock(1000), ""),
+            Err(Error::EmptyKey)
+        ));
+    }
+
+    #[test]
+    fn fences_decode_exactly_above_2_pow_53() {
+        let op = AcquireLock::with_token(&lock(1000), "r", &Token("t".into())).unwrap();
+        let value = Array(vec![Int(1), BulkString(b"9007199254740993".to_vec())]);
+        match op.decode(value).unwrap() {
+            LockAttempt::Acquired(grant) => {
+                assert_eq!(grant.fence().number(), (1 << 53) + 1);
+                assert_eq!(grant.fence().resource(), "r");
+                assert_eq!(
+                    grant.deadline(),
+                    op.built + Duration::from_secs(1) - Duration::from_millis(12)
+                );
+            }
+            held => panic!("{held:?}"),
+        }
+        assert_eq!(
+            op.decode(Array(vec![Int(0), Int(250)])).unwrap(),
+            LockAttempt::Held {
+                expires_in: Some(Duration::from_millis(250))
+            }
+        );
+        assert_eq!(
+            op.decode(Array(vec![Int(0), Int(-1)])).unwrap(),
+            LockAttempt::Held { expires_in: None }
+        );
+    }
+}
