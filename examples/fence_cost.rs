@@ -1,4 +1,6 @@
-//! What a fenced lease costs next to the bare `SET NX PX` + `DEL` lock.
+//! What a fenced lease costs next to the bare `SET NX PX` + `DEL` lock, and
+//! what an acknowledged grant (`Lock::acknowledged(1, ..)`: `WAIT 1` in the
+//! acquire's round trip) adds on a primary with one replica.
 //!
 //! ```text
 //! cargo run --release --example fence_cost            # own redis-server, 5000 pairs
@@ -10,6 +12,9 @@
 //! alternating blocks so that both see the same machine. Per pair it reports
 //! the round trips (commands the client sent, from `INFO commandstats`), the
 //! client-side time (mean, p50, p99) and the server time (`usec_per_call`).
+//! The acknowledged row runs only on the example's own server, to which it
+//! attaches a replica on loopback (its `WAIT` is pipelined with the script,
+//! so it adds no round trip; it adds the replica's confirmation time).
 
 #[path = "../tests/support/server.rs"]
 mod server;
@@ -31,6 +36,33 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (url, server) = server::url_from_env_or_start();
     let client = redis::Client::open(url.as_str())?;
     let mut conn = client.get_multiplexed_async_connection().await?;
+    // A replica for the acknowledged grants, on the example's own server.
+    let replica = match &server {
+        Some(primary) => {
+            let port = primary.port.to_string();
+            let replica = server::RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
+            let start = Instant::now();
+            loop {
+                let acked: i64 = redis::cmd("WAIT")
+                    .arg(1)
+                    .arg(100)
+                    .query_async(&mut conn)
+                    .await?;
+                if acked == 1 {
+                    break;
+                }
+                if start.elapsed() > Duration::from_secs(10) {
+                    return Err("the replica never synced".into());
+                }
+            }
+            Some(replica)
+        }
+        None => None,
+    };
+    let plain_lock = nolock::fence::Lock::new(TTL)?;
+    let acked_lock = plain_lock
+        .clone()
+        .acknowledged(1, Duration::from_millis(500))?;
     let version: String = redis::cmd("INFO")
         .arg("server")
         .query_async(&mut conn)
@@ -46,13 +78,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let plain_key = format!("{resource}:plain");
     // Warm up both paths (connection, script cache, allocator).
     for _ in 0..200 {
-        fenced_pair(&mut conn, &resource).await?;
+        fenced_pair(&mut conn, &plain_lock, &resource).await?;
         plain_pair(&mut conn, &plain_key).await?;
     }
 
     let mut fenced = Vec::with_capacity(pairs);
+    let mut acked = Vec::with_capacity(pairs);
     let mut plain = Vec::with_capacity(pairs);
     let mut fenced_stats = Stats::default();
+    let mut acked_stats = Stats::default();
     let mut plain_stats = Stats::default();
     let mut done = 0;
     while done < pairs {
@@ -60,7 +94,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let before = Stats::read(&mut conn, SCRIPT_COMMANDS).await?;
         for _ in 0..n {
             let start = Instant::now();
-            fenced_pair(&mut conn, &resource).await?;
+            fenced_pair(&mut conn, &plain_lock, &resource).await?;
             fenced.push(start.elapsed());
         }
         fenced_stats.add(
@@ -68,6 +102,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .await?
                 .minus(&before),
         );
+        if replica.is_some() {
+            let before = Stats::read(&mut conn, SCRIPT_COMMANDS).await?;
+            for _ in 0..n {
+                let start = Instant::now();
+                fenced_pair(&mut conn, &acked_lock, &resource).await?;
+                acked.push(start.elapsed());
+            }
+            acked_stats.add(
+                &Stats::read(&mut conn, SCRIPT_COMMANDS)
+                    .await?
+                    .minus(&before),
+            );
+        }
         let before = Stats::read(&mut conn, PLAIN_COMMANDS).await?;
         for _ in 0..n {
             let start = Instant::now();
@@ -100,16 +147,26 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         &fenced_stats,
         pairs,
     );
+    if replica.is_some() {
+        report(
+            "  acknowledged(1), 1 replica",
+            &mut acked,
+            &acked_stats,
+            pairs,
+        );
+    } else {
+        println!("  (acknowledged grants: run without REDIS_URL, which attaches a replica)");
+    }
     report("SET NX PX + DEL", &mut plain, &plain_stats, pairs);
     Ok(())
 }
 
-async fn fenced_pair(conn: &mut MultiplexedConnection, resource: &str) -> nolock::Result<()> {
-    let LockAttempt::Acquired(grant) = nolock::fence::Lock::new(TTL)
-        .expect("a valid lock TTL")
-        .acquire(conn, resource)
-        .await?
-    else {
+async fn fenced_pair(
+    conn: &mut MultiplexedConnection,
+    lock: &nolock::fence::Lock,
+    resource: &str,
+) -> nolock::Result<()> {
+    let LockAttempt::Acquired(grant) = lock.acquire(conn, resource).await? else {
         panic!("{resource} is held by someone else");
     };
     assert_eq!(grant.release(conn).await?, LockRelease::Released);

@@ -204,6 +204,25 @@ pub enum Error {
         loss: crate::Loss,
     },
 
+    /// A [`crate::fence::Lock::acknowledged`] lock was granted on the primary
+    /// but fewer replicas than asked confirmed the grant within the timeout:
+    /// a failover now could lose it and hand its fence out again. No grant
+    /// is returned; nolock released the lock at once (if that release did
+    /// not get through, the lock expires at its TTL). The fence number was
+    /// used up. Not definite: try again later, or read it as the replicas
+    /// being behind (see [`crate::fence::durability`]).
+    #[error("the grant on {resource} (fence {fence}) reached {acknowledged} of {asked} replica(s) in time; released")]
+    Unacknowledged {
+        /// The resource name.
+        resource: String,
+        /// The fence the unconfirmed grant had.
+        fence: u64,
+        /// How many replicas were asked to confirm.
+        asked: u64,
+        /// How many did (`WAIT`'s answer).
+        acknowledged: u64,
+    },
+
     /// A call needed to wait (a cluster redirect's resend, a retry's backoff,
     /// a lease's renewals) but the Tokio runtime has no timers (build it with
     /// `enable_time()` or `enable_all()`), or there is no runtime. Checked
@@ -327,7 +346,8 @@ impl Error {
     /// True when the operation surely did not take effect, so a retry cannot
     /// apply it twice. False for [`Error::Indeterminate`],
     /// [`Error::UnexpectedReply`], [`Error::ReplyType`] (the script ran) and
-    /// [`Error::LeaseLost`] (the cancelled work may have been partly done).
+    /// [`Error::LeaseLost`] (the cancelled work may have been partly done)
+    /// and [`Error::Unacknowledged`] (a grant was made, then given back).
     pub fn is_definite(&self) -> bool {
         if let Error::ReplyType { .. } = self {
             return false; // the script ran; only its reply did not fit
@@ -338,6 +358,7 @@ impl Error {
                 | Error::UnexpectedReply { .. }
                 | Error::LeaseLost { .. }
                 | Error::PermitLost { .. }
+                | Error::Unacknowledged { .. }
         )
     }
 

@@ -39,6 +39,14 @@ pub(super) static ACQUIRE: Script = embedded!("fence/acquire");
 pub struct Lock {
     ttl: Duration,
     wait: Backoff,
+    ack: Option<Ack>,
+}
+
+/// How many replicas must confirm a grant, and how long to wait for them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Ack {
+    replicas: u64,
+    timeout_ms: u64,
 }
 
 impl Lock {
@@ -54,6 +62,102 @@ impl Lock {
         Ok(Lock {
             ttl,
             wait: Backoff::none(),
+            ack: None,
+        })
+    }
+
+    /// The same lock, whose grants count only once `replicas` replicas have
+    /// confirmed them, within `timeout`: **acknowledged grants**.
+    ///
+    /// Redis replicates asynchronously: a grant the primary answered but no
+    /// replica received is lost in a failover, and the promoted replica
+    /// hands the same fence out again, to a second holder. With this, each
+    /// acquire sends `WAIT replicas timeout` in the same round trip as the
+    /// script (one pipeline, on the node that owns the resource), and a grant
+    /// is returned only when enough replicas have it. When they do not
+    /// confirm in time the acquire answers [`Error::Unacknowledged`] and
+    /// releases the lock at once; a lock that waits ([`Lock::with_wait`])
+    /// tries again within its deadline. A failover can still lose a grant
+    /// that `replicas` replicas confirmed only if every one of them is lost
+    /// with the primary, or is not the one promoted (Redis Cluster and
+    /// Sentinel promote the most up-to-date replica they can reach).
+    ///
+    /// What it costs: the time until the replicas confirm (about one
+    /// replication round trip on a healthy link; `timeout` when one is down
+    /// or lagging), on every grant. `examples/fence_cost.rs` measures it.
+    /// Renewals and releases are not acknowledged (a lost extension only
+    /// shortens the lease; a lost release leaves the lock to its TTL).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ZeroLimit`] (`replicas` 0) and [`Error::ZeroDuration`]
+    /// (`timeout` under 1 ms; `WAIT 0` would wait forever).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use nolock::fence::Lock;
+    ///
+    /// let payouts = Lock::new(Duration::from_secs(30))?
+    ///     .acknowledged(1, Duration::from_millis(100))?;
+    /// assert_eq!(payouts.replicas(), Some(1));
+    /// assert!(Lock::new(Duration::from_secs(1))?.acknowledged(0, Duration::from_millis(1)).is_err());
+    /// # Ok::<(), nolock::Error>(())
+    /// ```
+    pub fn acknowledged(self, replicas: u64, timeout: Duration) -> Result<Lock> {
+        if replicas == 0 {
+            return Err(crate::Error::ZeroLimit { what: "replicas" });
+        }
+        let timeout_ms = crate::validate::millis("timeout", timeout)?;
+        Ok(Lock {
+            ack: Some(Ack {
+                replicas,
+                timeout_ms,
+            }),
+            ..self
+        })
+    }
+
+    /// How many replicas must confirm each grant ([`Lock::acknowledged`]).
+    pub fn replicas(&self) -> Option<u64> {
+        self.ack.map(|ack| ack.replicas)
+    }
+
+    /// One attempt of `op` under this lock's acknowledgement rule.
+    pub(super) async fn attempt<C>(&self, conn: &mut C, op: &AcquireLock) -> Result<LockAttempt>
+    where
+        C: ConnectionLike + Send,
+    {
+        let Some(ack) = self.ack else {
+            return run_one(op, conn).await;
+        };
+        let mut wait = redis::cmd("WAIT");
+        wait.arg(ack.replicas).arg(ack.timeout_ms);
+        let (reply, acked) = op.invocation().run_then(conn, &wait).await?;
+        let outcome = op.decode(reply)?;
+        let LockAttempt::Acquired(grant) = outcome else {
+            return Ok(outcome);
+        };
+        let acknowledged = match acked {
+            redis::Value::Int(n) => u64::try_from(n).unwrap_or(0),
+            other => {
+                let _ = grant.release(conn).await;
+                return Err(crate::Error::UnexpectedReply {
+                    script: "WAIT",
+                    detail: format!("not a count: {other:?}"),
+                });
+            }
+        };
+        if acknowledged >= ack.replicas {
+            return Ok(LockAttempt::Acquired(grant));
+        }
+        let (resource, fence) = (grant.resource().to_owned(), grant.fence().number());
+        // Best effort: unreleased, it expires at its TTL.
+        let _ = grant.release(conn).await;
+        Err(crate::Error::Unacknowledged {
+            resource,
+            fence,
+            asked: ack.replicas,
+            acknowledged,
         })
     }
 
@@ -143,7 +247,7 @@ impl Lock {
     {
         let op = AcquireLock::with_token(self, resource, token)?;
         if self.wait.timeout.is_zero() {
-            return run_one(&op, conn).await;
+            return self.attempt(conn, &op).await;
         }
         retry::wait_for(conn, self, &op, None).await
     }

@@ -7,7 +7,6 @@ use redis::aio::ConnectionLike;
 
 use super::{AcquireLock, Lock, LockAttempt};
 use crate::backoff::{jitter, random_u64};
-use crate::script::run_one;
 use crate::{timer, Error, Result};
 
 /// The waiting loop of a [`Lock`] built [`Lock::with_wait`], and of
@@ -45,7 +44,7 @@ where
     if !backoff.timeout.is_zero() {
         timer::check()?;
     }
-    let outcome = attempts(conn, backoff, op, wake).await;
+    let outcome = attempts(conn, lock, op, wake).await;
     if let Some(wake) = wake {
         if !matches!(outcome, Ok(LockAttempt::Acquired(_))) {
             // A release wakes one waiter of this process. Leaving without the
@@ -58,13 +57,14 @@ where
 
 async fn attempts<C>(
     conn: &mut C,
-    backoff: &crate::Backoff,
+    lock: &Lock,
     op: &AcquireLock,
     wake: Option<&tokio::sync::Notify>,
 ) -> Result<LockAttempt>
 where
     C: ConnectionLike + Send,
 {
+    let backoff = lock.wait();
     let start = Instant::now();
     let mut attempt = 0u32;
     loop {
@@ -75,7 +75,7 @@ where
         if let Some(n) = notified.as_mut().as_pin_mut() {
             n.enable();
         }
-        let result = run_one(&op.resend(), conn).await;
+        let result = lock.attempt(conn, &op.resend()).await;
         let waited = start.elapsed();
         let expires_in = match &result {
             Ok(outcome) if outcome.is_acquired() || waited >= backoff.timeout => {
@@ -85,6 +85,8 @@ where
             Ok(LockAttempt::Acquired(_)) => None,
             // Same token, so a repeat cannot take a second fence.
             Err(Error::Indeterminate(_)) if waited < backoff.timeout => None,
+            // Granted and released again: the replicas may catch up.
+            Err(Error::Unacknowledged { .. }) if waited < backoff.timeout => None,
             Err(_) => return result,
         };
         let left = backoff.timeout - waited;

@@ -295,6 +295,81 @@ impl Invocation {
         }
     }
 
+    /// Run the script and then `after` (a `WAIT`, say) on the same node, in
+    /// one pipeline: one round trip. Answers the script's reply and
+    /// `after`'s.
+    ///
+    /// On a cluster connection the pipeline is routed by its one keyed
+    /// command, the script (as [`Invocation::run`]'s `SCRIPT LOAD` pipeline
+    /// is), so `after` runs on the node that ran the script. When the
+    /// pipeline fails as a whole, or the script's reply is one after which
+    /// [`Invocation::run`] would send again (`NOSCRIPT`, a redirect), the
+    /// script goes through [`Invocation::run`] and `after` follows on its
+    /// own: two round trips, only then.
+    pub(crate) async fn run_then<C>(&self, conn: &mut C, after: &Cmd) -> Result<(Value, Value)>
+    where
+        C: ConnectionLike + Send,
+    {
+        self.check()?;
+        let mut pipe = redis::pipe();
+        pipe.add_command(self.cmd.clone())
+            .add_command(after.clone());
+        let replies = conn.req_packed_commands(&pipe, 0, 2).await;
+        let mut replies = match replies {
+            Ok(replies) if replies.len() == 2 => replies,
+            // Nothing is known of the script: lost, or refused as a whole.
+            Ok(_) => {
+                return Err(Error::from_redis(
+                    (
+                        ErrorKind::UnexpectedReturnType,
+                        "script + command pipeline: not two replies",
+                    )
+                        .into(),
+                ))
+            }
+            Err(err) if is_noscript(&err) || is_resendable(&err) => Vec::new(),
+            Err(err) => return Err(Error::from_redis(err)),
+        };
+        let second = replies.pop();
+        let first = replies.pop();
+        match (first.map(Value::extract_error), second) {
+            (Some(Ok(value)), Some(after_reply)) => {
+                CALLS.fetch_add(1, Relaxed);
+                let after_reply = after_reply.extract_error().map_err(Error::from_redis)?;
+                Ok((value, after_reply))
+            }
+            (Some(Err(err)), _) if !is_noscript(&err) && !is_resendable(&err) => {
+                CALLS.fetch_add(1, Relaxed);
+                Err(Error::from_redis(err))
+            }
+            // The script did not run: the full path, then `after` with a
+            // read of the script's first key, which routes it to that key's
+            // node on a cluster.
+            _ => {
+                let value = self.run(conn).await?;
+                let mut pipe = redis::pipe();
+                if let Some(key) = self.first_key() {
+                    pipe.cmd("EXISTS").arg(key);
+                }
+                pipe.add_command(after.clone());
+                let count = pipe.cmd_iter().count();
+                let mut replies = conn
+                    .req_packed_commands(&pipe, 0, count)
+                    .await
+                    .map_err(Error::from_redis)?;
+                let after_reply = replies
+                    .pop()
+                    .ok_or_else(|| Error::UnexpectedReply {
+                        script: "run_then",
+                        detail: "no reply to the command after the script".into(),
+                    })?
+                    .extract_error()
+                    .map_err(Error::from_redis)?;
+                Ok((value, after_reply))
+            }
+        }
+    }
+
     /// The first key, for spans that opted in to keys.
     pub(crate) fn first_key(&self) -> Option<String> {
         match (self.cmd.args_iter().nth(2), self.cmd.args_iter().nth(3)) {

@@ -1,0 +1,213 @@
+//! Acknowledged grants (`fence::Lock::acknowledged`) against a primary and a
+//! replica: a grant is handed out only once a replica has it, so a primary
+//! killed right after a grant (before asynchronous replication caught up)
+//! cannot make the promoted replica hand the same fence out again.
+//!
+//! The replica replicates through the fault proxy (`support::proxy`), which
+//! can hold the replication stream back (the replica keeps running and
+//! answering, it only stops receiving), the primary is killed with SIGKILL,
+//! and the replica is promoted with `REPLICAOF NO ONE`: the forced failover
+//! of a managed Redis, on one machine.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use nolock::fence::{Lock, LockAttempt, LockRelease};
+use nolock::Error;
+use redis::aio::MultiplexedConnection;
+use support::proxy::FaultProxy;
+use support::{prefix, raw, RedisServer};
+
+const MINUTE: Duration = Duration::from_secs(60);
+
+/// A primary and one replica in sync, the replica's link through a proxy.
+struct Pair {
+    primary: RedisServer,
+    replica: RedisServer,
+    link: FaultProxy,
+    p: MultiplexedConnection,
+}
+
+async fn pair() -> Pair {
+    let primary = RedisServer::start();
+    let link = FaultProxy::start(primary.port).await;
+    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &link.port.to_string()]);
+    let mut p = primary.conn().await;
+    // The first sync: WAIT 1 answers 1 once the replica is attached.
+    let start = Instant::now();
+    loop {
+        let acked: i64 = raw(&mut p, &["WAIT", "1", "100"]).await;
+        if acked == 1 {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "no replica sync");
+    }
+    Pair {
+        primary,
+        replica,
+        link,
+        p,
+    }
+}
+
+/// The primary dies with what the replica has not received; the replica is
+/// promoted.
+async fn fail_over(pair: &mut Pair) -> MultiplexedConnection {
+    pair.primary.kill();
+    pair.link.cut_all();
+    let mut r = pair.replica.conn().await;
+    let _: () = raw(&mut r, &["REPLICAOF", "NO", "ONE"]).await;
+    r
+}
+
+fn lock_key(resource: &str) -> String {
+    nolock::keys::derive(resource, "lock")
+}
+
+/// Without acknowledgement, a grant the replica never received is lost in a
+/// failover, and the promoted replica hands the same fence out again: two
+/// holders with one fence. This is what acknowledged grants close.
+#[tokio::test]
+async fn without_acknowledgement_a_failover_hands_a_fence_out_twice() {
+    let mut pair = pair().await;
+    let resource = format!("{}job", prefix("unacked_failover"));
+    let plain = Lock::new(MINUTE).unwrap();
+    pair.link.hold();
+    let first = plain
+        .acquire(&mut pair.p, &resource)
+        .await
+        .unwrap()
+        .acquired()
+        .expect("granted on the primary");
+    let mut r = fail_over(&mut pair).await;
+    let second = plain
+        .acquire(&mut r, &resource)
+        .await
+        .unwrap()
+        .acquired()
+        .expect("the promoted replica never saw the first grant");
+    assert_eq!(
+        first.fence().number(),
+        second.fence().number(),
+        "the same fence, twice"
+    );
+}
+
+/// With acknowledgement, a grant the replica does not confirm is refused
+/// (and released), and every grant handed out survives the failover: its
+/// lock is still held on the promoted replica, and the next fence is above.
+#[tokio::test]
+async fn acknowledged_grants_survive_a_forced_failover() {
+    let mut pair = pair().await;
+    let resource = format!("{}job", prefix("acked_failover"));
+    let acked = Lock::new(MINUTE)
+        .unwrap()
+        .acknowledged(1, Duration::from_millis(300))
+        .unwrap();
+
+    // Replica in sync: the grant comes back, and the replica has it.
+    let granted = acked
+        .acquire(&mut pair.p, &resource)
+        .await
+        .unwrap()
+        .acquired()
+        .expect("acknowledged");
+    let mut r = pair.replica.conn().await;
+    let on_replica: Option<String> = raw(&mut r, &["GET", &lock_key(&resource)]).await;
+    assert_eq!(
+        on_replica,
+        Some(format!("{}:{}", granted.fence().number(), granted.token()))
+    );
+    assert_eq!(
+        granted.release(&mut pair.p).await.unwrap(),
+        LockRelease::Released
+    );
+
+    // The replication stream is held back: the grant is not confirmed in
+    // time, so it is refused and released; nobody holds fence 2.
+    pair.link.hold();
+    let err = acked.acquire(&mut pair.p, &resource).await.unwrap_err();
+    match &err {
+        Error::Unacknowledged {
+            fence,
+            asked,
+            acknowledged,
+            ..
+        } => assert_eq!((*fence, *asked, *acknowledged), (2, 1, 0)),
+        other => panic!("{other:?}"),
+    }
+    assert!(!err.is_definite());
+    let lock: Option<String> = raw(&mut pair.p, &["GET", &lock_key(&resource)]).await;
+    assert_eq!(lock, None, "released on the primary");
+    pair.link.release();
+
+    // Confirmed again; then the link stalls and the primary dies: the grant
+    // its caller holds is on the promoted replica all the same.
+    let held = acked
+        .acquire(&mut pair.p, &resource)
+        .await
+        .unwrap()
+        .acquired()
+        .expect("acknowledged once the replica is back");
+    pair.link.hold();
+    let mut r = fail_over(&mut pair).await;
+    let on_replica: Option<String> = raw(&mut r, &["GET", &lock_key(&resource)]).await;
+    assert_eq!(
+        on_replica,
+        Some(format!("{}:{}", held.fence().number(), held.token())),
+        "the acknowledged grant survived the failover"
+    );
+    match Lock::new(MINUTE)
+        .unwrap()
+        .acquire(&mut r, &resource)
+        .await
+        .unwrap()
+    {
+        LockAttempt::Held { .. } => {}
+        other => panic!("a second holder after the failover: {other:?}"),
+    }
+    assert_eq!(held.release(&mut r).await.unwrap(), LockRelease::Released);
+    let next = Lock::new(MINUTE)
+        .unwrap()
+        .acquire(&mut r, &resource)
+        .await
+        .unwrap()
+        .acquired()
+        .unwrap();
+    assert_eq!(next.fence().number(), 4, "fences never go back");
+}
+
+/// A lock that waits keeps trying while the replica lags, and gets its
+/// grant once the replica confirms.
+#[tokio::test]
+async fn a_waiting_acknowledged_lock_tries_again_until_the_replica_confirms() {
+    let mut pair = pair().await;
+    let resource = format!("{}job", prefix("acked_wait"));
+    let acked = Lock::new(MINUTE)
+        .unwrap()
+        .acknowledged(1, Duration::from_millis(100))
+        .unwrap()
+        .with_wait(nolock::Backoff::new(Duration::from_secs(10)));
+    pair.link.hold();
+    let link = &pair.link;
+    let start = Instant::now();
+    let (grant, ()) = tokio::join!(acked.acquire(&mut pair.p, &resource), async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        link.release();
+    });
+    let grant = grant.unwrap().acquired().expect("granted once confirmed");
+    assert!(
+        start.elapsed() >= Duration::from_millis(500),
+        "{:?}",
+        start.elapsed()
+    );
+    // The unconfirmed attempts used fences up; the grant is the newest.
+    let counter: String = raw(
+        &mut pair.p,
+        &["GET", &nolock::keys::derive(&resource, "fence")],
+    )
+    .await;
+    assert_eq!(counter, grant.fence().number().to_string());
+    assert!(grant.fence().number() > 1, "{}", grant.fence().number());
+}
