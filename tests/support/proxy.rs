@@ -13,6 +13,8 @@
 //! * [`FaultProxy::refuse`]: stop listening, so new connections are refused
 //!   (`ECONNREFUSED`); [`FaultProxy::accept`] listens again on the same port.
 //! * [`FaultProxy::cut_all`]: close every open connection at once.
+//! * [`FaultProxy::partition`]: requests *and* replies stop flowing (both
+//!   directions, as a network partition); [`FaultProxy::heal`] lets both go.
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
@@ -37,6 +39,7 @@ struct State {
     lose: AtomicU64,
     delay_ms: AtomicU64,
     held: watch::Sender<bool>,
+    requests_held: watch::Sender<bool>,
     refusing: AtomicBool,
     listen_changed: Notify,
     generation: watch::Sender<u64>,
@@ -69,6 +72,7 @@ impl FaultProxy {
             lose: AtomicU64::new(0),
             delay_ms: AtomicU64::new(0),
             held: watch::channel(false).0,
+            requests_held: watch::channel(false).0,
             refusing: AtomicBool::new(false),
             listen_changed: Notify::new(),
             generation: watch::channel(0).0,
@@ -100,6 +104,12 @@ impl FaultProxy {
         self.state.held.send_replace(false);
     }
 
+    /// Hold both directions: nothing reaches the server, nothing comes back.
+    pub fn partition(&self) {
+        self.state.requests_held.send_replace(true);
+        self.state.held.send_replace(true);
+    }
+
     pub fn refuse(&self) {
         self.state.refusing.store(true, SeqCst);
         self.state.listen_changed.notify_one();
@@ -119,6 +129,7 @@ impl FaultProxy {
     pub fn heal(&self) {
         self.state.lose.store(0, SeqCst);
         self.set_delay(Duration::ZERO);
+        self.state.requests_held.send_replace(false);
         self.release();
         self.accept();
     }
@@ -183,6 +194,7 @@ async fn serve(client: TcpStream, state: Arc<State>) {
 
     let requests = {
         let (state, doomed) = (state.clone(), doomed.clone());
+        let mut requests_held = state.requests_held.subscribe();
         async move {
             let mut buf = vec![0u8; 64 * 1024];
             loop {
@@ -197,6 +209,9 @@ async fn serve(client: TcpStream, state: Arc<State>) {
                         .is_ok()
                 {
                     doomed.store(true, SeqCst);
+                }
+                if requests_held.wait_for(|h| !*h).await.is_err() {
+                    return;
                 }
                 if up_write.write_all(&buf[..n]).await.is_err() {
                     return;
