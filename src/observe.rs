@@ -215,8 +215,9 @@ pub(crate) fn decision(limiter: &str, allowed: bool) {
     }
 }
 
-/// A failure-policy fallback (`policy` is a [`crate::policy::DecidedBy`] name).
-pub(crate) fn fallback(policy: &'static str, cause: &crate::policy::Failure) {
+/// A failure-policy fallback (`policy` is a `policy::DecidedBy` name; `cause`
+/// the failure that led to it).
+pub(crate) fn fallback(policy: &'static str, cause: &dyn std::fmt::Display) {
     #[cfg(feature = "tracing")]
     tracing::warn!(policy, %cause, "nolock: rate decision without Redis");
     #[cfg(feature = "metrics")]

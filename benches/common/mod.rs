@@ -18,6 +18,13 @@
 //! JSON rows. Nothing here is part of the library's API.
 #![allow(dead_code)]
 
+/// The lock's TTL when nothing pauses: far above any critical section, as a
+/// careful user sizes it (above the p99 of the work it guards).
+pub const LOCK_TTL: std::time::Duration = std::time::Duration::from_secs(1);
+/// Each key's capacity in the throughput runs: never reached, so every call
+/// is admitted and every call writes (the costlier path for every variant).
+pub const CAPACITY: u64 = 1_000_000_000;
+
 pub mod conn;
 pub mod deny_cache;
 pub mod hot_key;
@@ -30,6 +37,7 @@ pub mod run;
 pub mod semaphore;
 #[path = "../../tests/support/server.rs"]
 pub mod server;
+pub mod subject;
 
 /// Errors of the comparison itself (bad setup, a Redis error during a run).
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

@@ -19,35 +19,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use nolock::rate::{Algorithm, Limiter, Quota};
 use redis::aio::ConnectionLike;
 use redis::{Cmd, Value};
-use serde::{Deserialize, Serialize};
 
+pub use super::subject::{Call, Key, Variant};
 use super::{lock, Result};
-
-/// How an operation is written. Serialized as `script`, `raw`, `lock`, `watch`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Variant {
-    /// The nolock call.
-    #[default]
-    Script,
-    /// The same script by a hand-written redis-rs `EVALSHA`.
-    Raw,
-    /// Read, decide, write under a distributed lock ([`lock`]).
-    Lock,
-    /// Optimistic `WATCH`/`MULTI`/`EXEC`, retried on conflict.
-    Watch,
-}
-
-impl Variant {
-    pub fn name(self) -> &'static str {
-        match self {
-            Variant::Script => "script",
-            Variant::Raw => "raw",
-            Variant::Lock => "lock",
-            Variant::Watch => "watch",
-        }
-    }
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Operation {
@@ -79,32 +53,6 @@ static TRY_INCREMENT_SHA1: LazyLock<String> = LazyLock::new(|| {
         .map(|script| script.sha1().to_owned())
         .unwrap_or_default()
 });
-
-/// The names one operation works on: its data key and, for `lock`, the lock.
-#[derive(Debug, Clone)]
-pub struct Key {
-    pub data: String,
-    pub lock: String,
-}
-
-impl Key {
-    pub fn new(data: String) -> Self {
-        let lock = format!("{data}:lock");
-        Key { data, lock }
-    }
-}
-
-/// One call: where, against what capacity, and whether this holder pauses.
-#[derive(Debug, Clone, Copy)]
-pub struct Call<'a> {
-    pub key: &'a Key,
-    pub capacity: u64,
-    pub lock_ttl: Duration,
-    /// An injected pause: inside the critical section for `lock` (after the
-    /// decision, before the write) and `watch` (before `EXEC`); after the call
-    /// for `script` and `raw`, which have no critical section on the client.
-    pub pause: Option<Duration>,
-}
 
 impl Operation {
     pub const ALL: [Operation; 4] = [

@@ -67,8 +67,8 @@ pub async fn cpu_cost(calls: u32, rounds: usize) -> Result<CpuCost> {
     let key = Key::new("nolock-bench:overhead".to_owned());
     let call = Call {
         key: &key,
-        capacity: super::run::CAPACITY,
-        lock_ttl: super::run::LOCK_TTL,
+        capacity: super::CAPACITY,
+        lock_ttl: super::LOCK_TTL,
         pause: None,
     };
     let mut rng = fastrand::Rng::with_seed(1);

@@ -2,34 +2,10 @@
 
 use std::fmt::Write as _;
 
-use serde::{Deserialize, Serialize};
-
 use super::ops::Variant;
 use super::overhead::CpuCost;
-use super::run::Measured;
+use super::run::{Measured, Row};
 use super::Result;
-
-/// One row of the comparison: what `--json` prints, field for field.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Row {
-    /// What ran: `"counter, 1 key"`, `"debit, 1000 keys"`, `"counter, 1 key, pauses"`.
-    pub operation: String,
-    pub variant: Variant,
-    /// Concurrent tasks.
-    pub tasks: usize,
-    /// Completed calls per second (admitted or denied).
-    pub ops_per_sec: f64,
-    /// Latency of one call as its caller sees it (retries, backoff and any
-    /// injected pause included), in microseconds.
-    pub p50_us: f64,
-    pub p99_us: f64,
-    /// Admissions beyond what the key allowed.
-    pub over_admissions: u64,
-    /// Admissions the callers were told about that the server's state does
-    /// not show (a write overwritten by a stale one).
-    pub lost_updates: u64,
-}
 
 /// The rows as a JSON array.
 pub fn json<'a>(rows: impl IntoIterator<Item = &'a Row>) -> Result<String> {

@@ -6,19 +6,15 @@ use std::time::{Duration, Instant, SystemTime};
 
 use redis::aio::ConnectionLike;
 
+use serde::{Deserialize, Serialize};
+
 use super::conn::{connect, Counted};
 use super::latency::Latencies;
 use super::lock;
 use super::ops::{Call, Key, Operation, Variant};
-use super::report::Row;
 use super::Result;
 
-/// The lock's TTL when nothing pauses: far above any critical section, as a
-/// careful user sizes it (above the p99 of the work it guards).
-pub const LOCK_TTL: Duration = Duration::from_secs(1);
-/// Each key's capacity in the throughput runs: never reached, so every call
-/// is admitted and every call writes (the costlier path for every variant).
-pub const CAPACITY: u64 = 1_000_000_000;
+pub use super::{CAPACITY, LOCK_TTL};
 /// Each key's capacity in the pause runs, reached well within the run.
 pub const PAUSE_CAPACITY: u64 = 100;
 /// The pause runs: one call in 10 pauses for twice the lock's TTL.
@@ -493,4 +489,26 @@ async fn delete_keys<C: ConnectionLike + Send>(conn: &mut C, prefix: &str) -> Re
         }
         cursor = next;
     }
+}
+
+/// One row of the comparison: what `--json` prints, field for field.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Row {
+    /// What ran: `"counter, 1 key"`, `"debit, 1000 keys"`, `"counter, 1 key, pauses"`.
+    pub operation: String,
+    pub variant: Variant,
+    /// Concurrent tasks.
+    pub tasks: usize,
+    /// Completed calls per second (admitted or denied).
+    pub ops_per_sec: f64,
+    /// Latency of one call as its caller sees it (retries, backoff and any
+    /// injected pause included), in microseconds.
+    pub p50_us: f64,
+    pub p99_us: f64,
+    /// Admissions beyond what the key allowed.
+    pub over_admissions: u64,
+    /// Admissions the callers were told about that the server's state does
+    /// not show (a write overwritten by a stale one).
+    pub lost_updates: u64,
 }

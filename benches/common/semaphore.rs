@@ -24,7 +24,7 @@ use nolock::semaphore::{PermitAttempt, Semaphore};
 use redis::aio::ConnectionLike;
 
 use super::lock;
-use super::ops::{Call, Key, Variant};
+use super::subject::{Call, Key, Variant};
 use super::Result;
 
 /// The semaphore's size in every run (the scenario's capacity is for counters).

@@ -13,6 +13,12 @@
 //! every later refund of that id, from this value, a deserialized copy or
 //! another process, gives back at most that. So the units credited for one
 //! charge never sum above its cost.
+//!
+//! Why one file of over 700 lines: the receipt's fields are private to this
+//! module (that is what makes a charge impossible to forge), and everything
+//! that must read or lower them lives here with it: the issuer, the refund
+//! operations and their replies, the validated serde form; about 130 lines
+//! are unit tests.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,7 +29,6 @@ use redis::aio::ConnectionLike;
 use serde::{Deserialize, Serialize};
 
 use super::deny_cache::DenyCache;
-use super::settle::Terms;
 use super::state::State;
 use super::RateLimit;
 use super::{Algorithm, Quota, Refund};
@@ -778,6 +783,28 @@ macro_rules! receipt_serde {
 
 receipt_serde!(Charge, |n| n == 1);
 receipt_serde!(MultiCharge, |n| n >= 1);
+
+/// How long after its check a charge can still be settled unless
+/// [`super::Limiter::settle_within`] says otherwise: one hour.
+pub const DEFAULT_SETTLE_WITHIN: Duration = Duration::from_secs(3600);
+
+/// A limiter's settlement terms, handed to every charge it issues.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) struct Terms {
+    /// How far one settlement may push a limit past empty, in units.
+    pub(super) debt_cap: Option<u64>,
+    /// How long after the check a settlement is still accepted.
+    pub(super) settle_within: Duration,
+}
+
+impl Default for Terms {
+    fn default() -> Self {
+        Terms {
+            debt_cap: None,
+            settle_within: DEFAULT_SETTLE_WITHIN,
+        }
+    }
+}
 
 #[cfg(test)]
 mod tests {

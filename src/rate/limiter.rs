@@ -7,9 +7,9 @@ use std::ops::Deref;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::charge::Terms;
 use super::charge::{next_id, Issuer};
 use super::deny_cache::DenyCache;
-use super::settle::Terms;
 use super::{headers, Algorithm, Charge, Headers, Quota, RateLimit};
 use crate::script::{run_one, Invocation, Operation};
 use crate::{validate, Error, Result};

@@ -140,13 +140,13 @@ mod token_bucket;
 mod wait;
 
 pub use at_most::Partial;
-pub use charge::{Charge, MultiCharge, MultiRefundCharge, RefundCharge};
+pub use charge::{Charge, MultiCharge, MultiRefundCharge, RefundCharge, DEFAULT_SETTLE_WITHIN};
 pub use headers::Headers;
 pub use limiter::{Check, Decision, Limiter};
 pub use multi::{MultiCheck, MultiKey, MultiLimiter, MultiRateLimit};
 pub use quota::{Quota, MAX_PERIOD};
 pub use reservoir::{Draw, Reservoir, ReservoirStats};
-pub use settle::{MultiSettleCharge, Settle, SettleCharge, Settlement, DEFAULT_SETTLE_WITHIN};
+pub use settle::{MultiSettleCharge, Settle, SettleCharge, Settlement};
 
 /// How a limiter decides. All four take the same [`Quota`] and answer with the
 /// same [`RateLimit`].

@@ -1,4 +1,6 @@
 //! [`MultiLimiter`]: several limits checked and charged together, all or nothing.
+//!
+//! Over 700 lines only with its unit tests (the code is about 600).
 
 use std::fmt;
 use std::time::Duration;
@@ -7,9 +9,9 @@ use redis::aio::ConnectionLike;
 
 use crate::script::{run_one, Invocation, Operation};
 
+use super::charge::Terms;
 use super::charge::{next_id, Issuer};
 use super::limiter::valid_name;
-use super::settle::Terms;
 use super::{headers, Algorithm, Headers, MultiCharge, Quota, RateLimit};
 use crate::{keys, validate, Error, Result};
 

@@ -2,38 +2,17 @@
 //! `rate` module docs, "Reserve now, settle later").
 
 use std::fmt;
-use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 
 use super::charge::{Adjusted, Reading, Status};
+#[cfg(doc)]
+use super::DEFAULT_SETTLE_WITHIN;
 use super::{Charge, MultiCharge, RateLimit};
 #[cfg(doc)]
 use super::{Limiter, MultiLimiter};
 use crate::script::{run_one, Invocation, Operation};
 use crate::{Error, Result};
-
-/// How long after its check a charge can still be settled unless
-/// [`Limiter::settle_within`] says otherwise: one hour.
-pub const DEFAULT_SETTLE_WITHIN: Duration = Duration::from_secs(3600);
-
-/// A limiter's settlement terms, handed to every charge it issues.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(super) struct Terms {
-    /// How far one settlement may push a limit past empty, in units.
-    pub(super) debt_cap: Option<u64>,
-    /// How long after the check a settlement is still accepted.
-    pub(super) settle_within: Duration,
-}
-
-impl Default for Terms {
-    fn default() -> Self {
-        Terms {
-            debt_cap: None,
-            settle_within: DEFAULT_SETTLE_WITHIN,
-        }
-    }
-}
 
 /// What settling a charge did ([`Charge::settle`]): one [`Settlement`] (or,
 /// for a [`MultiCharge`], one per limit), or why nothing changed.

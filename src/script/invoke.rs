@@ -1,3 +1,9 @@
+//! One script call: [`Invocation`] builds it (checked arguments, the
+//! `EVALSHA` and its fallbacks) and runs it, with the resends after replies
+//! in which nothing ran (`NOSCRIPT`, redirects, `LOADING`, ...).
+//!
+//! Over 700 lines only with its unit tests (the code is about 530).
+
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
