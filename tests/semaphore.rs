@@ -116,51 +116,70 @@ async fn twelve_workers_on_two_permits_never_run_more_than_two() {
     );
 }
 
-/// The same scenario with the recipe people write (a bounded counter
-/// incremented when work starts, `DECR` when it ends; nolock no longer
-/// offers the decrement): the counter expires one window after the *first*
-/// holder while later holders still run, and their decrements then lower
-/// the fresh counter. It over-admits.
-const DECREMENT: &str = "local v = tonumber(redis.call('GET', KEYS[1])) \
-    if v and v > 1 then return redis.call('DECR', KEYS[1]) end \
-    redis.call('DEL', KEYS[1]) return 0";
-
+/// The recipe people write instead of a semaphore (a bounded counter
+/// incremented when work starts and decremented when it ends; nolock no
+/// longer offers the decrement) over-admits as soon as a job outlives the
+/// counter's window: the counter expires one window after the *first*
+/// holder while the holders still run, and the next ones are admitted on a
+/// fresh count. Played out step by step, so that it never depends on timing;
+/// the semaphore in the same steps admits no one extra.
 #[tokio::test]
 async fn the_old_limits_recipe_over_admits_in_the_same_scenario() {
     let server = RedisServer::start();
-    let conn = server.conn().await;
-    let key = format!("{}exports", prefix("old_recipe"));
-    let gauge = Arc::new(Gauge::default());
-    let start = Instant::now();
-    let mut workers = Vec::new();
-    for _ in 0..WORKERS {
-        let (mut conn, key, gauge) = (conn.clone(), key.clone(), gauge.clone());
-        workers.push(tokio::spawn(async move {
-            while start.elapsed() < RUN {
-                let slot = nolock::limits::try_increment(&mut conn, &key, PERMITS, TTL)
-                    .await
-                    .unwrap();
-                if !slot.admitted {
-                    tokio::time::sleep(Duration::from_millis(fastrand::u64(5..50))).await;
-                    continue;
-                }
-                gauge.enter();
-                tokio::time::sleep(JOB).await;
-                gauge.leave();
-                // The recipe's decrement, kept a valid counter (a bare DECR
-                // to 0 would be data `try_increment` refuses).
-                let _: i64 = raw(&mut conn, &["EVAL", DECREMENT, "1", &key]).await;
-            }
-        }));
+    let mut conn = server.conn().await;
+    let p = prefix("old_recipe");
+    let window = Duration::from_millis(300);
+    let counter = nolock::limits::Counter::new(PERMITS, window).unwrap();
+    let key = format!("{p}exports");
+    // Two jobs start: the counter is full.
+    for _ in 0..PERMITS {
+        assert!(
+            counter
+                .try_increment(&mut conn, &key)
+                .await
+                .unwrap()
+                .admitted
+        );
     }
-    for w in workers {
-        w.await.unwrap();
-    }
-    eprintln!(
-        "limits recipe: peak {} running with a limit of {PERMITS}",
-        gauge.peak()
+    assert!(
+        !counter
+            .try_increment(&mut conn, &key)
+            .await
+            .unwrap()
+            .admitted
     );
-    assert!(gauge.peak() > PERMITS, "peak {}", gauge.peak());
+    // They run past the window; the counter expires under them ...
+    tokio::time::sleep(window + 100 * MS).await;
+    // ... and two more are admitted while the first two still run.
+    let mut running = PERMITS;
+    while counter
+        .try_increment(&mut conn, &key)
+        .await
+        .unwrap()
+        .admitted
+    {
+        running += 1;
+        assert!(running < 100, "never full again");
+    }
+    assert_eq!(running, 2 * PERMITS, "over-admitted: {running} running");
+
+    // The semaphore, same steps: a permit's holder renews it (or it is
+    // lost to that holder, who then stops); never more than PERMITS hold.
+    let sem = Semaphore::new(PERMITS, window).unwrap();
+    let skey = format!("{p}sem");
+    let mut leases = Vec::new();
+    for _ in 0..PERMITS {
+        leases.push(
+            sem.lease(conn.clone(), &skey)
+                .await
+                .unwrap()
+                .acquired()
+                .expect("a free permit"),
+        );
+    }
+    tokio::time::sleep(window + 100 * MS).await;
+    assert!(!sem.acquire(&mut conn, &skey).await.unwrap().is_acquired());
+    assert!(leases.iter().all(|l| !l.is_lost()));
 }
 
 #[tokio::test]
