@@ -232,7 +232,7 @@ fn trouble(m: &Measured) -> Option<String> {
 mod tests {
     use super::*;
     use common::ops::Variant;
-    use common::report::Row;
+    use common::run::Row;
     use common::run::Scenario;
 
     fn row(variant: Variant) -> Row {

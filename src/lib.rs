@@ -195,6 +195,7 @@ pub mod __private {
     pub use include_dir;
 }
 pub mod fence;
+pub mod guide;
 pub mod keys;
 #[cfg(feature = "tower")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
