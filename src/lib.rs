@@ -13,6 +13,10 @@
 //! its input before sending anything, runs its script with `EVALSHA`, and
 //! when the server has lost the script, loads it and runs it once more.
 //!
+//! The [`guide`] has one chapter per job and per concern (rate limiting an
+//! axum service, at most N at once, fencing with PostgreSQL, retries, Redis
+//! Cluster, servers, what it survives, performance), with tested examples.
+//!
 //! # Example
 //!
 //! ```no_run
@@ -34,9 +38,9 @@
 //!
 //! # Many operations at once
 //!
-//! The most batched operations also exist as values that check their input
-//! when built ([`limits::TryIncrement`], [`rate::Check`], [`cas::Adjust`],
-//! ...). A [`Batch`] of them goes out as one pipeline per server and returns
+//! Every call also exists as a value that checks its input when built
+//! ([`limits::TryIncrement`], [`rate::Check`], [`cas::Adjust`],
+//! [`fence::ReleaseLock`], ...). A [`Batch`] of them goes out as one pipeline per server and returns
 //! one typed `Result` per operation, in order, recovering `NOSCRIPT` entry by
 //! entry.
 //!
@@ -49,8 +53,8 @@
 //! a lost reply ([`Error::Indeterminate`]), and any operation again after
 //! errors in which nothing ran, with jittered backoff and a deadline; it
 //! never re-sends an operation without an id after a lost reply. The plain
-//! calls are unchanged. The README section "Retries without double
-//! counting" states the guarantee and its limits.
+//! calls are unchanged. The guide chapter [`guide::retries`] states the
+//! guarantee and its limits.
 //!
 //! # Your own scripts
 //!
@@ -130,7 +134,7 @@
 //! |---|---|---|
 //! | `tower` | the `layer` module: `RateLimitLayer` and `ConcurrencyLimitLayer` for axum 0.8, hyper 1 and any tower stack | `tower-layer`, `tower-service`, `http` |
 //! | `tracing` | a `nolock.script` span per script call, events for fallbacks and lost leases, `record_keys_in_spans` | `tracing` |
-//! | `metrics` | counters and a latency histogram through the `metrics` facade (names in the README, "Tracing and metrics") | `metrics` |
+//! | `metrics` | counters and a latency histogram through the `metrics` facade (names in the `observe` docs: [`guide::web_service`]) | `metrics` |
 //!
 //! # Which redis-rs
 //!
@@ -163,12 +167,12 @@
 //! `rust-version` in `Cargo.toml` (1.88). CI checks it without a 1.88
 //! toolchain: clippy's `incompatible_msrv` lint refuses standard library items
 //! newer than it, and no dependency in `Cargo.lock` may declare a newer
-//! `rust-version`. Language features are not checked (the README says how to
-//! check them with a 1.88 toolchain).
+//! `rust-version`. Language features are not checked ([`guide::project`] says
+//! how to check them with a 1.88 toolchain).
 //!
-//! Tested on Redis 7.0, 7.4 and 8.0 and Valkey 8.0 (read-only scripts declare
-//! `#!lua flags=no-writes`, which needs Redis 7.0 or later); the README's
-//! "Servers" section says how they differ.
+//! Tested on Redis 7.0, 7.4 and 8.0 and Valkey 8.0, 8.1 and 9.1 (read-only
+//! scripts declare `#!lua flags=no-writes`, which needs Redis 7.0 or later);
+//! [`guide::servers`] says how they differ.
 
 #![warn(
     missing_docs,

@@ -1,5 +1,5 @@
 //! The server's clock stepped and skewed, on rate limiters: what still
-//! holds, as numbers the README states.
+//! holds, as numbers the guide states (`guide::survives`).
 //!
 //! Every limiter decides by the server's clock (`TIME`, key expiry). A
 //! server whose clock steps **forward** by Δ sees every stored instant Δ

@@ -3,9 +3,8 @@
 //! Every script that writes has a generated variant (`<name>@once`, built
 //! by `build.rs` with `compose::once`) that keeps a record per operation id,
 //! in the operation's own cluster slot, for a horizon. The plain call is
-//! untouched: same script, same SHA1, same server cost. See the README
-//! section "Retries without double counting" for the guarantee and its
-//! limits.
+//! untouched: same script, same SHA1, same server cost. See the guide
+//! chapter `guide::retries` for the guarantee and its limits.
 
 use std::fmt;
 use std::time::Duration;
