@@ -57,11 +57,12 @@ fn plan() -> Vec<Comparison> {
     plan
 }
 
-const USAGE: &str = "usage: cargo run --release --example compare [-- --json]
+const USAGE: &str = "usage: cargo run --release --example compare [-- --json] [-- --svg DIR]
 
 Runs nolock's scripts against lock-based and WATCH-based versions of the same
 operations and prints a table (or, with --json, the same rows as JSON; the
-deny-cache lines and the library's own cost print only in the table).
+deny-cache lines and the library's own cost print only in the table). With
+--svg DIR it also draws the results as SVG charts in DIR.
 Uses $REDIS_URL when set; otherwise starts redis-server on a free port.";
 
 // One client thread for every variant: on a 2-core machine the server gets
@@ -69,9 +70,18 @@ Uses $REDIS_URL when set; otherwise starts redis-server on a free port.";
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let mut json = false;
-    for arg in std::env::args().skip(1) {
+    let mut svg: Option<std::path::PathBuf> = None;
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
         match arg.as_str() {
             "--json" => json = true,
+            "--svg" => match args.next() {
+                Some(dir) => svg = Some(dir.into()),
+                None => {
+                    eprintln!("--svg needs a directory\n\n{USAGE}");
+                    return ExitCode::from(2);
+                }
+            },
             "-h" | "--help" => {
                 println!("{USAGE}");
                 return ExitCode::SUCCESS;
@@ -82,7 +92,7 @@ async fn main() -> ExitCode {
             }
         }
     }
-    match compare(json).await {
+    match compare(json, svg.as_deref()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
@@ -91,7 +101,7 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn compare(json: bool) -> common::Result<()> {
+async fn compare(json: bool, svg: Option<&std::path::Path>) -> common::Result<()> {
     let target = common::Target::from_env();
     eprintln!("nolock compare: {}", target.describe());
     if cfg!(debug_assertions) {
@@ -180,6 +190,23 @@ async fn compare(json: bool) -> common::Result<()> {
             run.calls_per_decision()
         );
     }
+    if let Some(dir) = svg {
+        let mut conn = client.get_multiplexed_async_connection().await?;
+        let info: String = redis::cmd("INFO")
+            .arg("server")
+            .query_async(&mut conn)
+            .await?;
+        let version = info
+            .lines()
+            .find_map(|l| l.strip_prefix("redis_version:"))
+            .unwrap_or("?")
+            .trim()
+            .to_owned();
+        let stamp = format!("{}, Redis {version}, `compare -- --svg`", utc_now());
+        for file in common::charts::draw(dir, &stamp, &measured, &hot)? {
+            eprintln!("wrote {file}");
+        }
+    }
     println!(
         "\nround trips: requests sent per call. vs lock: throughput over the lock's, same operation and tasks.\n\
          pauses: {} tasks x {} calls on one key that allows {}; one call in {} pauses {:?} \
@@ -201,6 +228,30 @@ async fn compare(json: bool) -> common::Result<()> {
         common::semaphore::PERMIT_TTL,
     );
     Ok(())
+}
+
+/// The time now as `YYYY-MM-DD HH:MM UTC` (days to a civil date: Howard
+/// Hinnant's algorithm; no date crate for one caption).
+fn utc_now() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0);
+    let (days, rest) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02} UTC",
+        rest / 3600,
+        rest % 3600 / 60
+    )
 }
 
 /// What went wrong in a run, if anything, for the progress output.

@@ -101,8 +101,14 @@ async fn without_acknowledgement_a_failover_hands_a_fence_out_twice() {
 async fn acknowledged_grants_survive_a_forced_failover() {
     let mut pair = pair().await;
     let resource = format!("{}job", prefix("acked_failover"));
+    // Generous while the replica is in sync (a loaded CI machine can take a
+    // while to confirm), short while the link is held.
     let acked = Lock::new(MINUTE)
         .unwrap()
+        .acknowledged(1, Duration::from_secs(5))
+        .unwrap();
+    let impatient = acked
+        .clone()
         .acknowledged(1, Duration::from_millis(300))
         .unwrap();
 
@@ -127,7 +133,7 @@ async fn acknowledged_grants_survive_a_forced_failover() {
     // The replication stream is held back: the grant is not confirmed in
     // time, so it is refused and released; nobody holds fence 2.
     pair.link.hold();
-    let err = acked.acquire(&mut pair.p, &resource).await.unwrap_err();
+    let err = impatient.acquire(&mut pair.p, &resource).await.unwrap_err();
     match &err {
         Error::Unacknowledged {
             fence,

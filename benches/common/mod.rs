@@ -25,6 +25,7 @@ pub const LOCK_TTL: std::time::Duration = std::time::Duration::from_secs(1);
 /// is admitted and every call writes (the costlier path for every variant).
 pub const CAPACITY: u64 = 1_000_000_000;
 
+pub mod charts;
 pub mod conn;
 pub mod deny_cache;
 pub mod hot_key;
