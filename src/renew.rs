@@ -349,6 +349,55 @@ fn deadline_passed(last_error: Option<&str>) -> String {
     }
 }
 
+/// A hold that work can run under ([`run_under`]): the fenced lease and the
+/// permit lease.
+pub(crate) trait Hold: Sized {
+    /// Its renewal task.
+    fn renewer(&self) -> &Renewer;
+
+    /// Stop renewing and give it back: true when it was still held.
+    fn give_back(self) -> impl Future<Output = Result<bool>>;
+}
+
+/// Run `work` under `hold`, then give it back: what became of the hold, in
+/// a [`Work`]. The work's future is dropped as soon as the hold is lost.
+pub(crate) async fn run_under<H, Fut, T>(hold: H, work: Fut) -> Work<T>
+where
+    H: Hold,
+    Fut: Future<Output = T>,
+{
+    let lost = hold.renewer().cancellation_token();
+    let output = tokio::select! {
+        // A finished result wins over a loss noticed at the same moment.
+        biased;
+        output = work => Some(output),
+        _ = lost.cancelled() => None,
+    };
+    let Some(output) = output else {
+        // `hold` drops here: its task makes a best-effort release without
+        // making the caller wait for an unreachable server.
+        return Work::Stopped(hold.renewer().loss().unwrap_or(Loss::NotHeld));
+    };
+    if let Some(loss) = hold.renewer().loss() {
+        return Work::Overran { output, loss };
+    }
+    match hold.give_back().await {
+        Ok(true) => Work::Done(output),
+        Ok(false) => Work::Overran {
+            output,
+            loss: Loss::NotHeld,
+        },
+        // The release's fate is unknown: the hold may still be there (it
+        // expires at its TTL), but nothing says it lasted to the end.
+        Err(e) => Work::Overran {
+            output,
+            loss: Loss::RenewalFailed {
+                error: e.to_string(),
+            },
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

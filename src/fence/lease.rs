@@ -176,37 +176,17 @@ impl Lease {
         F: FnOnce(Fence) -> Fut,
         Fut: Future<Output = T>,
     {
-        let lost = self.cancellation_token();
         let work = work(self.fence().clone());
-        let output = tokio::select! {
-            // A finished result wins over a loss noticed at the same moment.
-            biased;
-            output = work => Some(output),
-            _ = lost.cancelled() => None,
-        };
-        match output {
-            Some(output) => match self.loss() {
-                Some(loss) => Work::Overran { output, loss },
-                None => match self.release().await {
-                    Ok(LockRelease::Released) => Work::Done(output),
-                    Ok(LockRelease::Lost) => Work::Overran {
-                        output,
-                        loss: Loss::NotHeld,
-                    },
-                    // The release's fate is unknown: the lock may still be
-                    // held (it expires at its TTL), but nothing says the
-                    // hold lasted to the end.
-                    Err(e) => Work::Overran {
-                        output,
-                        loss: Loss::RenewalFailed {
-                            error: e.to_string(),
-                        },
-                    },
-                },
-            },
-            None => Work::Stopped(self.loss().unwrap_or(Loss::NotHeld)),
-            // `self` drops here: its task makes a best-effort release
-            // without making the caller wait for an unreachable server.
-        }
+        crate::renew::run_under(self, work).await
+    }
+}
+
+impl crate::renew::Hold for Lease {
+    fn renewer(&self) -> &Renewer {
+        &self.renewer
+    }
+
+    async fn give_back(self) -> Result<bool> {
+        Ok(self.release().await? == LockRelease::Released)
     }
 }
