@@ -62,10 +62,11 @@ pub const CLUSTER_COMMANDS: &str = "+cluster|slots";
 ///   the fence `Waiters` of the resource (channel `keys::derive(resource,
 ///   "released")`) through `redis.pcall`, so a refused publish does not fail
 ///   the release; waiters then wake on their backoff instead. `subscribe`
-///   is what the `Waiters`' own connection needs.
+///   and `unsubscribe` are what the `Waiters`' own connection needs (without
+///   `unsubscribe` it stays subscribed to channels nobody waits on).
 /// * `config|get`: the fence durability check reads the persistence
 ///   settings; without it, it reports what `info` shows.
-pub const OPTIONAL_COMMANDS: &str = "+info +publish +subscribe +config|get";
+pub const OPTIONAL_COMMANDS: &str = "+info +publish +subscribe +unsubscribe +config|get";
 
 #[cfg(test)]
 mod tests {

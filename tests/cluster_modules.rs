@@ -875,3 +875,55 @@ async fn a_flush_between_batches_of_adjustments_is_recovered(d: &Deployment) {
         assert_eq!(d.get(key).await.as_deref(), Some("15"), "{key}");
     }
 }
+
+// ---------------------------------------------------------------- durability
+
+/// `fence::cluster_durability` reads every primary, each on its own: one
+/// primary whose fsync is skipped during rewrites is named as such, the
+/// others not, and every primary with a replica can go back by failover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_durability_reads_every_primary() {
+    let _cache = support::deployment::CLUSTER_ACCESS.read().await;
+    let cluster = support::cluster::RedisCluster::shared();
+    let mut conn = cluster.conn().await;
+    let shards = cluster.shards().await;
+    let weakened = shards[0].primary;
+    let mut node = cluster.node(weakened).await;
+    let set = |value: &'static str| {
+        let mut cmd = redis::cmd("CONFIG");
+        cmd.arg("SET").arg("no-appendfsync-on-rewrite").arg(value);
+        cmd
+    };
+    let _: () = set("yes").query_async(&mut node).await.unwrap();
+    let reports = fence::cluster_durability(&mut conn).await;
+    let _: () = set("no").query_async(&mut node).await.unwrap();
+    let reports = reports.unwrap();
+
+    let mut primaries: Vec<u16> = shards.iter().map(|s| s.primary).collect();
+    primaries.sort_unstable();
+    let ports: Vec<u16> = reports
+        .iter()
+        .map(|(node, _)| node.rsplit(':').next().unwrap().parse().unwrap())
+        .collect();
+    let mut sorted = ports.clone();
+    sorted.sort_unstable();
+    assert_eq!(sorted, primaries, "one report per primary: {reports:?}");
+    for (port, (node, report)) in ports.iter().zip(&reports) {
+        assert_eq!(report.role, "master", "{node}");
+        assert!(report.connected_replicas >= 1, "{node}: {report:?}");
+        assert!(report.failover_can_go_back() && report.fences_can_go_back());
+        assert_eq!(
+            report.no_appendfsync_on_rewrite,
+            Some(*port == weakened),
+            "{node}"
+        );
+        // The cluster's nodes run without persistence.
+        assert!(
+            matches!(
+                report.restart,
+                fence::Restart::LosesAll | fence::Restart::LosesSinceSnapshot
+            ),
+            "{node}: {report:?}"
+        );
+    }
+}

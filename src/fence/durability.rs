@@ -3,7 +3,9 @@
 use std::collections::HashMap;
 
 use redis::aio::ConnectionLike;
-use redis::ErrorKind;
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
+use redis::{ErrorKind, Value};
 
 use crate::{Error, Result};
 
@@ -15,16 +17,15 @@ pub enum Restart {
     /// `appendonly yes` with `appendfsync always`: every increment is on disk
     /// before the grant is returned, so a restart keeps every counter.
     Keeps,
-    /// `appendonly yes` with `appendfsync always`, but
-    /// `no-appendfsync-on-rewrite yes`: while the server rewrites its
-    /// append-only file or saves a snapshot (in the background, as often as
-    /// `auto-aof-rewrite-*` and `save` say), it skips the fsync, and a crash
-    /// then can lose up to about 30 s of increments (redis.conf's words).
-    LosesDuringRewrite,
     /// `appendonly yes` with `appendfsync everysec`: the last second or two of
     /// increments can be lost (a crash between fsyncs), and their fences are
     /// then handed out again.
     LosesLastSecond,
+    /// `appendonly yes` with `appendfsync always` or `everysec`, but
+    /// `no-appendfsync-on-rewrite yes`: while a background rewrite or
+    /// snapshot runs, the log is not fsynced at all, so a crash then loses
+    /// what the operating system had not flushed (up to about 30 s on Linux).
+    LosesDuringRewrite,
     /// `appendonly yes` with `appendfsync no`: the operating system decides
     /// when the log reaches the disk (typically within 30 s); that much can
     /// be lost.
@@ -50,8 +51,8 @@ pub enum ConfigSource {
     Config,
     /// `CONFIG GET` was refused (no `+config|get` permission, or the command
     /// is renamed or disabled): only `INFO persistence` and
-    /// `INFO replication`, which do not show `appendfsync`, `save` or the
-    /// `min-replicas-*` settings.
+    /// `INFO replication`, which do not show `appendfsync`,
+    /// `no-appendfsync-on-rewrite`, `save` or the `min-replicas-*` settings.
     Info,
 }
 
@@ -70,7 +71,8 @@ pub struct Durability {
     pub appendonly: bool,
     /// `appendfsync` (`always`, `everysec` or `no`); `None` from `INFO`.
     pub appendfsync: Option<String>,
-    /// `no-appendfsync-on-rewrite`; `None` from `INFO`.
+    /// `no-appendfsync-on-rewrite`: true when the log is not fsynced while a
+    /// rewrite or snapshot runs; `None` from `INFO`.
     pub no_appendfsync_on_rewrite: Option<bool>,
     /// The RDB `save` rules (`""` for none); `None` from `INFO`.
     pub save: Option<String>,
@@ -109,12 +111,13 @@ impl Durability {
         let mut out = Vec::new();
         let restart = match self.restart {
             Restart::Keeps => None,
-            Restart::LosesDuringRewrite => Some(
-                "no-appendfsync-on-rewrite yes: a crash during a rewrite or snapshot loses up to about 30 s of increments",
-            ),
             Restart::LosesLastSecond => {
                 Some("appendfsync everysec: a crash loses up to about a second of increments")
             }
+            Restart::LosesDuringRewrite => Some(
+                "no-appendfsync-on-rewrite yes: a crash during a rewrite or snapshot loses \
+                 what the OS had not flushed (up to about 30 s of increments)",
+            ),
             Restart::LosesUnflushed => {
                 Some("appendfsync no: a crash loses what the OS had not flushed")
             }
@@ -149,19 +152,21 @@ impl Durability {
 /// Redis fence" in the module docs).
 ///
 /// Sends `CONFIG GET` for `appendonly`, `appendfsync`,
-/// `no-appendfsync-on-rewrite` (which turns `always` into "not during a
-/// rewrite"), `save`,
-/// `min-replicas-to-write` and `min-replicas-max-lag`, then
-/// `INFO replication` (for the role and the connected replicas). When the
-/// server refuses `CONFIG GET` (an ACL user without `+config|get`, or
+/// `no-appendfsync-on-rewrite`, `save`, `min-replicas-to-write` and
+/// `min-replicas-max-lag`, then `INFO replication` (for the role and the
+/// connected replicas). Every setting that weakens the fsync of an
+/// increment is read: `appendfsync` other than `always`, and
+/// `no-appendfsync-on-rewrite yes`, which skips the fsync while a rewrite or
+/// snapshot runs ([`Restart::LosesDuringRewrite`]). When the server refuses
+/// `CONFIG GET` (an ACL user without `+config|get`, or
 /// `rename-command CONFIG ""`, common on managed services), it falls back to
 /// `INFO persistence`, which tells whether the append-only file is on but
-/// not its fsync policy: the report then says [`ConfigSource::Info`] and, with the
-/// file on, [`Restart::Unknown`]. Permissions needed: `+info`, and
+/// not its fsync policy: the report then says [`ConfigSource::Info`] and,
+/// with the file on, [`Restart::Unknown`]. Permissions needed: `+info`, and
 /// `+config|get` for the full report. Nothing is written.
 ///
-/// The answer is about one server: on a cluster, connect to each primary
-/// (e.g. with a `redis::Client` per node) and check each.
+/// The answer is about one server: on a cluster, [`cluster_durability`]
+/// reads every primary.
 ///
 /// # Errors
 ///
@@ -183,16 +188,146 @@ pub async fn durability<C>(conn: &mut C) -> Result<Durability>
 where
     C: ConnectionLike + Send,
 {
-    let mut pipe = redis::pipe();
-    for name in CONFIG_NAMES {
-        pipe.cmd("CONFIG").arg("GET").arg(name);
-    }
-    let config: Option<Vec<HashMap<String, String>>> = match pipe.query_async(conn).await {
-        Ok(replies) => Some(replies),
+    let config = match config_get().query_async::<Value>(conn).await {
+        Ok(reply) => Some(reply),
         Err(err) if refused(&err) => None,
         Err(err) => return Err(Error::from_redis(err)),
     };
     let replication = info(conn, "replication").await?;
+    let persistence = match config {
+        Some(_) => None,
+        None => Some(info(conn, "persistence").await?),
+    };
+    report(config, &replication, persistence.as_ref())
+}
+
+/// [`durability()`] for every primary of a cluster: the report of each, by
+/// its address (`host:port`), in address order. Fences of a resource are
+/// handed out by the primary that owns its slot, so each primary's settings
+/// decide for its own resources; a service that relies on fences checks
+/// them all.
+///
+/// Each command goes to every primary of the cluster connection's slot map
+/// at once (`CONFIG GET`, then `INFO replication`, and `INFO persistence`
+/// where `CONFIG GET` was refused): three round trips at most, whatever the
+/// size of the cluster. Replicas are not read: they hand out no fences until
+/// they are promoted, and a failover is reported by each primary's
+/// [`Durability::failover_can_go_back`].
+///
+/// # Errors
+///
+/// As [`durability()`], for the first primary that fails.
+///
+/// # Example
+///
+/// ```no_run
+/// # async fn run(conn: &mut redis::cluster_async::ClusterConnection) -> Result<(), String> {
+/// for (primary, report) in nolock::fence::cluster_durability(conn).await.map_err(|e| e.to_string())? {
+///     if report.restart != nolock::fence::Restart::Keeps {
+///         return Err(format!("{primary}: {}", report.reasons().join("; ")));
+///     }
+/// }
+/// # Ok(()) }
+/// ```
+pub async fn cluster_durability(conn: &mut ClusterConnection) -> Result<Vec<(String, Durability)>> {
+    let config = per_primary(conn, config_get()).await?;
+    let replication = per_primary(conn, info_cmd("replication")).await?;
+    let refused_config = config.values().any(|reply| match reply {
+        Value::ServerError(err) => refused(&err.clone().into()),
+        _ => false,
+    });
+    let persistence = if refused_config {
+        Some(per_primary(conn, info_cmd("persistence")).await?)
+    } else {
+        None
+    };
+    let mut reports = Vec::with_capacity(config.len());
+    for (node, reply) in config {
+        let config = match reply {
+            Value::ServerError(err) => {
+                let err: redis::RedisError = err.into();
+                if !refused(&err) {
+                    return Err(Error::from_redis(err));
+                }
+                None
+            }
+            reply => Some(reply),
+        };
+        let replication = node_info(&replication, &node)?;
+        let persistence = match (&config, &persistence) {
+            (None, Some(persistence)) => Some(node_info(persistence, &node)?),
+            _ => None,
+        };
+        reports.push((node, report(config, &replication, persistence.as_ref())?));
+    }
+    reports.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(reports)
+}
+
+/// One `CONFIG GET` of every setting read (Redis 7.0+ takes several).
+fn config_get() -> redis::Cmd {
+    let mut cmd = redis::cmd("CONFIG");
+    cmd.arg("GET").arg(&CONFIG_NAMES[..]);
+    cmd
+}
+
+fn info_cmd(section: &str) -> redis::Cmd {
+    let mut cmd = redis::cmd("INFO");
+    cmd.arg(section);
+    cmd
+}
+
+/// `cmd` sent to every primary at once: each primary's reply (or its
+/// server error) by address.
+async fn per_primary(
+    conn: &mut ClusterConnection,
+    cmd: redis::Cmd,
+) -> Result<std::collections::BTreeMap<String, Value>> {
+    let reply = conn
+        .route_command(
+            cmd,
+            RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None)),
+        )
+        .await
+        .map_err(Error::from_redis)?;
+    let Value::Map(entries) = reply else {
+        return Err(unexpected(
+            "a command sent to every primary did not answer per node",
+        ));
+    };
+    entries
+        .into_iter()
+        .map(|(node, reply)| match node {
+            Value::BulkString(node) => Ok((String::from_utf8_lossy(&node).into_owned(), reply)),
+            Value::SimpleString(node) => Ok((node, reply)),
+            other => Err(unexpected(&format!("a node named {other:?}"))),
+        })
+        .collect()
+}
+
+/// One primary's `INFO` section, parsed.
+fn node_info(
+    replies: &std::collections::BTreeMap<String, Value>,
+    node: &str,
+) -> Result<HashMap<String, String>> {
+    match replies.get(node) {
+        Some(Value::ServerError(err)) => Err(Error::from_redis(err.clone().into())),
+        Some(reply) => {
+            let text: String = redis::from_redis_value(reply.clone())
+                .map_err(|e| unexpected(&format!("INFO from {node}: {e}")))?;
+            Ok(parse_info(&text))
+        }
+        None => Err(unexpected(&format!("no INFO reply from {node}"))),
+    }
+}
+
+/// The report from the settings (`None`: `CONFIG GET` was refused, and
+/// `persistence` is `INFO persistence`) and `INFO replication`.
+fn report(
+    config: Option<Value>,
+    replication: &HashMap<String, String>,
+    persistence: Option<&HashMap<String, String>>,
+) -> Result<Durability> {
     let role = replication
         .get("role")
         .cloned()
@@ -202,8 +337,10 @@ where
         None => 0,
     };
     let Some(config) = config else {
-        let persistence = info(conn, "persistence").await?;
-        let appendonly = persistence.get("aof_enabled").map(String::as_str) == Some("1");
+        let appendonly = persistence
+            .and_then(|p| p.get("aof_enabled"))
+            .map(String::as_str)
+            == Some("1");
         return Ok(Durability {
             source: ConfigSource::Info,
             restart: if appendonly {
@@ -221,7 +358,8 @@ where
             min_replicas_max_lag: None,
         });
     };
-    let settings: HashMap<String, String> = config.into_iter().flatten().collect();
+    let settings: HashMap<String, String> =
+        redis::from_redis_value(config).map_err(|e| unexpected(&format!("CONFIG GET: {e}")))?;
     let get = |name: &str| {
         settings
             .get(name)
@@ -230,10 +368,10 @@ where
     };
     let appendonly = get("appendonly")? == "yes";
     let appendfsync = get("appendfsync")?;
-    let save = get("save")?;
     let no_fsync_on_rewrite = get("no-appendfsync-on-rewrite")? == "yes";
+    let save = get("save")?;
     let restart = match (appendonly, appendfsync.as_str()) {
-        (true, "always") if no_fsync_on_rewrite => Restart::LosesDuringRewrite,
+        (true, "always" | "everysec") if no_fsync_on_rewrite => Restart::LosesDuringRewrite,
         (true, "always") => Restart::Keeps,
         (true, "everysec") => Restart::LosesLastSecond,
         (true, _) => Restart::LosesUnflushed,
@@ -279,8 +417,7 @@ async fn info<C>(conn: &mut C, section: &str) -> Result<HashMap<String, String>>
 where
     C: ConnectionLike + Send,
 {
-    let text: String = redis::cmd("INFO")
-        .arg(section)
+    let text: String = info_cmd(section)
         .query_async(conn)
         .await
         .map_err(Error::from_redis)?;
@@ -333,8 +470,8 @@ mod tests {
         assert!(!report(Restart::Keeps, "master", 0).fences_can_go_back());
         assert!(report(Restart::Keeps, "master", 0).reasons().is_empty());
         for restart in [
-            Restart::LosesDuringRewrite,
             Restart::LosesLastSecond,
+            Restart::LosesDuringRewrite,
             Restart::LosesUnflushed,
             Restart::LosesSinceSnapshot,
             Restart::LosesAll,

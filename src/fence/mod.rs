@@ -227,7 +227,7 @@ mod waiters;
 mod write;
 
 pub use advance::{advance, Advance, AdvanceFence};
-pub use durability::{durability, ConfigSource, Durability, Restart};
+pub use durability::{cluster_durability, durability, ConfigSource, Durability, Restart};
 pub use grant::{ExtendLock, Fence, Grant, ReleaseLock};
 pub use lease::Lease;
 pub use lock::{AcquireLock, Lock};
