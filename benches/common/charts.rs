@@ -48,6 +48,7 @@ pub fn draw(dir: &Path, stamp: &str, measured: &[Measured], hot: &[HotRun]) -> R
         &format!("Calls per second, script vs raw EVALSHA vs lock vs WATCH (log scale) - {stamp}"),
         "calls per second",
         &throughput,
+        Scale::Log,
         true,
     )?;
     written.push(file.display().to_string());
@@ -64,14 +65,25 @@ pub fn draw(dir: &Path, stamp: &str, measured: &[Measured], hot: &[HotRun]) -> R
         &format!("Admissions beyond the limit, holders paused past the lock's TTL - {stamp}"),
         "over-admitted",
         &pauses,
-        false,
+        Scale::Linear,
+        true,
     )?;
     written.push(file.display().to_string());
+    // One bar a run: red for one call per decision, blue for a reservoir.
     let hot_groups: Vec<Group> = hot
         .iter()
-        .map(|run| Group {
-            label: run.label.clone(),
-            bars: vec![(Variant::Script, run.per_second())],
+        .map(|run| {
+            let one_call = run.label.contains("one call per decision");
+            Group {
+                label: run
+                    .label
+                    .replace("Limiter::check, one call per decision", "one call each")
+                    .replace("Reservoir, ", "reservoir, "),
+                bars: vec![(
+                    if one_call { Variant::Lock } else { Variant::Script },
+                    run.per_second(),
+                )],
+            }
         })
         .collect();
     let file = dir.join("hot_key.svg");
@@ -82,7 +94,8 @@ pub fn draw(dir: &Path, stamp: &str, measured: &[Measured], hot: &[HotRun]) -> R
         ),
         "decisions per second",
         &hot_groups,
-        true,
+        Scale::Log,
+        false,
     )?;
     written.push(file.display().to_string());
     Ok(written)
@@ -107,8 +120,22 @@ fn groups<'a>(
     out
 }
 
-fn bars(file: &Path, title: &str, y_label: &str, groups: &[Group], log: bool) -> Result<()> {
-    let width = 160 + 150 * groups.len().max(1) as u32;
+/// How the value axis is drawn.
+#[derive(Clone, Copy, PartialEq)]
+enum Scale {
+    Log,
+    Linear,
+}
+
+fn bars(
+    file: &Path,
+    title: &str,
+    y_label: &str,
+    groups: &[Group],
+    scale: Scale,
+    with_legend: bool,
+) -> Result<()> {
+    let width = 160 + 190 * groups.len().max(1) as u32;
     let root = SVGBackend::new(file, (width.max(800), 520)).into_drawing_area();
     root.fill(&WHITE)?;
     let max = groups
@@ -121,8 +148,9 @@ fn bars(file: &Path, title: &str, y_label: &str, groups: &[Group], log: bool) ->
         .margin(12)
         .x_label_area_size(60)
         .y_label_area_size(80)
-        .build_cartesian_2d(0.0..slots, (0.5..max * 3.0).log_scale())?;
-    if !log {
+        // Headroom above the tallest bar, for the legend.
+        .build_cartesian_2d(0.0..slots, (0.5..max * 40.0).log_scale())?;
+    if scale == Scale::Linear {
         // Counts: a linear axis from zero reads better.
         drop(chart);
         let mut linear = ChartBuilder::on(&root)
@@ -130,16 +158,20 @@ fn bars(file: &Path, title: &str, y_label: &str, groups: &[Group], log: bool) ->
             .margin(12)
             .x_label_area_size(60)
             .y_label_area_size(80)
-            .build_cartesian_2d(0.0..slots, 0.0..max * 1.15)?;
+            .build_cartesian_2d(0.0..slots, 0.0..max * 1.4)?;
         frame(&mut linear, groups, y_label)?;
         draw_bars(&mut linear, groups, 0.0)?;
-        legend(&mut linear)?;
+        if with_legend {
+            legend(&mut linear)?;
+        }
         root.present()?;
         return Ok(());
     }
     frame(&mut chart, groups, y_label)?;
     draw_bars(&mut chart, groups, 0.5)?;
-    legend(&mut chart)?;
+    if with_legend {
+        legend(&mut chart)?;
+    }
     root.present()?;
     Ok(())
 }
@@ -207,6 +239,7 @@ where
     }
     chart
         .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)
         .draw()?;
