@@ -80,7 +80,11 @@ pub fn draw(dir: &Path, stamp: &str, measured: &[Measured], hot: &[HotRun]) -> R
                     .replace("Limiter::check, one call per decision", "one call each")
                     .replace("Reservoir, ", "reservoir, "),
                 bars: vec![(
-                    if one_call { Variant::Lock } else { Variant::Script },
+                    if one_call {
+                        Variant::Lock
+                    } else {
+                        Variant::Script
+                    },
                     run.per_second(),
                 )],
             }
