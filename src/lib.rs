@@ -78,8 +78,9 @@
 //! `tests/cluster_failover.rs` shows it). With `retries(0)` such a call fails
 //! with [`Error::Indeterminate`] instead. What the redis-rs retries would
 //! also have done safely, nolock does itself: a call answered `MOVED`,
-//! `READONLY`, `ASK`, `TRYAGAIN`, `CLUSTERDOWN`, `LOADING` or `MASTERDOWN`
-//! (the slot moved or is moving, the node is not ready; nothing ran) is sent
+//! `READONLY`, `ASK`, `TRYAGAIN`, `CLUSTERDOWN`, `LOADING` or `MASTERDOWN`,
+//! or stopped at a key that left a migrating slot (the slot moved or is
+//! moving, the node is not ready; nothing ran) is sent
 //! again, up to 8 times within about 1.3 s. Other commands of your
 //! application may want the default retries: give nolock its own cluster
 //! client.

@@ -9,9 +9,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use nolock::{limits, Scripts};
+use nolock::{limits, semaphore, Scripts};
 use support::cluster::RedisCluster;
-use support::faults::migrate_slot;
+use support::faults::{migrate_slot, node_id};
 use support::history::{
     check_counter, check_fences, FenceOp, FenceReply, Increment, Outcome, Recorder,
 };
@@ -152,4 +152,89 @@ async fn a_slot_moves_under_load_without_errors_and_counts_stay_exact() {
             .count()
     );
     assert!(resent > 0, "the migration never redirected a call");
+}
+
+/// Inside a script, a key that its node has not got, in a slot that is
+/// migrating, is refused ("Script attempted to access a non local key"),
+/// although the script was let in because its keys were all there. A
+/// script that empties a key and touches it again meets exactly that:
+/// Redis deletes an emptied sorted set. The semaphore's acquire clears
+/// expired permits and its release removes the holder's; neither may then
+/// touch a key it has just emptied, or the call fails after it has written.
+/// The slot is left half-open (`MIGRATING` on its owner, `IMPORTING` on the
+/// other primary) for the whole test, so every call meets it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_semaphore_that_empties_its_key_in_a_migrating_slot_still_answers() {
+    let cluster = RedisCluster::start();
+    let mut conn = cluster.conn().await;
+    Scripts::load(&mut conn).await.expect("load scripts");
+    let key = "{half-open}:semaphore";
+    let slot = nolock::keys::slot(key);
+    let home = cluster.shard_of(key).await.primary;
+    let away = cluster
+        .shards()
+        .await
+        .into_iter()
+        .map(|s| s.primary)
+        .find(|&p| p != home)
+        .expect("another primary");
+    let mut owner = cluster.node(home).await;
+    let mut target = cluster.node(away).await;
+    let (home_id, away_id) = (node_id(&cluster, home).await, node_id(&cluster, away).await);
+    let semaphore = semaphore::Semaphore::new(2, Duration::from_secs(30)).expect("a semaphore");
+    // Every permit in the set has expired, but the set has no TTL (left by
+    // a holder whose PEXPIREAT never came): the acquire clears them all.
+    let stale = semaphore::PermitId::random().expect("an id");
+    let _: () = redis::cmd("ZADD")
+        .arg(key)
+        .arg(1)
+        .arg(format!("{}:1", stale.as_str()))
+        .query_async(&mut owner)
+        .await
+        .expect("a stale permit");
+    let _: () = redis::cmd("CLUSTER")
+        .arg("SETSLOT")
+        .arg(slot)
+        .arg("IMPORTING")
+        .arg(&home_id)
+        .query_async(&mut target)
+        .await
+        .expect("SETSLOT IMPORTING");
+    let _: () = redis::cmd("CLUSTER")
+        .arg("SETSLOT")
+        .arg(slot)
+        .arg("MIGRATING")
+        .arg(&away_id)
+        .query_async(&mut owner)
+        .await
+        .expect("SETSLOT MIGRATING");
+
+    let permit = semaphore
+        .acquire(&mut conn, key)
+        .await
+        .expect("an acquire that clears every expired permit answers")
+        .acquired()
+        .expect("a free permit");
+    let members: Vec<String> = redis::cmd("ZRANGE")
+        .arg(key)
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut owner)
+        .await
+        .expect("read the set");
+    assert_eq!(members, [format!("{}:1", permit.id().as_str())]);
+
+    // The only holder leaves: its release empties the set.
+    let released = permit
+        .release(&mut conn)
+        .await
+        .expect("a release that empties the set answers");
+    assert_eq!(released, semaphore::PermitRelease::Released);
+    let left: u64 = redis::cmd("CLUSTER")
+        .arg("COUNTKEYSINSLOT")
+        .arg(slot)
+        .query_async(&mut owner)
+        .await
+        .expect("COUNTKEYSINSLOT");
+    assert_eq!(left, 0, "the emptied set is gone");
 }

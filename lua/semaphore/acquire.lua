@@ -92,9 +92,16 @@ if mine then
   end
 end
 
--- Writes start here.
-if #expired > 0 then
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+-- Writes start here. A grant adds its permits before it clears the expired
+-- ones, so the set is never emptied and then touched again: Redis deletes an
+-- emptied sorted set, and in a slot being migrated a script may not touch a
+-- key its node no longer has (the call would fail after its first write). A
+-- denial clears them first (the ranks below count unexpired members only);
+-- it leaves at least one member, as in_use + weight > permits >= weight.
+local function clear_expired()
+  if #expired > 0 then
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+  end
 end
 local function add_mine()
   local args = {}
@@ -113,12 +120,15 @@ end
 
 if mine then
   add_mine()
+  clear_expired()
   return {1, in_use}
 end
 if in_use + weight <= permits then
   add_mine()
+  clear_expired()
   return {1, in_use + weight}
 end
+clear_expired()
 -- Full: the permit at this rank (0-based, among the unexpired) is the one
 -- whose expiry makes room for `weight`.
 -- The expired members are gone by now, so ranks count unexpired ones only.

@@ -53,11 +53,16 @@ for i = 1, weight do
   if not s or tonumber(s) <= now then held = 0 end
 end
 
+-- The set is read again only if the removal left it non-empty: Redis
+-- deletes an emptied sorted set, and in a slot being migrated a script may
+-- not touch a key its node no longer has (the call would fail after it has
+-- written).
+local left = redis.call('ZCARD', key)
 for i = 1, weight, 200 do
-  redis.call('ZREM', key, unpack(members, i, math.min(i + 199, weight)))
+  left = left - redis.call('ZREM', key, unpack(members, i, math.min(i + 199, weight)))
 end
-local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-if last[2] then
+if left > 0 then
+  local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
   redis.call('PEXPIREAT', key, math.ceil(tonumber(last[2])))
 end
 return {held}

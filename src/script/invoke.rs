@@ -240,7 +240,8 @@ impl Invocation {
     ///
     /// Only replies in which the server promises that the script did not run
     /// are followed by another send: `NOSCRIPT`, and `MOVED`, `READONLY`,
-    /// `ASK`, `TRYAGAIN`, `CLUSTERDOWN`, `LOADING` or `MASTERDOWN` (up to 8
+    /// `ASK`, `TRYAGAIN`, `CLUSTERDOWN`, `LOADING`, `MASTERDOWN` or a script
+    /// stopped at a key that left a migrating slot (up to 8
     /// times within about 1.3 s, [`RESEND_DELAYS`]; the cluster connection
     /// refreshes its slot map after `MOVED` and `READONLY`). Every other
     /// failure, above all a lost reply, is returned as it is. A resend
@@ -511,6 +512,9 @@ fn is_redirect(err: &redis::RedisError) -> bool {
 ///   the slot has moved, the old owner answers `MOVED` and the call follows.
 /// * `TRYAGAIN`: a multi-key script whose keys are split by a migration.
 /// * `CLUSTERDOWN`, `LOADING`, `MASTERDOWN`: the node cannot serve right now.
+/// * A script stopped by a key its node does not hold in a slot being
+///   migrated ([`is_non_local_key`]): the keys were all there when the
+///   script was let in, and one was gone when the script reached it.
 ///
 /// `BUSY` (another script is running) is not resent: it may last until an
 /// operator runs `SCRIPT KILL`, so the caller decides.
@@ -526,6 +530,28 @@ fn is_resendable(err: &redis::RedisError) -> bool {
                     | ServerErrorKind::MasterDown
             )
         )
+        || is_non_local_key(err)
+}
+
+/// "Script attempted to access a non local key in a cluster node": in a
+/// slot being migrated, a node lets a script in only if it holds all of the
+/// script's keys (else `ASK` or `TRYAGAIN`, and nothing runs), but inside
+/// the script it refuses any command on a key it does not hold. A key can
+/// be gone by then in two ways: its TTL ran out between the check and the
+/// script (a lock released by expiry at that very millisecond), or the
+/// script emptied it (Redis deletes an empty sorted set) and touched it
+/// again. nolock's scripts read every key before their first write and
+/// never touch a key after a write that may have deleted it (the
+/// semaphore's acquire adds before it clears, its release reads the set
+/// again only if something is left: `tests/cluster_migration.rs`), so the
+/// refused command is the first touch of that key and nothing before it
+/// wrote: like `TRYAGAIN`, it is sent again once the migration has moved
+/// on. The guide's chapter on your own scripts asks the same of them.
+fn is_non_local_key(err: &redis::RedisError) -> bool {
+    matches!(err.kind(), ErrorKind::Server(_))
+        && err
+            .to_string()
+            .contains("attempted to access a non local key")
 }
 
 /// The words of a command, for tests that check exactly what is sent.
@@ -751,6 +777,26 @@ pub(crate) mod tests {
         let lost =
             redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
         assert!(!is_resendable(&lost) && !is_noscript(&lost));
+    }
+
+    /// The reply as a server sends it (Redis 7.0 and Valkey 8.1 alike), and
+    /// a script's own error, which is not resent.
+    #[test]
+    fn a_script_stopped_by_a_migrating_key_is_resent() {
+        let reply = |text: &str| {
+            redis::parse_redis_value(format!("-{text}\r\n").as_bytes())
+                .expect("a RESP error")
+                .extract_error()
+                .expect_err("an error reply")
+        };
+        let stopped = reply(
+            "ERR Script attempted to access a non local key in a cluster node script: \
+             8e79d6167ad4e457067b2b6088a441ae0e8a941c, on @user_script:132.",
+        );
+        assert!(is_non_local_key(&stopped) && is_resendable(&stopped));
+        assert!(!is_redirect(&stopped));
+        let own = reply("ERR nolock semaphore/acquire: bad permit id");
+        assert!(!is_non_local_key(&own) && !is_resendable(&own));
     }
 
     /// A connection that answers every request with one fixed error.
