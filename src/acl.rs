@@ -56,8 +56,10 @@ pub const CLUSTER_COMMANDS: &str = "+cluster|slots";
 /// Used when granted, worked around when not:
 ///
 /// * `info`: lets [`Scripts::load`](crate::Scripts::load) tell a single
-///   server from a cluster in its one pipelined round trip; without it,
-///   `load` sends each script once more, one by one.
+///   server from a cluster in its one pipelined round trip, and find the
+///   native commands a server has (Valkey's `SET ... IFEQ`); without it,
+///   `load` sends each script once more, one by one, and every call runs
+///   its script.
 /// * `publish` (with the channel pattern `&{app:*`): `fence/release` wakes
 ///   the fence `Waiters` of the resource (channel `keys::derive(resource,
 ///   "released")`) through `redis.pcall`, so a refused publish does not fail

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use redis::{aio::ConnectionLike, Value};
 
-use crate::script::{embedded, run_one, Invocation, Operation, Reply, Script};
+use crate::script::{embedded, native, run_one, Invocation, Operation, Reply, Script};
 use crate::{validate, Error, Result};
 
 static COMPARE_AND_SET: Script = embedded!("cas/compare_and_set");
@@ -84,6 +84,17 @@ impl Insert {
 /// On [`Outcome::Mismatch`] nothing was written, and `current` is what the key
 /// holds, so a retry loop needs no separate read.
 ///
+/// On Valkey 8.1 and later (when [`crate::Scripts::load`] found it,
+/// [`crate::script::Loaded::set_ifeq`]) a call with an expected value runs the native
+/// `SET key new IFEQ expected PX ttl|KEEPTTL GET` instead of the script: the
+/// same answers, the same errors (`WRONGTYPE` for a key of another type),
+/// less server time (`cargo test --test cas_native -- --nocapture` measures
+/// both on the server it runs on). A reply that says nothing ran (an
+/// older server's `syntax error`, a cluster redirect) sends the script
+/// instead, with its resends. The native command is not a script: it is not
+/// counted in [`crate::stats`] and has no span. [`CompareAndSet`] (in a
+/// batch, with an operation id) always runs the script.
+///
 /// # Errors
 ///
 /// Before any I/O: [`Error::EmptyKey`], [`Error::ValueTooLarge`] (`new` or
@@ -113,7 +124,58 @@ pub async fn compare_and_set<C>(
 where
     C: ConnectionLike + Send,
 {
-    run_one(&CompareAndSet::new(key, expected, new, ttl)?, conn).await
+    let op = CompareAndSet::new(key, expected, new.as_ref(), ttl)?;
+    if let Expected::Value(expected) = expected {
+        if native::set_ifeq() {
+            let ttl = ttl_arg(ttl)?;
+            if let Some(outcome) = set_ifeq(conn, key, expected, new.as_ref(), ttl).await? {
+                return Ok(outcome);
+            }
+        }
+    }
+    run_one(&op, conn).await
+}
+
+/// `SET key new IFEQ expected PX ttl|KEEPTTL GET` (arguments already
+/// checked): the value found decides, as in the script. `None` when the
+/// server ran nothing and the script should go instead.
+async fn set_ifeq<C>(
+    conn: &mut C,
+    key: &str,
+    expected: &[u8],
+    new: &[u8],
+    ttl: u64,
+) -> Result<Option<Outcome>>
+where
+    C: ConnectionLike + Send,
+{
+    let mut cmd = redis::cmd("SET");
+    cmd.arg(key).arg(new).arg("IFEQ").arg(expected);
+    if ttl > 0 {
+        cmd.arg("PX").arg(ttl);
+    } else {
+        cmd.arg("KEEPTTL");
+    }
+    cmd.arg("GET");
+    match conn
+        .req_packed_command(&cmd)
+        .await
+        .and_then(Value::extract_error)
+    {
+        Ok(Value::Nil) => Ok(Some(Outcome::Mismatch { current: None })),
+        Ok(Value::BulkString(found)) if found == expected => Ok(Some(Outcome::Applied)),
+        Ok(Value::BulkString(found)) => Ok(Some(Outcome::Mismatch {
+            current: Some(found),
+        })),
+        Ok(other) => Err(Error::UnexpectedReply {
+            script: "SET IFEQ",
+            detail: format!("{other:?}"),
+        }),
+        Err(err) if native::is_unsupported_option(&err) || crate::script::is_resendable(&err) => {
+            Ok(None)
+        }
+        Err(err) => Err(Error::from_redis(err)),
+    }
 }
 
 /// [`compare_and_set`] as a value: for a [`crate::Batch`], or with an

@@ -518,7 +518,7 @@ fn is_redirect(err: &redis::RedisError) -> bool {
 ///
 /// `BUSY` (another script is running) is not resent: it may last until an
 /// operator runs `SCRIPT KILL`, so the caller decides.
-fn is_resendable(err: &redis::RedisError) -> bool {
+pub(crate) fn is_resendable(err: &redis::RedisError) -> bool {
     is_redirect(err)
         || matches!(
             err.kind(),

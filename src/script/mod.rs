@@ -106,6 +106,7 @@ mod call;
 #[cfg_attr(not(test), allow(dead_code))]
 mod compose;
 mod invoke;
+pub(crate) mod native;
 mod once;
 mod registry;
 mod reply;
@@ -124,7 +125,7 @@ pub(crate) use compose::ID_REUSED;
 pub(crate) use invoke::tests as tests_support;
 #[cfg(test)]
 pub(crate) use invoke::words;
-pub(crate) use invoke::{count_retry, is_never_sent, never_sent, Invocation};
+pub(crate) use invoke::{count_retry, is_never_sent, is_resendable, never_sent, Invocation};
 pub(crate) use reply::Reply;
 
 /// A `static` [`Script`] for `lua/<name>.lua`.

@@ -119,6 +119,10 @@ pub struct Loaded {
     /// registry order, then those of each directory passed to
     /// [`Scripts::load_with`].
     pub scripts: Vec<&'static str>,
+    /// True when the server has `SET ... IFEQ` (Valkey 8.1 or later), so
+    /// [`crate::cas::compare_and_set`] with an expected value runs it instead
+    /// of its script, in this process from now on (see the `cas` docs).
+    pub set_ifeq: bool,
 }
 
 /// The registry of every script embedded from `lua/`.
@@ -213,6 +217,7 @@ impl Scripts {
         for script in &scripts {
             pipe.cmd("SCRIPT").arg("LOAD").arg(script.source());
         }
+        pipe.cmd("INFO").arg("server");
         pipe.cmd("INFO").arg("cluster");
         let mut replies: Vec<Value> = pipe
             .ignore_errors()
@@ -220,6 +225,12 @@ impl Scripts {
             .await
             .map_err(Error::from_redis)?;
         let info = replies.pop();
+        // On a cluster connection INFO may come back as one reply per node,
+        // which is not a string: then nothing native is recorded.
+        let set_ifeq = replies
+            .pop()
+            .and_then(|server| String::from_redis_value(server).ok())
+            .is_some_and(|server| super::native::detect(&server));
         if replies.len() != scripts.len() {
             return Err(Error::UnexpectedReply {
                 script: "SCRIPT LOAD",
@@ -244,6 +255,7 @@ impl Scripts {
         }
         Ok(Loaded {
             scripts: scripts.iter().map(|script| script.name()).collect(),
+            set_ifeq,
         })
     }
 }
