@@ -52,9 +52,7 @@ impl Locker {
                 let lock = Lock::new(TTL)?.with_wait(Backoff::new(Duration::from_secs(30)));
                 match lock.acquire(conn, key).await? {
                     LockAttempt::Acquired(grant) => Ok(Held::Nolock(grant)),
-                    LockAttempt::Held { .. } => {
-                        Err(format!("{key} still held after 30 s").into())
-                    }
+                    LockAttempt::Held { .. } => Err(format!("{key} still held after 30 s").into()),
                 }
             }
             Locker::Rslock(manager) => Ok(Held::Rslock(manager.acquire_no_guard(key, TTL).await?)),

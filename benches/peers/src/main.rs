@@ -3,6 +3,7 @@
 //! ```text
 //! cd benches/peers && cargo run --release            # 6400 calls per row, 5 rounds
 //! cd benches/peers && cargo run --release -- 20000 7 # more calls, more rounds
+//! cd benches/peers && cargo run --release -- --svg ../../docs/charts # and charts
 //! ```
 //!
 //! Prints, as Markdown tables:
@@ -13,7 +14,8 @@
 //!    connection per library: throughput, client p50/p99, and the server time
 //!    per call from `INFO commandstats` (`CONFIG RESETSTAT` before each row),
 //!    in an "admit" regime (a quota no call reaches) and a "deny" one (10/s,
-//!    burst 10, exhausted);
+//!    burst 10, exhausted), nolock's `rate::Reservoir` beside its one-call
+//!    limiter; with `--svg DIR`, drawn as two charts (`charts.rs`);
 //! 3. the issue-10 cost targets: `limits::try_increment` against the design
 //!    card's GET/compare/INCR/EXPIRE script, and `Lock::acquire` + `Grant::release`
 //!    against `SET NX PX` + `INCR` and a token-checked release (one minimal
@@ -30,6 +32,7 @@
 #[path = "../../../tests/support/server.rs"]
 mod server;
 
+mod charts;
 mod handoff;
 mod measure;
 mod subjects;
@@ -82,13 +85,22 @@ impl Row {
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
+    let usage =
+        || format!("usage: cargo run --release -- [calls >= {TASKS}] [rounds >= 1] [--svg DIR]");
+    let mut svg = None;
+    let mut numbers = Vec::new();
     let mut args = std::env::args().skip(1);
-    let calls: usize = args.next().map_or(Ok(6400), |a| a.parse())?;
-    let rounds: usize = args.next().map_or(Ok(5), |a| a.parse())?;
-    if calls < TASKS || rounds == 0 {
-        return Err(
-            format!("usage: cargo run --release -- [calls >= {TASKS}] [rounds >= 1]").into(),
-        );
+    while let Some(arg) = args.next() {
+        if arg == "--svg" {
+            svg = Some(std::path::PathBuf::from(args.next().ok_or_else(usage)?));
+        } else {
+            numbers.push(arg.parse::<usize>().map_err(|_| usage())?);
+        }
+    }
+    let calls = numbers.first().copied().unwrap_or(6400);
+    let rounds = numbers.get(1).copied().unwrap_or(5);
+    if calls < TASKS || rounds == 0 || numbers.len() > 2 {
+        return Err(usage().into());
     }
 
     let server = server::RedisServer::start();
@@ -168,6 +180,9 @@ async fn main() -> Result<(), Error> {
     }
 
     print_gcra(&gcra);
+    if let Some(dir) = &svg {
+        draw_gcra(dir, &gcra, calls, rounds)?;
+    }
     print_targets(&targets);
     contended(&conns, rounds.min(3)).await?;
     print_load("after");
@@ -304,6 +319,55 @@ fn print_gcra(rows: &[Row]) {
             );
         }
     }
+}
+
+/// The GCRA table as two charts in `dir`: decisions per second and server
+/// time per decision, by regime and library.
+fn draw_gcra(
+    dir: &std::path::Path,
+    rows: &[Row],
+    calls: usize,
+    rounds: usize,
+) -> Result<(), Error> {
+    std::fs::create_dir_all(dir)?;
+    let libraries: Vec<String> = GCRA.iter().map(|p| p.name.to_owned()).collect();
+    let bars = |value: fn(&Summary) -> f64| -> Vec<charts::Bar> {
+        ["admit", "deny"]
+            .iter()
+            .zip(rows.chunks(GCRA.len()))
+            .flat_map(|(regime, rows)| {
+                rows.iter().map(move |row| charts::Bar {
+                    library: row.label.clone(),
+                    regime,
+                    value: value(&row.summary()),
+                })
+            })
+            .collect()
+    };
+    let stamp = format!(
+        "{}, {TASKS} tasks on one hot key, {calls} calls x {rounds} rounds",
+        shell("date", &["-u", "+%Y-%m-%d"])
+    );
+    for (file, title, y_label, value) in [
+        (
+            "peers_throughput.svg",
+            "GCRA decisions per second, one hot key (log scale)",
+            "decisions per second (median of rounds)",
+            (|s: &Summary| s.ops_per_s) as fn(&Summary) -> f64,
+        ),
+        (
+            "peers_server_us.svg",
+            "Redis time per GCRA decision (lower is better; log scale)",
+            "server µs per decision (median of rounds)",
+            |s: &Summary| s.server_us_median,
+        ),
+    ] {
+        let path = dir.join(file);
+        let title = format!("{title} - {stamp}");
+        charts::draw(&path, &title, y_label, &libraries, &bars(value))?;
+        println!("wrote {}", path.display());
+    }
+    Ok(())
 }
 
 /// Table 3: the server-cost targets, with their ratios.

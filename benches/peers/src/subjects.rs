@@ -4,13 +4,14 @@
 //! Every peer is built on its own redis-rs version (0.25, 0.29, 0.32, 1.8),
 //! so each gets its own connection to the same server.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
 use nolock::fence::{Lock, LockAttempt, Token};
-use nolock::rate::{Algorithm, Limiter, Quota};
+use nolock::rate::{Algorithm, Limiter, Quota, Reservoir};
 use redis::aio::MultiplexedConnection;
 use throttle_kit::RateLimitBackend;
 use tower::{Layer, ServiceExt};
@@ -65,11 +66,18 @@ pub struct Gcra {
     pub check: fn(&Conns, Regime) -> Result<Call, Error>,
 }
 
-pub const GCRA: [Gcra; 4] = [
+pub const GCRA: [Gcra; 5] = [
     Gcra {
         name: "nolock",
         how: "rate::Limiter (Gcra), server TIME",
         check: nolock_gcra,
+    },
+    Gcra {
+        name: "nolock Reservoir",
+        how: "rate::Reservoir over the same limiter: batches of up to 100 units \
+              (the burst, if smaller) taken with check_at_most, decided in the process, \
+              unused units given back after 100 ms",
+        check: nolock_reservoir,
     },
     Gcra {
         name: "tower-rate-limit-redis",
@@ -100,6 +108,39 @@ fn nolock_gcra(conns: &Conns, regime: Regime) -> Result<Call, Error> {
         async move {
             let d = limiter.check(&mut conn, &key, 1).await?;
             Ok(decision(d.allowed, Some(d.remaining), d.retry_after))
+        }
+    }))
+}
+
+/// One [`Reservoir`] per key (the rows change keys between rounds), each
+/// drawing from the limiter of [`nolock_gcra`]'s regime.
+fn nolock_reservoir(conns: &Conns, regime: Regime) -> Result<Call, Error> {
+    let quota = match regime {
+        Regime::Admit => Quota::per_second(1_000_000)?,
+        Regime::Deny => Quota::per_second(10)?.with_burst(10)?,
+    };
+    let batch = quota.burst().min(100);
+    let limiter = Limiter::new(Algorithm::Gcra, quota)?;
+    let conn = conns.nolock.clone();
+    type Pools = HashMap<String, Arc<Reservoir<MultiplexedConnection>>>;
+    let pools: Arc<Mutex<Pools>> = Arc::default();
+    Ok(call(move |key| {
+        let (limiter, conn, pools) = (limiter.clone(), conn.clone(), pools.clone());
+        async move {
+            let reservoir = {
+                let mut pools = pools.lock().map_err(|_| "a poisoned lock")?;
+                match pools.get(&key) {
+                    Some(r) => r.clone(),
+                    None => {
+                        let hold = Duration::from_millis(100);
+                        let r = Arc::new(Reservoir::new(conn, limiter, &key, batch, hold)?);
+                        pools.insert(key.clone(), r.clone());
+                        r
+                    }
+                }
+            };
+            let d = reservoir.check(1).await?;
+            Ok(decision(d.allowed, None, d.retry_after))
         }
     }))
 }
