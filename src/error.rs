@@ -205,7 +205,9 @@ pub enum Error {
     },
 
     /// A [`crate::fence::Lock::acknowledged`] lock was granted on the primary
-    /// but fewer replicas than asked confirmed the grant within the timeout:
+    /// but fewer replicas than asked confirmed the grant within the timeout
+    /// (or the `WAIT` itself failed, e.g. `UNBLOCKED` when a failover
+    /// demoted the node: counted as 0 confirmations):
     /// a failover now could lose it and hand its fence out again. No grant
     /// is returned; nolock released the lock at once (if that release did
     /// not get through, the lock expires at its TTL). The fence number was

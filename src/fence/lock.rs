@@ -138,14 +138,20 @@ impl Lock {
             return Ok(outcome);
         };
         let acknowledged = match acked {
-            redis::Value::Int(n) => u64::try_from(n).unwrap_or(0),
-            other => {
+            Ok(redis::Value::Int(n)) => u64::try_from(n).unwrap_or(0),
+            Ok(other) => {
                 let _ = grant.release(conn).await;
                 return Err(crate::Error::UnexpectedReply {
                     script: "WAIT",
                     detail: format!("not a count: {other:?}"),
                 });
             }
+            // The WAIT failed after the grant: cut short (`UNBLOCKED`, the
+            // node was demoted by a failover), refused, or lost. Nothing
+            // confirmed the grant, so it is treated as confirmed by none:
+            // given back, and not definite (it may live on where the node's
+            // writes went).
+            Err(_) => 0,
         };
         if acknowledged >= ack.replicas {
             return Ok(LockAttempt::Acquired(grant));

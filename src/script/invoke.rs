@@ -313,7 +313,16 @@ impl Invocation {
     /// [`Invocation::run`] would send again (`NOSCRIPT`, a redirect), the
     /// script goes through [`Invocation::run`] and `after` follows on its
     /// own: two round trips, only then.
-    pub(crate) async fn run_then<C>(&self, conn: &mut C, after: &Cmd) -> Result<(Value, Value)>
+    ///
+    /// `after`'s failure is answered beside the script's reply, never as the
+    /// call's error: the script has run by then (a `WAIT` that the server
+    /// cuts short, `UNBLOCKED` when a failover demotes it, does not undo a
+    /// grant), so only the caller knows what it means.
+    pub(crate) async fn run_then<C>(
+        &self,
+        conn: &mut C,
+        after: &Cmd,
+    ) -> Result<(Value, redis::RedisResult<Value>)>
     where
         C: ConnectionLike + Send,
     {
@@ -342,8 +351,7 @@ impl Invocation {
         match (first.map(Value::extract_error), second) {
             (Some(Ok(value)), Some(after_reply)) => {
                 CALLS.fetch_add(1, Relaxed);
-                let after_reply = after_reply.extract_error().map_err(Error::from_redis)?;
-                Ok((value, after_reply))
+                Ok((value, after_reply.extract_error()))
             }
             (Some(Err(err)), _) if !is_noscript(&err) && !is_resendable(&err) => {
                 CALLS.fetch_add(1, Relaxed);
@@ -360,18 +368,21 @@ impl Invocation {
                 }
                 pipe.add_command(after.clone());
                 let count = pipe.cmd_iter().count();
-                let mut replies = conn
-                    .req_packed_commands(&pipe, 0, count)
-                    .await
-                    .map_err(Error::from_redis)?;
-                let after_reply = replies
-                    .pop()
-                    .ok_or_else(|| Error::UnexpectedReply {
-                        script: "run_then",
-                        detail: "no reply to the command after the script".into(),
-                    })?
-                    .extract_error()
-                    .map_err(Error::from_redis)?;
+                let after_reply =
+                    conn.req_packed_commands(&pipe, 0, count)
+                        .await
+                        .and_then(|mut replies| {
+                            replies.pop().map_or_else(
+                                || {
+                                    Err((
+                                        ErrorKind::UnexpectedReturnType,
+                                        "no reply to the command after the script",
+                                    )
+                                        .into())
+                                },
+                                Value::extract_error,
+                            )
+                        });
                 Ok((value, after_reply))
             }
         }

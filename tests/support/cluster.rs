@@ -468,14 +468,26 @@ impl RedisCluster {
     /// FAILOVER` and wait until the roles have switched everywhere and the
     /// cluster is ok again. Returns `(old primary, new primary)`.
     pub async fn failover(&self, key: &str) -> (u16, u16) {
+        self.failover_with(key, None).await
+    }
+
+    /// [`RedisCluster::failover`] with `CLUSTER FAILOVER FORCE` (the replica
+    /// does not wait for the primary to hand over its last writes) or
+    /// `TAKEOVER` (nor for the other primaries' votes), as a managed Redis
+    /// or an operator does when the primary does not answer.
+    pub async fn failover_with(&self, key: &str, how: Option<&str>) -> (u16, u16) {
         let shard = self.shard_of(key).await;
         let (old, new) = (shard.primary, shard.replicas[0]);
         let mut replica = self.node(new).await;
-        let _: () = redis::cmd("CLUSTER")
-            .arg("FAILOVER")
+        let mut failover = redis::cmd("CLUSTER");
+        failover.arg("FAILOVER");
+        if let Some(how) = how {
+            failover.arg(how);
+        }
+        let _: () = failover
             .query_async(&mut replica)
             .await
-            .unwrap_or_else(|e| panic!("CLUSTER FAILOVER on :{new}: {e}"));
+            .unwrap_or_else(|e| panic!("CLUSTER FAILOVER {how:?} on :{new}: {e}"));
         let switched = tokio::task::spawn_blocking({
             let ports = self.ports();
             move || {
