@@ -1,5 +1,6 @@
-//! The server's clock stepped and skewed, on rate limiters: what still
-//! holds, as numbers the guide states (`guide::survives`).
+//! The server's clock stepped and skewed, on rate limiters, the semaphore
+//! and the fenced lock: what still holds, as numbers the guide states
+//! (`guide::survives`).
 //!
 //! Every limiter decides by the server's clock (`TIME`, key expiry). A
 //! server whose clock steps **forward** by Δ sees every stored instant Δ
@@ -9,6 +10,12 @@
 //! again when the step ends it early). A clock stepped **back** by Δ makes
 //! a limiter deny longer (up to Δ more) and never admit more. A failover to
 //! a replica whose clock is Δ ahead acts as a forward step of Δ.
+//!
+//! Permits and locks end at a server time (a score, a key expiry): a
+//! forward step of Δ ends them up to Δ early in real time, unseen by their
+//! holders' local deadlines (so a semaphore can run one holder more than
+//! its size for up to Δ; a lock's fence still refuses the old holder's
+//! writes); a backward step makes them last up to Δ longer.
 //!
 //! The servers run under libfaketime (`tests/support/clock.rs`); where it
 //! cannot run, the tests say so and skip (fail under `CI=true`).
@@ -169,4 +176,105 @@ async fn a_failover_to_a_replica_ahead_acts_as_a_forward_step() {
     let bound = (d + 50_000) / 10_000 + 1;
     assert!(extra <= bound, "{extra} > {bound}");
     assert!(extra >= 5, "the replica's clock is 50 ms ahead: {extra}");
+}
+
+/// The semaphore scores each permit with its expiry on the server clock.
+/// A forward step of Δ ends every permit Δ early in real time (its holder's
+/// local deadline, which counts from the client's clock, does not see it):
+/// a permit of TTL `t` lives at least `t - Δ` of real time. A backward step
+/// of Δ makes it live up to `t + Δ`, never less than `t`.
+#[tokio::test]
+async fn a_step_moves_a_permits_end_by_its_length() {
+    let Some(clock) = skewed_or_skip("semaphore step", &[]) else {
+        return;
+    };
+    let mut conn = connect(&clock).await;
+    let ttl = Duration::from_millis(1_500);
+    let semaphore = nolock::semaphore::Semaphore::new(1, ttl).unwrap();
+    for step in [0.8_f64, -0.8] {
+        let key = format!("{}semaphore", prefix("clock-permit"));
+        let attempt = semaphore.acquire(&mut conn, &key).await.unwrap();
+        let held = attempt.acquired().expect("a free semaphore");
+        let taken = Instant::now();
+        clock.set(step);
+        // Another holder asks every 10 ms until the permit has ended.
+        let lived = loop {
+            let asked = taken.elapsed();
+            let other = semaphore.acquire(&mut conn, &key).await.unwrap();
+            if let Some(permit) = other.acquired() {
+                let _ = permit.release(&mut conn).await.unwrap();
+                break asked;
+            }
+            assert!(
+                taken.elapsed() < Duration::from_secs(4),
+                "the permit never ends"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        let delta = Duration::from_secs_f64(step.abs());
+        let slack = Duration::from_millis(60);
+        if step > 0.0 {
+            // Early by about Δ: at least t - Δ, less than t.
+            assert!(lived + slack >= ttl - delta, "{lived:?}");
+            assert!(lived < ttl, "{lived:?}: the step did not end it early");
+            // Its holder still believed it held it.
+            assert!(
+                held.deadline() > Instant::now(),
+                "the local deadline saw the step"
+            );
+        } else {
+            // Late by about Δ, never early.
+            assert!(lived + Duration::from_millis(10) >= ttl, "{lived:?}");
+            assert!(lived <= ttl + delta + slack * 5, "{lived:?}");
+        }
+        clock.set(0.0);
+    }
+}
+
+/// A fenced lock's TTL is a key expiry on the server clock, so a forward
+/// step of Δ hands the lock to the next holder up to Δ early, while the
+/// first still believes it holds it. The fence still decides: the newer
+/// grant's fence is greater, and the first holder's writes are refused
+/// from then on.
+#[tokio::test]
+async fn a_forward_step_ends_a_lock_early_and_the_fence_still_refuses_the_old_holder() {
+    use nolock::fence::{Lock, LockAttempt, Write};
+    let Some(clock) = skewed_or_skip("lock step", &[]) else {
+        return;
+    };
+    let mut conn = connect(&clock).await;
+    let ttl = Duration::from_millis(1_500);
+    let lock = Lock::new(ttl).unwrap();
+    let resource = format!("{}job", prefix("clock-lock"));
+    let LockAttempt::Acquired(first) = lock.acquire(&mut conn, &resource).await.unwrap() else {
+        panic!("a free lock");
+    };
+    let taken = Instant::now();
+    let written = first.fence().write(&mut conn, "first").await.unwrap();
+    assert_eq!(written, Write::Applied);
+    clock.set(1.0);
+    let (lived, second) = loop {
+        let asked = taken.elapsed();
+        if let LockAttempt::Acquired(g) = lock.acquire(&mut conn, &resource).await.unwrap() {
+            break (asked, g);
+        }
+        assert!(
+            taken.elapsed() < Duration::from_secs(3),
+            "the lock never ends"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(lived < ttl, "{lived:?}: not early");
+    assert!(
+        lived + Duration::from_millis(60) >= ttl - Duration::from_secs(1),
+        "{lived:?}"
+    );
+    // Both believe they hold it; the fence tells them apart.
+    assert!(first.deadline() > Instant::now());
+    assert!(second.fence().number() > first.fence().number());
+    let written = second.fence().write(&mut conn, "second").await.unwrap();
+    assert_eq!(written, Write::Applied);
+    let late = first.fence().write(&mut conn, "late").await.unwrap();
+    assert!(matches!(late, Write::Stale { .. }), "{late:?}");
+    clock.set(0.0);
 }

@@ -33,7 +33,7 @@ async fn every_embedded_script_loads_with_the_local_sha1() {
         assert_eq!(exists, [true], "{}", script.name());
     }
     // One pipelined round trip on a server outside a cluster: one SCRIPT
-    // LOAD per script (plus INFO cluster), no more.
+    // LOAD per script (plus one INFO server cluster), no more.
     assert_eq!(
         command_calls(&mut conn, "script|load").await,
         2 * Scripts::all().len() as u64

@@ -217,20 +217,22 @@ impl Scripts {
         for script in &scripts {
             pipe.cmd("SCRIPT").arg("LOAD").arg(script.source());
         }
-        pipe.cmd("INFO").arg("server");
-        pipe.cmd("INFO").arg("cluster");
+        // Both sections in one INFO (Redis >= 7.0): which deployment, and
+        // which native commands the server has.
+        pipe.cmd("INFO").arg("server").arg("cluster");
         let mut replies: Vec<Value> = pipe
             .ignore_errors()
             .query_async(conn)
             .await
             .map_err(Error::from_redis)?;
-        let info = replies.pop();
         // On a cluster connection INFO may come back as one reply per node,
         // which is not a string: then nothing native is recorded.
-        let set_ifeq = replies
+        let info = replies
             .pop()
-            .and_then(|server| String::from_redis_value(server).ok())
-            .is_some_and(|server| super::native::detect(&server));
+            .and_then(|info| String::from_redis_value(info).ok());
+        let set_ifeq = info
+            .as_deref()
+            .is_some_and(|info| super::native::detect(info));
         if replies.len() != scripts.len() {
             return Err(Error::UnexpectedReply {
                 script: "SCRIPT LOAD",
@@ -241,9 +243,8 @@ impl Scripts {
             check_sha(script, reply)?;
         }
 
-        let single_node = info
-            .and_then(|info| String::from_redis_value(info).ok())
-            .is_some_and(|info| info.lines().any(|line| line.trim() == "cluster_enabled:0"));
+        let single_node =
+            info.is_some_and(|info| info.lines().any(|line| line.trim() == "cluster_enabled:0"));
         if !single_node {
             for script in &scripts {
                 let reply = conn
