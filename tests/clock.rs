@@ -13,7 +13,7 @@
 //!
 //! Permits and locks end at a server time (a score, a key expiry): a
 //! forward step of Δ ends them up to Δ early in real time, unseen by their
-//! holders' local deadlines (so a semaphore can run one holder more than
+//! holders' local deadlines (so a semaphore can run up to twice
 //! its size for up to Δ; a lock's fence still refuses the old holder's
 //! writes); a backward step makes them last up to Δ longer.
 //!
