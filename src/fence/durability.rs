@@ -18,8 +18,11 @@ pub enum Restart {
     /// before the grant is returned, so a restart keeps every counter.
     Keeps,
     /// `appendonly yes` with `appendfsync everysec`: the last second or two of
-    /// increments can be lost (a crash between fsyncs), and their fences are
-    /// then handed out again.
+    /// increments can be lost when the machine (its kernel, its VM) goes
+    /// down between fsyncs, and their fences are then handed out again. A
+    /// crash of the server process alone (`kill -9`, the OOM killer) loses
+    /// nothing it acknowledged: Redis writes the log to the kernel before it
+    /// replies (`cargo run --release --example everysec_loss` measures it).
     LosesLastSecond,
     /// `appendonly yes` with `appendfsync always` or `everysec`, but
     /// `no-appendfsync-on-rewrite yes`: while a background rewrite or
@@ -112,7 +115,7 @@ impl Durability {
         let restart = match self.restart {
             Restart::Keeps => None,
             Restart::LosesLastSecond => {
-                Some("appendfsync everysec: a crash loses up to about a second of increments")
+                Some("appendfsync everysec: a crash of the machine loses up to about a second of increments")
             }
             Restart::LosesDuringRewrite => Some(
                 "no-appendfsync-on-rewrite yes: a crash during a rewrite or snapshot loses \

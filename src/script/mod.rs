@@ -93,8 +93,10 @@
 //!   and `TAKEOVER` for a primary that is really gone.
 //! * `appendonly yes` with `appendfsync always` protects against a restart
 //!   of a node: every write is on disk before its reply. `everysec` can lose
-//!   about the last second of writes in a crash (for fences: grants handed
-//!   out again; [`crate::fence::durability`] reports it). Neither protects
+//!   about the last second of writes when the machine goes down (for
+//!   fences: grants handed out again; [`crate::fence::durability`] reports
+//!   it); a crash of the server process alone loses nothing acknowledged
+//!   (`examples/everysec_loss.rs`). Neither protects
 //!   against a failover to a replica that was behind.
 
 // Adding an operation that batches: give the module a value type holding its
