@@ -230,9 +230,7 @@ impl Scripts {
         let info = replies
             .pop()
             .and_then(|info| String::from_redis_value(info).ok());
-        let set_ifeq = info
-            .as_deref()
-            .is_some_and(|info| super::native::detect(info));
+        let set_ifeq = info.as_deref().is_some_and(super::native::detect);
         if replies.len() != scripts.len() {
             return Err(Error::UnexpectedReply {
                 script: "SCRIPT LOAD",
