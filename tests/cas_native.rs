@@ -107,6 +107,14 @@ async fn calls(conn: &mut MultiplexedConnection, command: &str) -> (u64, f64) {
     (field("calls") as u64, field("usec"))
 }
 
+async fn reset_stats(conn: &mut MultiplexedConnection) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(conn)
+        .await
+        .expect("CONFIG RESETSTAT");
+}
+
 async fn valkey_at_least_8_1(conn: &mut MultiplexedConnection) -> bool {
     let info: String = redis::cmd("INFO")
         .arg("server")
@@ -235,11 +243,7 @@ async fn server_time_per_call_of_each_path() {
     let key = format!("{}timed", prefix("cas_native"));
     let _: () = raw(&mut conn, &["SET", &key, "0"]).await;
     const N: u64 = 2_000;
-    let _: () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query_async(&mut conn)
-        .await
-        .expect("CONFIG RESETSTAT");
+    reset_stats(&mut conn).await;
     for i in 0..N {
         let (seen, next) = (i.to_string(), (i + 1).to_string());
         let op = CompareAndSet::new(&key, Expected::value(&seen), &next, None).expect("valid");
@@ -260,11 +264,7 @@ async fn server_time_per_call_of_each_path() {
             .expect("native");
         assert!(outcome.is_applied());
     }
-    let _: () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query_async(&mut conn)
-        .await
-        .expect("CONFIG RESETSTAT");
+    reset_stats(&mut conn).await;
     for i in 2 * N..3 * N {
         let (seen, next) = (i.to_string(), (i + 1).to_string());
         let outcome = cas::compare_and_set(&mut conn, &key, Expected::value(&seen), &next, None)

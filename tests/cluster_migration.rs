@@ -21,6 +21,17 @@ const LIMIT: u64 = 1_000_000;
 
 type Counters = Recorder<Increment, limits::Admission>;
 
+/// A primary other than `home`.
+async fn another_primary(cluster: &RedisCluster, home: u16) -> u16 {
+    cluster
+        .shards()
+        .await
+        .into_iter()
+        .map(|s| s.primary)
+        .find(|&p| p != home)
+        .expect("another primary")
+}
+
 /// 4 clients increment 4 counters of one slot (single-key scripts) and
 /// take a fenced lock of the same slot (a two-key script), while the slot
 /// is moved to another primary two keys at a time, then moved back. The
@@ -86,13 +97,7 @@ async fn a_slot_moves_under_load_without_errors_and_counts_stay_exact() {
 
     tokio::time::sleep(Duration::from_millis(200)).await;
     let home = cluster.shard_of(tag).await.primary;
-    let away = cluster
-        .shards()
-        .await
-        .into_iter()
-        .map(|s| s.primary)
-        .find(|&p| p != home)
-        .expect("another primary");
+    let away = another_primary(&cluster, home).await;
     let pause = Duration::from_millis(30);
     assert_eq!(migrate_slot(&cluster, slot, away, pause).await, home);
     assert_eq!(cluster.shard_of(tag).await.primary, away);
@@ -171,13 +176,7 @@ async fn a_semaphore_that_empties_its_key_in_a_migrating_slot_still_answers() {
     let key = "{half-open}:semaphore";
     let slot = nolock::keys::slot(key);
     let home = cluster.shard_of(key).await.primary;
-    let away = cluster
-        .shards()
-        .await
-        .into_iter()
-        .map(|s| s.primary)
-        .find(|&p| p != home)
-        .expect("another primary");
+    let away = another_primary(&cluster, home).await;
     let mut owner = cluster.node(home).await;
     let mut target = cluster.node(away).await;
     let (home_id, away_id) = (node_id(&cluster, home).await, node_id(&cluster, away).await);

@@ -2,7 +2,7 @@
 //! `EVALSHA` and its fallbacks) and runs it, with the resends after replies
 //! in which nothing ran (`NOSCRIPT`, redirects, `LOADING`, ...).
 //!
-//! Over 700 lines only with its unit tests (the code is about 530).
+//! Over 700 lines only with its unit tests (the code is about 570).
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
@@ -790,16 +790,19 @@ pub(crate) mod tests {
         assert!(!is_resendable(&lost) && !is_noscript(&lost));
     }
 
+    /// The error reply `-<text>`, parsed as redis-rs parses a server's.
+    pub(crate) fn error_reply(text: &str) -> redis::RedisError {
+        redis::parse_redis_value(format!("-{text}\r\n").as_bytes())
+            .expect("a RESP error")
+            .extract_error()
+            .expect_err("an error reply")
+    }
+
     /// The reply as a server sends it (Redis 7.0 and Valkey 8.1 alike), and
     /// a script's own error, which is not resent.
     #[test]
     fn a_script_stopped_by_a_migrating_key_is_resent() {
-        let reply = |text: &str| {
-            redis::parse_redis_value(format!("-{text}\r\n").as_bytes())
-                .expect("a RESP error")
-                .extract_error()
-                .expect_err("an error reply")
-        };
+        let reply = error_reply;
         let stopped = reply(
             "ERR Script attempted to access a non local key in a cluster node script: \
              8e79d6167ad4e457067b2b6088a441ae0e8a941c, on @user_script:132.",

@@ -88,12 +88,7 @@ mod tests {
 
     #[test]
     fn an_unknown_option_is_a_refusal_to_run() {
-        let reply = |text: &str| {
-            redis::parse_redis_value(format!("-{text}\r\n").as_bytes())
-                .expect("a RESP error")
-                .extract_error()
-                .expect_err("an error reply")
-        };
+        let reply = crate::script::tests_support::error_reply;
         // Redis 7.0 and Valkey 8.0, asked for SET ... IFEQ.
         assert!(is_unsupported_option(&reply("ERR syntax error")));
         let wrongtype = reply("WRONGTYPE Operation against a key holding the wrong kind of value");
