@@ -56,8 +56,13 @@ async fn server_micros(client: &redis::Client) -> Result<u64> {
 /// The runs: an ample limit (throughput) and a saturated one (2 000 per
 /// second, burst 1 000: over-admission), each as one call per decision, one
 /// reservoir for every task, and four reservoirs on four connections.
+///
+/// The ample limit is the fastest rate a GCRA quota has (1 M per second:
+/// its emission interval is counted in whole microseconds) with a burst of
+/// 10 M, so that no run can use it up and the figure is the limiter's own
+/// speed; with a burst of 100 000 the reservoirs stopped at the quota.
 pub async fn runs(client: &redis::Client) -> Result<Vec<HotRun>> {
-    let ample = Quota::per_second(1_000_000)?.with_burst(100_000)?;
+    let ample = Quota::per_second(1_000_000)?.with_burst(10_000_000)?;
     let tight = Quota::per_second(2_000)?.with_burst(1_000)?;
     let mut out = Vec::new();
     for (name, quota) in [("ample", ample), ("2 000/s", tight)] {
