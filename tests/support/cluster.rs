@@ -476,7 +476,21 @@ impl RedisCluster {
     /// `TAKEOVER` (nor for the other primaries' votes), as a managed Redis
     /// or an operator does when the primary does not answer.
     pub async fn failover_with(&self, key: &str, how: Option<&str>) -> (u16, u16) {
-        let shard = self.shard_of(key).await;
+        // Right after an earlier failover, the node asked may not list the
+        // demoted primary as a replica yet: wait until it does.
+        let start = Instant::now();
+        let shard = loop {
+            let shard = self.shard_of(key).await;
+            if !shard.replicas.is_empty() {
+                break shard;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(15),
+                "{}",
+                self.describe(&format!("the shard of {key} has no replica"))
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
         let (old, new) = (shard.primary, shard.replicas[0]);
         let mut replica = self.node(new).await;
         let mut failover = redis::cmd("CLUSTER");
