@@ -85,11 +85,11 @@ async fn acknowledged_fences_never_go_back_through_force_and_takeover() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let (first, second) = cluster.failover_with(resource, Some("FORCE")).await;
     let after_force = granted(&fences);
-    tokio::time::sleep(ttl + Duration::from_millis(500)).await;
+    grants_resume(&fences, after_force, "FORCE").await;
     let (back_from, back_to) = cluster.failover_with(resource, Some("TAKEOVER")).await;
     assert_eq!((back_from, back_to), (second, first));
     let after_takeover = granted(&fences);
-    tokio::time::sleep(ttl + Duration::from_millis(500)).await;
+    grants_resume(&fences, after_takeover, "TAKEOVER").await;
     stop.store(true, Ordering::Relaxed);
     for task in tasks {
         task.await.expect("client task");
@@ -104,10 +104,7 @@ async fn acknowledged_fences_never_go_back_through_force_and_takeover() {
     let verdict = check_fences(&events, None);
     assert!(verdict.is_ok(), "{verdict:?}");
     let total = granted(&fences);
-    assert!(
-        after_force > 0 && after_takeover > after_force && total > after_takeover,
-        "grants before FORCE {after_force}, before TAKEOVER {after_takeover}, in all {total}"
-    );
+    assert!(after_force > 0, "no grant before FORCE");
     let unacknowledged = events
         .iter()
         .filter(|e| matches!(&e.outcome, Outcome::Indeterminate(why) if why.contains("replica(s) in time")))
@@ -131,4 +128,38 @@ async fn acknowledged_fences_never_go_back_through_force_and_takeover() {
         refused.len(),
         verdict.unwrap_or_default()
     );
+}
+
+/// Waits until grants go on after a failover: two more than `before`, and
+/// the lock's TTL past the first of them (so a grant lost in the window has
+/// expired and been handed out again). A cluster that agreed on its new
+/// primary must grant again within 30 s, however loaded the machine; if it
+/// does not, the outcomes since say why.
+async fn grants_resume(fences: &Recorder<FenceOp, FenceReply>, before: usize, how: &str) {
+    let start = std::time::Instant::now();
+    let since = fences.events().len();
+    loop {
+        let events = fences.events();
+        let granted = events
+            .iter()
+            .filter(|e| matches!(e.outcome, Outcome::Ok(FenceReply::Granted(_))))
+            .count();
+        if granted >= before + 2 {
+            tokio::time::sleep(Duration::from_millis(800)).await;
+            return;
+        }
+        if start.elapsed() > Duration::from_secs(30) {
+            let mut seen = std::collections::BTreeMap::<String, usize>::new();
+            for e in &events[since..] {
+                let kind = match &e.outcome {
+                    Outcome::Ok(reply) => format!("{reply:?}"),
+                    Outcome::Definite(why) => format!("definite: {why}"),
+                    Outcome::Indeterminate(why) => format!("indeterminate: {why}"),
+                };
+                *seen.entry(kind.chars().take(120).collect()).or_default() += 1;
+            }
+            panic!("no grant for 30 s after {how} ({granted} in all, {before} before); outcomes since: {seen:#?}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

@@ -105,8 +105,12 @@ impl SkewedServer {
 
     /// Sets the server's clock `seconds` away from the real one (negative:
     /// behind). Takes effect at its next clock read.
+    /// The file is replaced whole (written beside it, then renamed), so the
+    /// server never reads it empty or half written.
     pub fn set(&self, seconds: f64) {
-        std::fs::write(&self.clock, format!("{seconds:+}")).expect("write the clock file");
+        let next = self.clock.with_extension("next");
+        std::fs::write(&next, format!("{seconds:+}")).expect("write the clock file");
+        std::fs::rename(&next, &self.clock).expect("replace the clock file");
     }
 
     /// The server's clock minus this process's, in seconds.
