@@ -1,6 +1,7 @@
 //! What a fenced lease costs next to the bare `SET NX PX` + `DEL` lock, and
-//! what an acknowledged grant (`Lock::acknowledged(1, ..)`: `WAIT 1` in the
-//! acquire's round trip) adds on a primary with one replica.
+//! what an acknowledged grant (`Lock::acknowledged(1, ..)`,
+//! `Semaphore::acknowledged(1, ..)`: `WAIT 1` in the acquire's round trip)
+//! adds on a primary with one replica, to a lock and to a semaphore.
 //!
 //! ```text
 //! cargo run --release --example fence_cost            # own redis-server, 5000 pairs
@@ -8,8 +9,8 @@
 //! REDIS_URL=redis://127.0.0.1/ cargo run --release --example fence_cost
 //! ```
 //!
-//! Both locks are taken and released in turn on one connection, in
-//! alternating blocks so that both see the same machine. Per pair it reports
+//! Each row is taken and given back in turn on one connection, in
+//! alternating blocks so that all see the same machine. Per pair it reports
 //! the round trips (commands the client sent, from `INFO commandstats`), the
 //! client-side time (mean, p50, p99) and the server time (`usec_per_call`).
 //! The acknowledged row runs only on the example's own server, to which it
@@ -63,6 +64,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let acked_lock = plain_lock
         .clone()
         .acknowledged(1, Duration::from_millis(500))?;
+    let plain_semaphore = nolock::semaphore::Semaphore::new(1, TTL)?;
+    let acked_semaphore = plain_semaphore
+        .clone()
+        .acknowledged(1, Duration::from_millis(500))?;
     let version: String = redis::cmd("INFO")
         .arg("server")
         .query_async(&mut conn)
@@ -75,53 +80,43 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     nolock::Scripts::load(&mut conn).await?;
 
     let resource = format!("nolock-fence-cost:{}", std::process::id());
-    let plain_key = format!("{resource}:plain");
-    // Warm up both paths (connection, script cache, allocator).
-    for _ in 0..200 {
-        fenced_pair(&mut conn, &plain_lock, &resource).await?;
-        plain_pair(&mut conn, &plain_key).await?;
+    let mut rows = vec![
+        Row::new("Lock::acquire + Grant::release", Pair::Fenced(&plain_lock)),
+        Row::new("  acknowledged(1), 1 replica", Pair::Fenced(&acked_lock)),
+        Row::new(
+            "Semaphore::acquire + release",
+            Pair::Permit(&plain_semaphore),
+        ),
+        Row::new(
+            "  acknowledged(1), 1 replica",
+            Pair::Permit(&acked_semaphore),
+        ),
+        Row::new("SET NX PX + DEL", Pair::Plain),
+    ];
+    if replica.is_none() {
+        rows.retain(|row| !row.name.contains("acknowledged"));
     }
-
-    let mut fenced = Vec::with_capacity(pairs);
-    let mut acked = Vec::with_capacity(pairs);
-    let mut plain = Vec::with_capacity(pairs);
-    let mut fenced_stats = Stats::default();
-    let mut acked_stats = Stats::default();
-    let mut plain_stats = Stats::default();
+    // Warm up every path (connection, script cache, allocator).
+    for row in &rows {
+        for _ in 0..200 {
+            row.pair.run(&mut conn, &resource).await?;
+        }
+    }
+    // In alternating blocks, so that every row sees the same machine.
     let mut done = 0;
     while done < pairs {
         let n = BLOCK.min(pairs - done);
-        let before = Stats::read(&mut conn, SCRIPT_COMMANDS).await?;
-        for _ in 0..n {
-            let start = Instant::now();
-            fenced_pair(&mut conn, &plain_lock, &resource).await?;
-            fenced.push(start.elapsed());
-        }
-        fenced_stats.add(
-            &Stats::read(&mut conn, SCRIPT_COMMANDS)
-                .await?
-                .minus(&before),
-        );
-        if replica.is_some() {
-            let before = Stats::read(&mut conn, SCRIPT_COMMANDS).await?;
+        for row in &mut rows {
+            let commands = row.pair.commands();
+            let before = Stats::read(&mut conn, commands).await?;
             for _ in 0..n {
                 let start = Instant::now();
-                fenced_pair(&mut conn, &acked_lock, &resource).await?;
-                acked.push(start.elapsed());
+                row.pair.run(&mut conn, &resource).await?;
+                row.times.push(start.elapsed());
             }
-            acked_stats.add(
-                &Stats::read(&mut conn, SCRIPT_COMMANDS)
-                    .await?
-                    .minus(&before),
-            );
+            let after = Stats::read(&mut conn, commands).await?;
+            row.stats.add(&after.minus(&before));
         }
-        let before = Stats::read(&mut conn, PLAIN_COMMANDS).await?;
-        for _ in 0..n {
-            let start = Instant::now();
-            plain_pair(&mut conn, &plain_key).await?;
-            plain.push(start.elapsed());
-        }
-        plain_stats.add(&Stats::read(&mut conn, PLAIN_COMMANDS).await?.minus(&before));
         done += n;
     }
     let _: () = redis::cmd("DEL")
@@ -130,7 +125,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .await?;
 
     println!(
-        "{pairs} lock/unlock pairs on one connection, Redis {version}, {}",
+        "{pairs} take/give-back pairs on one connection, Redis {version}, {}",
         if server.is_some() {
             "own redis-server on loopback"
         } else {
@@ -141,23 +136,79 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "{:<34} {:>12} {:>10} {:>10} {:>10} {:>16}",
         "pair", "round trips", "mean us", "p50 us", "p99 us", "server us/pair"
     );
-    report(
-        "Lock::acquire + Grant::release",
-        &mut fenced,
-        &fenced_stats,
-        pairs,
-    );
-    if replica.is_some() {
-        report(
-            "  acknowledged(1), 1 replica",
-            &mut acked,
-            &acked_stats,
-            pairs,
-        );
-    } else {
+    for row in &mut rows {
+        report(row.name, &mut row.times, &row.stats, pairs);
+    }
+    if replica.is_none() {
         println!("  (acknowledged grants: run without REDIS_URL, which attaches a replica)");
     }
-    report("SET NX PX + DEL", &mut plain, &plain_stats, pairs);
+    Ok(())
+}
+
+/// One measured row: what it runs, and what it measured.
+struct Row<'a> {
+    name: &'static str,
+    pair: Pair<'a>,
+    times: Vec<Duration>,
+    stats: Stats,
+}
+
+impl<'a> Row<'a> {
+    fn new(name: &'static str, pair: Pair<'a>) -> Self {
+        Row {
+            name,
+            pair,
+            times: Vec::new(),
+            stats: Stats::default(),
+        }
+    }
+}
+
+/// A take and a give-back.
+enum Pair<'a> {
+    Fenced(&'a nolock::fence::Lock),
+    Permit(&'a nolock::semaphore::Semaphore),
+    Plain,
+}
+
+impl Pair<'_> {
+    async fn run(
+        &self,
+        conn: &mut MultiplexedConnection,
+        resource: &str,
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        match self {
+            Pair::Fenced(lock) => fenced_pair(conn, lock, resource).await?,
+            Pair::Permit(semaphore) => {
+                let key = format!("{resource}:permits");
+                permit_pair(conn, semaphore, &key).await?
+            }
+            Pair::Plain => plain_pair(conn, &format!("{resource}:plain")).await?,
+        }
+        Ok(())
+    }
+
+    fn commands(&self) -> &'static [&'static str] {
+        match self {
+            Pair::Plain => PLAIN_COMMANDS,
+            _ => SCRIPT_COMMANDS,
+        }
+    }
+}
+
+async fn permit_pair(
+    conn: &mut MultiplexedConnection,
+    semaphore: &nolock::semaphore::Semaphore,
+    key: &str,
+) -> nolock::Result<()> {
+    let nolock::semaphore::PermitAttempt::Acquired(permit) = semaphore.acquire(conn, key).await?
+    else {
+        panic!("{key} is full");
+    };
+    assert_eq!(
+        permit.release(conn).await?,
+        nolock::semaphore::PermitRelease::Released
+    );
     Ok(())
 }
 

@@ -207,13 +207,15 @@ pub enum Error {
     /// A [`crate::fence::Lock::acknowledged`] lock was granted on the primary
     /// but fewer replicas than asked confirmed the grant within the timeout
     /// (or the `WAIT` itself failed, e.g. `UNBLOCKED` when a failover
-    /// demoted the node: counted as 0 confirmations):
-    /// a failover now could lose it and hand its fence out again. No grant
-    /// is returned; nolock released the lock at once (if that release did
-    /// not get through, the lock expires at its TTL). The fence number was
-    /// used up. Not definite: try again later, or read it as the replicas
-    /// being behind (see [`crate::fence::durability`]).
-    #[error("the grant on {resource} (fence {fence}) reached {acknowledged} of {asked} replica(s) in time; released")]
+    /// demoted the node: counted as 0 confirmations); with
+    /// [`crate::fence::Lock::acknowledged_on_disk`], also when the primary's
+    /// own append-only file did not have it on disk in time:
+    /// a failover (or a crash) now could lose it and hand its fence out
+    /// again. No grant is returned; nolock released the lock at once (if
+    /// that release did not get through, the lock expires at its TTL). The
+    /// fence number was used up. Not definite: try again later, or read it
+    /// as the replicas being behind (see [`crate::fence::durability`]).
+    #[error("the grant on {resource} (fence {fence}) reached {acknowledged} of {asked} replica(s){} in time; released", disk_note(.on_disk))]
     Unacknowledged {
         /// The resource name.
         resource: String,
@@ -221,8 +223,30 @@ pub enum Error {
         fence: u64,
         /// How many replicas were asked to confirm.
         asked: u64,
-        /// How many did (`WAIT`'s answer).
+        /// How many did (`WAIT`'s answer; `WAITAOF`'s count of replicas).
         acknowledged: u64,
+        /// True when the append-only files on disk were asked for
+        /// (`WAITAOF`): the primary's own must have it too.
+        on_disk: bool,
+    },
+
+    /// A [`crate::semaphore::Semaphore::acknowledged`] semaphore granted
+    /// permits on the primary, but fewer replicas than asked confirmed them
+    /// within the timeout (as [`Error::Unacknowledged`] for a lock): a
+    /// failover now could lose them and let more holders in than the
+    /// semaphore allows. No permit is returned; nolock released them at
+    /// once (if that release did not get through, they expire at their
+    /// TTL). Not definite: try again, under the same id or a new one.
+    #[error("the permits at {key} reached {acknowledged} of {asked} replica(s){} in time; released", disk_note(.on_disk))]
+    PermitUnacknowledged {
+        /// The semaphore's key.
+        key: String,
+        /// How many replicas were asked to confirm.
+        asked: u64,
+        /// How many did.
+        acknowledged: u64,
+        /// True when the append-only files on disk were asked for.
+        on_disk: bool,
     },
 
     /// A call needed to wait (a cluster redirect's resend, a retry's backoff,
@@ -349,7 +373,8 @@ impl Error {
     /// apply it twice. False for [`Error::Indeterminate`],
     /// [`Error::UnexpectedReply`], [`Error::ReplyType`] (the script ran) and
     /// [`Error::LeaseLost`] (the cancelled work may have been partly done)
-    /// and [`Error::Unacknowledged`] (a grant was made, then given back).
+    /// and [`Error::Unacknowledged`] / [`Error::PermitUnacknowledged`] (a
+    /// grant was made, then given back).
     pub fn is_definite(&self) -> bool {
         if let Error::ReplyType { .. } = self {
             return false; // the script ran; only its reply did not fit
@@ -361,6 +386,7 @@ impl Error {
                 | Error::LeaseLost { .. }
                 | Error::PermitLost { .. }
                 | Error::Unacknowledged { .. }
+                | Error::PermitUnacknowledged { .. }
         )
     }
 
@@ -382,6 +408,15 @@ impl Error {
                 | Error::UnknownScript { .. }
                 | Error::ScriptSource { .. }
         )
+    }
+}
+
+/// The words an acknowledgement error adds when it asked for the disk.
+fn disk_note(on_disk: &bool) -> &'static str {
+    if *on_disk {
+        " and disk"
+    } else {
+        ""
     }
 }
 

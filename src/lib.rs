@@ -190,6 +190,7 @@
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
 
+mod ack;
 pub mod acl;
 mod backoff;
 pub mod cas;

@@ -3,11 +3,10 @@
 //! killed right after a grant (before asynchronous replication caught up)
 //! cannot make the promoted replica hand the same fence out again.
 //!
-//! The replica replicates through the fault proxy (`support::proxy`), which
-//! can hold the replication stream back (the replica keeps running and
-//! answering, it only stops receiving), the primary is killed with SIGKILL,
-//! and the replica is promoted with `REPLICAOF NO ONE`: the forced failover
-//! of a managed Redis, on one machine.
+//! The replica replicates through the fault proxy, which can hold the
+//! replication stream back; the primary is killed with SIGKILL, and the
+//! replica is promoted with `REPLICAOF NO ONE` (`support::replicated`): the
+//! forced failover of a managed Redis, on one machine.
 
 mod support;
 
@@ -15,51 +14,10 @@ use std::time::{Duration, Instant};
 
 use nolock::fence::{Lock, LockAttempt, LockRelease};
 use nolock::Error;
-use redis::aio::MultiplexedConnection;
-use support::proxy::FaultProxy;
-use support::{prefix, raw, RedisServer};
+use support::replicated::pair;
+use support::{prefix, raw};
 
 const MINUTE: Duration = Duration::from_secs(60);
-
-/// A primary and one replica in sync, the replica's link through a proxy.
-struct Pair {
-    primary: RedisServer,
-    replica: RedisServer,
-    link: FaultProxy,
-    p: MultiplexedConnection,
-}
-
-async fn pair() -> Pair {
-    let primary = RedisServer::start();
-    let link = FaultProxy::start(primary.port).await;
-    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &link.port.to_string()]);
-    let mut p = primary.conn().await;
-    // The first sync: WAIT 1 answers 1 once the replica is attached.
-    let start = Instant::now();
-    loop {
-        let acked: i64 = raw(&mut p, &["WAIT", "1", "100"]).await;
-        if acked == 1 {
-            break;
-        }
-        assert!(start.elapsed() < Duration::from_secs(10), "no replica sync");
-    }
-    Pair {
-        primary,
-        replica,
-        link,
-        p,
-    }
-}
-
-/// The primary dies with what the replica has not received; the replica is
-/// promoted.
-async fn fail_over(pair: &mut Pair) -> MultiplexedConnection {
-    pair.primary.kill();
-    pair.link.cut_all();
-    let mut r = pair.replica.conn().await;
-    let _: () = raw(&mut r, &["REPLICAOF", "NO", "ONE"]).await;
-    r
-}
 
 fn lock_key(resource: &str) -> String {
     nolock::keys::derive(resource, "lock")
@@ -80,7 +38,7 @@ async fn without_acknowledgement_a_failover_hands_a_fence_out_twice() {
         .unwrap()
         .acquired()
         .expect("granted on the primary");
-    let mut r = fail_over(&mut pair).await;
+    let mut r = pair.fail_over().await;
     let second = plain
         .acquire(&mut r, &resource)
         .await
@@ -157,7 +115,7 @@ async fn acknowledged_grants_survive_a_forced_failover() {
         .acquired()
         .expect("acknowledged once the replica is back");
     pair.link.hold();
-    let mut r = fail_over(&mut pair).await;
+    let mut r = pair.fail_over().await;
     let on_replica: Option<String> = raw(&mut r, &["GET", &lock_key(&resource)]).await;
     assert_eq!(
         on_replica,

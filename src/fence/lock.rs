@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use redis::aio::ConnectionLike;
 
 use super::{millis, retry, Fence, Grant, Keys, Lease, LockAttempt, Token};
+use crate::ack::{Ack, Confirmed};
 use crate::script::{embedded, run_one, Invocation, Operation, Reply, Script};
 #[cfg(doc)]
 use crate::Error;
@@ -40,13 +41,6 @@ pub struct Lock {
     ttl: Duration,
     wait: Backoff,
     ack: Option<Ack>,
-}
-
-/// How many replicas must confirm a grant, and how long to wait for them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Ack {
-    replicas: u64,
-    timeout_ms: u64,
 }
 
 impl Lock {
@@ -88,6 +82,11 @@ impl Lock {
     /// Renewals and releases are not acknowledged (a lost extension only
     /// shortens the lease; a lost release leaves the lock to its TTL).
     ///
+    /// Keep `timeout` below the connection's response timeout (redis-rs's
+    /// `MultiplexedConnection`: 500 ms by default): an answer slower than
+    /// that is given up by the client, and the grant counts as confirmed by
+    /// none (released, [`Error::Unacknowledged`]).
+    ///
     /// # Errors
     ///
     /// [`Error::ZeroLimit`] (`replicas` 0) and [`Error::ZeroDuration`]
@@ -104,22 +103,57 @@ impl Lock {
     /// # Ok::<(), nolock::Error>(())
     /// ```
     pub fn acknowledged(self, replicas: u64, timeout: Duration) -> Result<Lock> {
-        if replicas == 0 {
-            return Err(crate::Error::ZeroLimit { what: "replicas" });
-        }
-        let timeout_ms = crate::validate::millis("timeout", timeout)?;
         Ok(Lock {
-            ack: Some(Ack {
-                replicas,
-                timeout_ms,
-            }),
+            ack: Some(Ack::replicas(replicas, timeout)?),
             ..self
         })
     }
 
-    /// How many replicas must confirm each grant ([`Lock::acknowledged`]).
+    /// The same lock, whose grants count only once they are in the
+    /// primary's append-only file on disk (`fsync`ed) and in `replicas`
+    /// replicas' (`replicas` may be 0), within `timeout`: `WAITAOF 1
+    /// replicas timeout` in the same round trip as the script, as
+    /// [`Lock::acknowledged`] sends `WAIT`.
+    ///
+    /// This closes what `appendfsync everysec` leaves open: a grant answered
+    /// by a server whose machine crashes (power, kernel) within the second
+    /// before the log reached the disk, and is restarted from that log.
+    /// Under `everysec` the answer takes up to a second (the next `fsync`):
+    /// raise the connection's response timeout above `timeout` (redis-rs:
+    /// 500 ms by default; a slower answer counts as no confirmation), or
+    /// run the server with `appendfsync always`, where the primary's part is
+    /// immediate. A replica that has just synced confirms nothing on disk
+    /// until it has rewritten its append-only file (about a second in
+    /// `tests/acknowledged.rs`).
+    /// It needs Redis 7.2 or later (or Valkey 8) with `appendonly yes`: on
+    /// another server the first acquire is granted, released at once and
+    /// answered [`Error::Redis`] with the server's refusal (unknown command,
+    /// or `appendonly` disabled), never a grant it could not confirm.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ZeroDuration`] (`timeout` under 1 ms).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use nolock::fence::Lock;
+    ///
+    /// let ledger = Lock::new(Duration::from_secs(30))?
+    ///     .acknowledged_on_disk(0, Duration::from_millis(50))?;
+    /// assert_eq!(ledger.replicas(), Some(0));
+    /// # Ok::<(), nolock::Error>(())
+    /// ```
+    pub fn acknowledged_on_disk(self, replicas: u64, timeout: Duration) -> Result<Lock> {
+        Ok(Lock {
+            ack: Some(Ack::on_disk(replicas, timeout)?),
+            ..self
+        })
+    }
+
+    /// How many replicas must confirm each grant ([`Lock::acknowledged`],
+    /// [`Lock::acknowledged_on_disk`]).
     pub fn replicas(&self) -> Option<u64> {
-        self.ack.map(|ack| ack.replicas)
+        self.ack.map(|ack| ack.count())
     }
 
     /// One attempt of `op` under this lock's acknowledgement rule.
@@ -130,40 +164,28 @@ impl Lock {
         let Some(ack) = self.ack else {
             return run_one(op, conn).await;
         };
-        let mut wait = redis::cmd("WAIT");
-        wait.arg(ack.replicas).arg(ack.timeout_ms);
-        let (reply, acked) = op.invocation().run_then(conn, &wait).await?;
+        let (reply, confirmed) = ack.run(conn, op.invocation()).await?;
         let outcome = op.decode(reply)?;
         let LockAttempt::Acquired(grant) = outcome else {
             return Ok(outcome);
         };
-        let acknowledged = match acked {
-            Ok(redis::Value::Int(n)) => u64::try_from(n).unwrap_or(0),
-            Ok(other) => {
+        let acknowledged = match confirmed {
+            Confirmed::Enough => return Ok(LockAttempt::Acquired(grant)),
+            Confirmed::Short(n) => n,
+            Confirmed::Refused(err) => {
                 let _ = grant.release(conn).await;
-                return Err(crate::Error::UnexpectedReply {
-                    script: "WAIT",
-                    detail: format!("not a count: {other:?}"),
-                });
+                return Err(crate::Error::Redis(err));
             }
-            // The WAIT failed after the grant: cut short (`UNBLOCKED`, the
-            // node was demoted by a failover), refused, or lost. Nothing
-            // confirmed the grant, so it is treated as confirmed by none:
-            // given back, and not definite (it may live on where the node's
-            // writes went).
-            Err(_) => 0,
         };
-        if acknowledged >= ack.replicas {
-            return Ok(LockAttempt::Acquired(grant));
-        }
         let (resource, fence) = (grant.resource().to_owned(), grant.fence().number());
         // Best effort: unreleased, it expires at its TTL.
         let _ = grant.release(conn).await;
         Err(crate::Error::Unacknowledged {
             resource,
             fence,
-            asked: ack.replicas,
+            asked: ack.count(),
             acknowledged,
+            on_disk: ack.disk(),
         })
     }
 
@@ -251,7 +273,7 @@ impl Lock {
     where
         C: ConnectionLike + Send,
     {
-        let op = AcquireLock::with_token(self, resource, token)?;
+        let op = AcquireLock::build(self, resource, token)?;
         if self.wait.timeout.is_zero() {
             return self.attempt(conn, &op).await;
         }
@@ -381,7 +403,10 @@ impl AcquireLock {
     ///
     /// # Errors
     ///
-    /// [`Error::EmptyKey`] and [`Error::Entropy`], before any I/O.
+    /// [`Error::EmptyKey`] and [`Error::Entropy`], before any I/O; and
+    /// [`Error::InvalidArgument`] for an acknowledged lock
+    /// ([`Lock::acknowledged`]), whose grants only its own acquires confirm:
+    /// a value run in a batch would hand out a grant no replica confirmed.
     pub fn new(lock: &Lock, resource: &str) -> Result<Self> {
         Keys::of(resource)?;
         AcquireLock::with_token(lock, resource, &Token::random()?)
@@ -391,8 +416,23 @@ impl AcquireLock {
     ///
     /// # Errors
     ///
-    /// [`Error::EmptyKey`], before any I/O.
+    /// [`Error::EmptyKey`], before any I/O; [`Error::InvalidArgument`] for
+    /// an acknowledged lock, as [`AcquireLock::new`].
     pub fn with_token(lock: &Lock, resource: &str, token: &Token) -> Result<Self> {
+        if lock.ack.is_some() {
+            return Err(crate::Error::InvalidArgument {
+                what: "lock",
+                reason: "an acknowledged lock's grants are confirmed only by its own acquire \
+                         (Lock::acquire, acquire_as, lease, with_lease), not as an operation value"
+                    .to_owned(),
+            });
+        }
+        AcquireLock::build(lock, resource, token)
+    }
+
+    /// [`AcquireLock::with_token`] for the lock's own acquires, which
+    /// confirm acknowledged grants themselves.
+    pub(super) fn build(lock: &Lock, resource: &str, token: &Token) -> Result<Self> {
         let keys = Keys::of(resource)?;
         let ttl_ms = millis(lock.ttl)?;
         let call = Invocation::new(&ACQUIRE, &[&keys.lock, &keys.fence])

@@ -165,7 +165,7 @@ impl Waiters {
     where
         C: ConnectionLike + Send,
     {
-        let op = AcquireLock::new(lock, resource)?;
+        let op = AcquireLock::build(lock, resource, &super::Token::random()?)?;
         lock.wait().check()?;
         let watch = self.watch(op.released_channel()).await?;
         wait_for(conn, lock, &op, Some(&watch.wake)).await

@@ -4,9 +4,7 @@ use std::time::{Duration, Instant};
 
 use super::{Holding, Permit, PermitAttempt, PermitId, Semaphore};
 use crate::script::{embedded, Invocation, Operation, Reply, Script};
-#[cfg(doc)]
-use crate::Error;
-use crate::{validate, Result};
+use crate::{validate, Error, Result};
 
 pub(super) static ACQUIRE: Script = embedded!("semaphore/acquire");
 
@@ -61,8 +59,31 @@ impl AcquirePermit {
     /// # Errors
     ///
     /// As [`Semaphore::acquire_weighted`] before any I/O (without
-    /// [`Error::Entropy`]).
+    /// [`Error::Entropy`]); [`Error::InvalidArgument`] for an acknowledged
+    /// semaphore ([`Semaphore::acknowledged`]), whose permits only its own
+    /// acquires confirm: a value run in a batch would hand out permits no
+    /// replica confirmed.
     pub fn with_id(semaphore: &Semaphore, key: &str, id: &PermitId, weight: u64) -> Result<Self> {
+        if semaphore.is_acknowledged() {
+            return Err(Error::InvalidArgument {
+                what: "semaphore",
+                reason: "an acknowledged semaphore's permits are confirmed only by its own \
+                         acquire (Semaphore::acquire, acquire_as, lease, with_permit), \
+                         not as an operation value"
+                    .to_owned(),
+            });
+        }
+        Self::build(semaphore, key, id, weight)
+    }
+
+    /// [`AcquirePermit::with_id`] for the semaphore's own acquires, which
+    /// confirm acknowledged permits themselves.
+    pub(super) fn build(
+        semaphore: &Semaphore,
+        key: &str,
+        id: &PermitId,
+        weight: u64,
+    ) -> Result<Self> {
         let ttl_ms = semaphore.check(key, weight)?;
         let call = Invocation::new(&ACQUIRE, &[key])
             .arg(id.as_str())

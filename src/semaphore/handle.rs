@@ -5,13 +5,12 @@ use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 
-use super::{acquire, retry, PermitAttempt, PermitId, PermitLease, SemaphoreUsage};
+use super::{acquire, retry, AcquirePermit, PermitAttempt, PermitId, PermitLease, SemaphoreUsage};
 #[cfg(doc)]
 use super::{MAX_PERMITS, MAX_PERMIT_TTL};
-use crate::script::run_one;
-#[cfg(doc)]
-use crate::Error;
-use crate::{Backoff, Result, Work};
+use crate::ack::{Ack, Confirmed};
+use crate::script::{run_one, Operation};
+use crate::{Backoff, Error, Result, Work};
 
 /// "At most `permits` at once": a semaphore's size, the TTL of its permits
 /// and how long an acquire waits for one. Build it once (it is cheap to
@@ -40,6 +39,7 @@ pub struct Semaphore {
     permits: u64,
     ttl: Duration,
     wait: Backoff,
+    ack: Option<Ack>,
 }
 
 impl Semaphore {
@@ -59,6 +59,7 @@ impl Semaphore {
             permits,
             ttl,
             wait: Backoff::none(),
+            ack: None,
         })
     }
 
@@ -67,6 +68,108 @@ impl Semaphore {
     /// `retry_after`, until `wait.timeout` after the first attempt.
     pub fn with_wait(self, wait: Backoff) -> Semaphore {
         Semaphore { wait, ..self }
+    }
+
+    /// The same semaphore, whose permits count only once `replicas`
+    /// replicas have confirmed them, within `timeout`: **acknowledged
+    /// permits**, as [`crate::fence::Lock::acknowledged`] for a lock.
+    ///
+    /// A permit the primary granted but no replica received is lost in a
+    /// failover: the promoted replica does not know its holder, and lets one
+    /// more in than the semaphore allows (a semaphore has no fence to refuse
+    /// the extra holder's writes). With this, each acquire sends `WAIT
+    /// replicas timeout` in the same round trip as the script, and permits
+    /// are returned only when enough replicas have them. When they do not
+    /// confirm in time the acquire answers [`Error::PermitUnacknowledged`]
+    /// and releases them at once; a semaphore that waits
+    /// ([`Semaphore::with_wait`]) tries again, under the same id, within its
+    /// deadline. Extensions and releases are not acknowledged (a lost
+    /// extension only shortens the hold; a lost release leaves the permits
+    /// to their TTL). Keep `timeout` below the connection's response
+    /// timeout (redis-rs: 500 ms by default), as for a lock.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ZeroLimit`] (`replicas` 0) and [`Error::ZeroDuration`]
+    /// (`timeout` under 1 ms; `WAIT 0` would wait forever).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use nolock::semaphore::Semaphore;
+    ///
+    /// let payouts = Semaphore::new(3, Duration::from_secs(30))?
+    ///     .acknowledged(1, Duration::from_millis(100))?;
+    /// assert_eq!(payouts.replicas(), Some(1));
+    /// # Ok::<(), nolock::Error>(())
+    /// ```
+    pub fn acknowledged(self, replicas: u64, timeout: Duration) -> Result<Semaphore> {
+        Ok(Semaphore {
+            ack: Some(Ack::replicas(replicas, timeout)?),
+            ..self
+        })
+    }
+
+    /// The same semaphore, whose permits count only once they are in the
+    /// primary's append-only file on disk and in `replicas` replicas' (`0`
+    /// allowed), within `timeout` (`WAITAOF`; Redis 7.2 or later, or Valkey
+    /// 8, with `appendonly yes`), as
+    /// [`crate::fence::Lock::acknowledged_on_disk`] for a lock (whose
+    /// notes on `appendfsync everysec` and response timeouts apply). Elsewhere the
+    /// first acquire is granted, released at once and answered
+    /// [`Error::Redis`] with the server's refusal.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ZeroDuration`] (`timeout` under 1 ms).
+    pub fn acknowledged_on_disk(self, replicas: u64, timeout: Duration) -> Result<Semaphore> {
+        Ok(Semaphore {
+            ack: Some(Ack::on_disk(replicas, timeout)?),
+            ..self
+        })
+    }
+
+    /// How many replicas must confirm each acquire
+    /// ([`Semaphore::acknowledged`], [`Semaphore::acknowledged_on_disk`]).
+    pub fn replicas(&self) -> Option<u64> {
+        self.ack.map(|ack| ack.count())
+    }
+
+    /// True when its acquires are confirmed by replicas or the disk, so its
+    /// operation values cannot be built.
+    pub(super) fn is_acknowledged(&self) -> bool {
+        self.ack.is_some()
+    }
+
+    /// One attempt of `op` under this semaphore's acknowledgement rule.
+    pub(super) async fn attempt<C>(&self, conn: &mut C, op: &AcquirePermit) -> Result<PermitAttempt>
+    where
+        C: ConnectionLike + Send,
+    {
+        let Some(ack) = self.ack else {
+            return run_one(op, conn).await;
+        };
+        let (reply, confirmed) = ack.run(conn, op.invocation()).await?;
+        let outcome = op.decode(reply)?;
+        let PermitAttempt::Acquired(permit) = outcome else {
+            return Ok(outcome);
+        };
+        let acknowledged = match confirmed {
+            Confirmed::Enough => return Ok(PermitAttempt::Acquired(permit)),
+            Confirmed::Short(n) => n,
+            Confirmed::Refused(err) => {
+                let _ = permit.release(conn).await;
+                return Err(Error::Redis(err));
+            }
+        };
+        let key = permit.key().to_owned();
+        // Best effort: unreleased, the permits expire at their TTL.
+        let _ = permit.release(conn).await;
+        Err(Error::PermitUnacknowledged {
+            key,
+            asked: ack.count(),
+            acknowledged,
+            on_disk: ack.disk(),
+        })
     }
 
     /// How many permits it has.
@@ -130,7 +233,9 @@ impl Semaphore {
         C: ConnectionLike + Send,
     {
         if self.wait.timeout.is_zero() {
-            return run_one(&acquire::AcquirePermit::weighted(self, key, weight)?, conn).await;
+            self.check(key, weight)?;
+            let op = AcquirePermit::build(self, key, &PermitId::random()?, weight)?;
+            return self.attempt(conn, &op).await;
         }
         retry::acquire_waiting(self, conn, key, weight, None).await
     }

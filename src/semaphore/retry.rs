@@ -5,7 +5,6 @@ use std::time::{Duration, Instant};
 use redis::aio::ConnectionLike;
 
 use super::{AcquirePermit, PermitAttempt, PermitId, Semaphore};
-use crate::script::run_one;
 use crate::{timer, Error, Result};
 
 /// [`Semaphore::acquire_weighted`]: attempts until acquired or the
@@ -40,8 +39,8 @@ where
     let mut attempt = 0u32;
     loop {
         // Built anew per attempt: the deadline counts from this attempt.
-        let op = AcquirePermit::with_id(semaphore, key, &id, weight)?;
-        let result = run_one(&op, conn).await;
+        let op = AcquirePermit::build(semaphore, key, &id, weight)?;
+        let result = semaphore.attempt(conn, &op).await;
         let waited = start.elapsed();
         let cap = match result {
             Ok(outcome) if outcome.is_acquired() || waited >= backoff.timeout => {
@@ -51,6 +50,8 @@ where
             Ok(PermitAttempt::Acquired(_)) => Duration::ZERO,
             // Same id, so a repeat cannot take a second set of permits.
             Err(Error::Indeterminate(_)) if waited < backoff.timeout => Duration::MAX,
+            // Released: the replicas are behind; ask again, same id.
+            Err(Error::PermitUnacknowledged { .. }) if waited < backoff.timeout => Duration::MAX,
             Err(err) => return Err(err),
         };
         let sleep = backoff

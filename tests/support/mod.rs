@@ -13,6 +13,7 @@ pub mod deployment;
 pub mod faults;
 pub mod history;
 pub mod proxy;
+pub mod replicated;
 pub mod server;
 pub mod torture;
 

@@ -1,0 +1,195 @@
+//! Acknowledged writes: a grant (a fenced lock's, a semaphore's permits)
+//! handed out only once replicas, and with [`Ack::on_disk`] the primary's
+//! append-only file, hold it. Shared by [`crate::fence::Lock`] and
+//! [`crate::semaphore::Semaphore`].
+//!
+//! Redis replicates asynchronously: a write the primary answered but no
+//! replica received is lost in a failover. `WAIT replicas timeout` in the
+//! same pipeline as the script, on the same node, answers how many replicas
+//! have every write made so far on that connection; `WAITAOF 1 replicas
+//! timeout` (Redis 7.2 and later, Valkey 8) answers how many have written
+//! it to their append-only file with `fsync`, the primary's own included.
+
+use std::time::Duration;
+
+use redis::{Cmd, RedisError, Value};
+
+use crate::script::Invocation;
+use crate::{validate, Error, Result};
+
+/// How many replicas must confirm a grant, how long to wait for them, and
+/// whether the confirmation is of the append-only file on disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Ack {
+    replicas: u64,
+    timeout_ms: u64,
+    disk: bool,
+}
+
+/// What the command after the script said of the grant.
+#[derive(Debug)]
+pub(crate) enum Confirmed {
+    /// As many confirmations as asked.
+    Enough,
+    /// Fewer in time (or the wait was cut short, `UNBLOCKED`, or its reply
+    /// lost): the number of replicas that did confirm.
+    Short(u64),
+    /// The server refused the command itself (`NOPERM`, an unknown command,
+    /// `WAITAOF` without `appendonly`): no grant can ever be confirmed
+    /// this way, which the caller must hear as such.
+    Refused(RedisError),
+}
+
+impl Ack {
+    /// Confirmation by `replicas` replicas' memory (`WAIT`).
+    pub(crate) fn replicas(replicas: u64, timeout: Duration) -> Result<Ack> {
+        if replicas == 0 {
+            return Err(Error::ZeroLimit { what: "replicas" });
+        }
+        Ok(Ack {
+            replicas,
+            timeout_ms: validate::millis("timeout", timeout)?,
+            disk: false,
+        })
+    }
+
+    /// Confirmation by the primary's append-only file and `replicas`
+    /// replicas' (`WAITAOF 1 replicas timeout`); `replicas` may be 0.
+    pub(crate) fn on_disk(replicas: u64, timeout: Duration) -> Result<Ack> {
+        Ok(Ack {
+            replicas,
+            timeout_ms: validate::millis("timeout", timeout)?,
+            disk: true,
+        })
+    }
+
+    /// How many replicas must confirm.
+    pub(crate) fn count(&self) -> u64 {
+        self.replicas
+    }
+
+    /// True when the primary's own append-only file must have it too.
+    pub(crate) fn disk(&self) -> bool {
+        self.disk
+    }
+
+    fn command(&self) -> Cmd {
+        let mut cmd;
+        if self.disk {
+            cmd = redis::cmd("WAITAOF");
+            cmd.arg(1);
+        } else {
+            cmd = redis::cmd("WAIT");
+        }
+        cmd.arg(self.replicas).arg(self.timeout_ms);
+        cmd
+    }
+
+    /// Runs `call`, then the wait in the same round trip: the script's reply
+    /// and what the wait confirmed.
+    pub(crate) async fn run<C>(&self, conn: &mut C, call: &Invocation) -> Result<(Value, Confirmed)>
+    where
+        C: redis::aio::ConnectionLike + Send,
+    {
+        let (reply, waited) = call.run_then(conn, &self.command()).await?;
+        Ok((reply, self.judge(waited)))
+    }
+
+    /// The wait's reply, judged.
+    fn judge(&self, waited: redis::RedisResult<Value>) -> Confirmed {
+        let reply = match waited {
+            Ok(reply) => reply,
+            Err(err) if is_refusal(&err) => return Confirmed::Refused(err),
+            // Cut short (`UNBLOCKED`: a failover demoted the node), asked of
+            // a node that is a replica by now, or lost: nothing confirmed.
+            Err(_) => return Confirmed::Short(0),
+        };
+        let (local, replicas) = match (&reply, self.disk) {
+            (Value::Int(n), false) => (1, *n),
+            (Value::Array(counts), true) => match counts.as_slice() {
+                [Value::Int(local), Value::Int(replicas)] => (*local, *replicas),
+                _ => (0, 0),
+            },
+            // Not what the command answers: counted as confirmed by none.
+            _ => (0, 0),
+        };
+        let replicas = u64::try_from(replicas).unwrap_or(0);
+        if local >= 1 && replicas >= self.replicas {
+            Confirmed::Enough
+        } else {
+            Confirmed::Short(replicas)
+        }
+    }
+}
+
+/// A wait the server will never run on this connection: not allowed by the
+/// ACL, unknown to the server (`WAITAOF` before Redis 7.2), or `WAITAOF`
+/// where `appendonly` is off.
+fn is_refusal(err: &RedisError) -> bool {
+    if err.code() == Some("NOPERM") {
+        return true;
+    }
+    let text = err.to_string().to_ascii_lowercase();
+    text.contains("unknown command") || text.contains("appendonly")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use redis::ErrorKind;
+
+    fn server_error(text: &str) -> RedisError {
+        crate::script::tests_support::error_reply(text)
+    }
+
+    #[test]
+    fn bad_input_is_refused_before_anything_is_sent() {
+        assert!(matches!(
+            Ack::replicas(0, Duration::from_millis(5)),
+            Err(Error::ZeroLimit { what: "replicas" })
+        ));
+        assert!(matches!(
+            Ack::replicas(1, Duration::ZERO),
+            Err(Error::ZeroDuration { what: "timeout" })
+        ));
+        assert!(Ack::on_disk(0, Duration::from_millis(5)).is_ok());
+        assert!(Ack::on_disk(0, Duration::from_micros(10)).is_err());
+    }
+
+    #[test]
+    fn wait_counts_replicas() {
+        let ack = Ack::replicas(2, Duration::from_millis(5)).unwrap();
+        assert!(matches!(ack.judge(Ok(Value::Int(2))), Confirmed::Enough));
+        assert!(matches!(ack.judge(Ok(Value::Int(3))), Confirmed::Enough));
+        assert!(matches!(ack.judge(Ok(Value::Int(1))), Confirmed::Short(1)));
+        assert!(matches!(ack.judge(Ok(Value::Nil)), Confirmed::Short(0)));
+        let cut = server_error("UNBLOCKED force unblock from blocking operation");
+        assert!(matches!(ack.judge(Err(cut)), Confirmed::Short(0)));
+        let lost = RedisError::from((ErrorKind::Io, "connection reset"));
+        assert!(matches!(ack.judge(Err(lost)), Confirmed::Short(0)));
+        let denied = server_error("NOPERM User app has no permissions to run the 'wait' command");
+        assert!(matches!(ack.judge(Err(denied)), Confirmed::Refused(_)));
+    }
+
+    #[test]
+    fn waitaof_needs_the_local_file_and_the_replicas() {
+        let ack = Ack::on_disk(1, Duration::from_millis(5)).unwrap();
+        let counts = |l, r| Ok(Value::Array(vec![Value::Int(l), Value::Int(r)]));
+        assert!(matches!(ack.judge(counts(1, 1)), Confirmed::Enough));
+        assert!(matches!(ack.judge(counts(0, 1)), Confirmed::Short(1)));
+        assert!(matches!(ack.judge(counts(1, 0)), Confirmed::Short(0)));
+        assert!(matches!(ack.judge(Ok(Value::Int(1))), Confirmed::Short(0)));
+        let off = server_error(
+            "ERR WAITAOF cannot be used when numlocal is set but appendonly is disabled.",
+        );
+        assert!(matches!(ack.judge(Err(off)), Confirmed::Refused(_)));
+        let old = server_error("ERR unknown command 'WAITAOF', with args beginning with: '1' ");
+        assert!(matches!(ack.judge(Err(old)), Confirmed::Refused(_)));
+        let local_only = Ack::on_disk(0, Duration::from_millis(5)).unwrap();
+        assert!(matches!(local_only.judge(counts(1, 0)), Confirmed::Enough));
+        assert!(matches!(
+            local_only.judge(counts(0, 0)),
+            Confirmed::Short(0)
+        ));
+    }
+}
