@@ -91,32 +91,73 @@ async fn a_backward_step_denies_longer_and_never_admits_more() {
         return;
     };
     let mut conn = connect(&clock).await;
+    // Δ = 1 s, and Δ = 60 s (a managed server whose clock was a minute
+    // ahead, then corrected).
+    for delta in [1.0_f64, 60.0] {
+        for algorithm in Algorithm::ALL {
+            let l = limiter(algorithm);
+            let key = format!("{}{algorithm}:{delta}", prefix("backward"));
+            assert!(
+                l.check(&mut conn, &key, 10).await.unwrap().allowed,
+                "{algorithm}"
+            );
+            clock.set(-delta);
+            // For 200 ms of real time: nothing more passes (the server
+            // thinks less time went by than did).
+            let later = admitted_for(&mut conn, &l, &key, Duration::from_millis(200)).await;
+            assert_eq!(later, 0, "{algorithm}, Δ {delta} s");
+            let d = l.check(&mut conn, &key, 1).await.unwrap();
+            let wait = d.retry_after.expect("denied");
+            let step = Duration::from_secs_f64(delta);
+            // Up to Δ more than the limiter's own wait (a unit, a window).
+            assert!(
+                wait <= step + Duration::from_millis(200),
+                "{algorithm}, Δ {delta} s: {wait:?}"
+            );
+            if algorithm != Algorithm::SlidingWindow {
+                // Stored instants are absolute: the answer counts the step.
+                assert!(
+                    wait + Duration::from_millis(300) >= step,
+                    "{algorithm}, Δ {delta} s: {wait:?}"
+                );
+            }
+            // The sliding window reads a window that starts in its future
+            // as the current one (e = 0): its retry_after can be short by up
+            // to Δ, and asking again is denied until its clock has caught
+            // up.
+            clock.set(0.0);
+        }
+    }
+}
+
+/// A forward step of 60 s (a server whose clock was a minute behind, then
+/// corrected, or a failover to a replica a minute ahead): GCRA and the
+/// token bucket refill at most their burst, the windows at most their limit
+/// per window the span touches, whatever Δ.
+#[tokio::test]
+async fn a_forward_step_of_a_minute_admits_at_most_one_burst_more() {
+    let Some(clock) = skewed_or_skip("forward minute", &[]) else {
+        return;
+    };
+    let mut conn = connect(&clock).await;
     for algorithm in Algorithm::ALL {
         let l = limiter(algorithm);
-        let key = format!("{}{algorithm}", prefix("backward"));
-        assert!(
-            l.check(&mut conn, &key, 10).await.unwrap().allowed,
-            "{algorithm}"
-        );
-        clock.set(-1.0);
-        // For 200 ms of real time: nothing more passes (the server thinks
-        // less time went by than did).
-        let later = admitted_for(&mut conn, &l, &key, Duration::from_millis(200)).await;
-        assert_eq!(later, 0, "{algorithm}");
-        let d = l.check(&mut conn, &key, 1).await.unwrap();
-        let wait = d.retry_after.expect("denied");
-        // Up to Δ (1 s) more than the limiter's own wait (a unit, a window).
-        assert!(
-            wait <= Duration::from_millis(1_200),
-            "{algorithm}: {wait:?}"
-        );
-        if algorithm != Algorithm::SlidingWindow {
-            // Stored instants are absolute: the answer counts the step.
-            assert!(wait >= Duration::from_millis(700), "{algorithm}: {wait:?}");
-        }
-        // The sliding window reads a window that starts in its future as
-        // the current one (e = 0): its retry_after can be short by up to Δ,
-        // and asking again is denied until its clock has caught up.
+        let key = format!("{}{algorithm}", prefix("forward-minute"));
+        let start = Instant::now();
+        assert!(l.check(&mut conn, &key, 10).await.unwrap().allowed);
+        clock.set(60.0);
+        let extra = admitted_for(&mut conn, &l, &key, Duration::from_millis(20)).await;
+        let d = start.elapsed().as_micros() as u64;
+        // GCRA, token bucket: one burst (10) refilled by the step, plus
+        // what 100/s gives in d, plus rounding. Windows: 10 for each window
+        // the span touches (the stepped clock's current one, and one more
+        // per boundary crossed).
+        let bound = match algorithm {
+            Algorithm::Gcra | Algorithm::TokenBucket => 10 + d / 10_000 + 1,
+            _ => 10 * (d / 100_000 + 2),
+        };
+        assert!(extra <= bound, "{algorithm}: {extra} > {bound}");
+        assert!(extra >= 10, "{algorithm}: the step did refill ({extra})");
         clock.set(0.0);
     }
 }
@@ -279,6 +320,68 @@ async fn a_forward_step_ends_a_lock_early_and_the_fence_still_refuses_the_old_ho
     let written = second.fence().write(&mut conn, "second").await.unwrap();
     assert_eq!(written, Write::Applied);
     let late = first.fence().write(&mut conn, "late").await.unwrap();
+    assert!(matches!(late, Write::Stale { .. }), "{late:?}");
+    clock.set(0.0);
+}
+
+/// A renewing lease under a forward step: every renewal sets a fresh TTL on
+/// the stepped clock, so only the period the step fell in is shortened.
+/// A step shorter than what is left of that period (at least 2/3 of the
+/// TTL, renewals being every TTL/3) is survived, with the lock held
+/// throughout; a longer one ends the lock on the server at once, and the
+/// holder hears it at its next renewal (within TTL/3), while the fence
+/// refuses its writes as soon as someone else holds the lock.
+#[tokio::test]
+async fn a_renewing_lease_survives_a_step_within_its_ttl_and_hears_a_longer_one() {
+    use nolock::fence::{Lock, LockAttempt, Write};
+    let Some(clock) = skewed_or_skip("lease step", &[]) else {
+        return;
+    };
+    let conn = connect(&clock).await;
+    let mut other = connect(&clock).await;
+    let ttl = Duration::from_millis(1_500);
+    let lock = Lock::new(ttl).unwrap();
+    let resource = format!("{}job", prefix("clock-lease"));
+    let LockAttempt::Acquired(lease) = lock.lease(conn.clone(), &resource).await.unwrap() else {
+        panic!("a free lock");
+    };
+
+    // +0.8 s (under 2/3 of 1.5 s) three times over 3 s: never lost, never
+    // free for another.
+    for step in [0.8, 1.6, 2.4] {
+        clock.set(step);
+        let until = Instant::now() + Duration::from_secs(1);
+        while Instant::now() < until {
+            assert!(lease.loss().is_none(), "lost after a step to +{step} s");
+            let attempt = lock.acquire(&mut other, &resource).await.unwrap();
+            assert!(
+                matches!(attempt, LockAttempt::Held { .. }),
+                "free while leased, at +{step} s: {attempt:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    // +10 s at once: the lock ends on the server; the lease hears it at its
+    // next renewal, within TTL/3 (+ slack for a loaded machine).
+    clock.set(12.4);
+    let stepped = Instant::now();
+    let second = loop {
+        if let LockAttempt::Acquired(g) = lock.acquire(&mut other, &resource).await.unwrap() {
+            break g;
+        }
+        assert!(stepped.elapsed() < Duration::from_secs(1), "never free");
+    };
+    let loss = tokio::time::timeout(ttl / 3 + Duration::from_millis(700), lease.lost())
+        .await
+        .expect("the lease heard of its loss within a renewal period");
+    eprintln!("lost {:?} after the step: {loss:?}", stepped.elapsed());
+    assert!(second.fence().number() > lease.fence().number());
+    assert_eq!(
+        second.fence().write(&mut other, "second").await.unwrap(),
+        Write::Applied
+    );
+    let late = lease.fence().write(&mut other, "late").await.unwrap();
     assert!(matches!(late, Write::Stale { .. }), "{late:?}");
     clock.set(0.0);
 }

@@ -106,11 +106,31 @@ impl SkewedServer {
     /// Sets the server's clock `seconds` away from the real one (negative:
     /// behind). Takes effect at its next clock read.
     /// The file is replaced whole (written beside it, then renamed), so the
-    /// server never reads it empty or half written.
+    /// server never reads it empty or half written; then this waits until
+    /// the server's `TIME` shows the offset (within 5 ms), as libfaketime
+    /// can be seen to read a file changed twice within a moment late.
     pub fn set(&self, seconds: f64) {
         let next = self.clock.with_extension("next");
         std::fs::write(&next, format!("{seconds:+}")).expect("write the clock file");
         std::fs::rename(&next, &self.clock).expect("replace the clock file");
+        let start = std::time::Instant::now();
+        loop {
+            let seen = self.offset_seen();
+            if (seen - seconds).abs() < 0.005 {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "the server's clock did not follow the file: {seen:.3} s off, not {seconds}"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        if start.elapsed() > Duration::from_millis(20) {
+            eprintln!(
+                "the server's clock followed the file after {:?}",
+                start.elapsed()
+            );
+        }
     }
 
     /// The server's clock minus this process's, in seconds.
