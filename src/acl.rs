@@ -21,7 +21,7 @@
 //! ```
 //!
 //! On a cluster, add [`CLUSTER_COMMANDS`] (`Batch::run` reads the slot
-//! map). [`OPTIONAL_COMMANDS`] are used when granted and worked around
+//! map); for acknowledged locks and semaphores, [`ACKNOWLEDGED_COMMANDS`]. [`OPTIONAL_COMMANDS`] are used when granted and worked around
 //! when not. Your own scripts run through the engine need the commands they
 //! call, on top of these.
 //!
@@ -69,6 +69,15 @@ pub const CLUSTER_COMMANDS: &str = "+cluster|slots";
 /// * `config|get`: the fence durability check reads the persistence
 ///   settings; without it, it reports what `info` shows.
 pub const OPTIONAL_COMMANDS: &str = "+info +publish +subscribe +unsubscribe +config|get";
+
+/// What acknowledged locks and semaphores need on top of [`COMMANDS`]:
+/// `wait` ([`crate::fence::Lock::acknowledged`],
+/// [`crate::semaphore::Semaphore::acknowledged`]). Their
+/// `acknowledged_on_disk` needs `+waitaof` instead, which only servers that
+/// have the command (Redis 7.2+, Valkey 8) accept in an ACL rule. Without
+/// the permission, their acquires release what they were granted and
+/// answer [`crate::Error::Redis`] (`NOPERM`).
+pub const ACKNOWLEDGED_COMMANDS: &str = "+wait";
 
 #[cfg(test)]
 mod tests {

@@ -248,3 +248,53 @@ async fn a_missing_permission_is_a_definite_error_with_nothing_written() {
         .unwrap();
     assert_eq!(exists, 0);
 }
+
+/// An acknowledged lock or semaphore run by a user without `wait`: the
+/// refusal is the answer (`Error::Redis`, `NOPERM`), never "0 replicas"
+/// retried forever, and the grant is released. With
+/// `nolock::acl::ACKNOWLEDGED_COMMANDS` added, the `WAIT` runs (no replica
+/// here, so it is answered `Unacknowledged`).
+#[tokio::test]
+async fn an_acknowledged_grant_without_the_wait_permission_is_refused_and_released() {
+    let server = RedisServer::start();
+    let mut c = user(&server, "nowait", nolock::acl::COMMANDS).await;
+    let lock = fence::Lock::new(Duration::from_secs(60))
+        .unwrap()
+        .acknowledged(1, Duration::from_millis(20))
+        .unwrap();
+    let err = lock.acquire(&mut c, "acl:job").await.unwrap_err();
+    assert!(
+        matches!(&err, Error::Redis(e) if e.code() == Some("NOPERM")),
+        "{err:?}"
+    );
+    let plain = fence::Lock::new(Duration::from_secs(60)).unwrap();
+    let again = plain.acquire(&mut c, "acl:job").await.unwrap();
+    let grant = again.acquired().expect("the refused grant was released");
+    let _ = grant.release(&mut c).await.unwrap();
+
+    let semaphore = nolock::semaphore::Semaphore::new(1, Duration::from_secs(60))
+        .unwrap()
+        .acknowledged(1, Duration::from_millis(20))
+        .unwrap();
+    let err = semaphore.acquire(&mut c, "acl:pool").await.unwrap_err();
+    assert!(matches!(&err, Error::Redis(_)), "{err:?}");
+    assert_eq!(semaphore.peek(&mut c, "acl:pool").await.unwrap().in_use, 0);
+
+    let rules = format!(
+        "{} {}",
+        nolock::acl::COMMANDS,
+        nolock::acl::ACKNOWLEDGED_COMMANDS
+    );
+    let mut w = user(&server, "withwait", &rules).await;
+    let err = lock.acquire(&mut w, "acl:job").await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Unacknowledged {
+                acknowledged: 0,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+}

@@ -85,7 +85,10 @@ impl Lock {
     /// Keep `timeout` below the connection's response timeout (redis-rs's
     /// `MultiplexedConnection`: 500 ms by default): an answer slower than
     /// that is given up by the client, and the grant counts as confirmed by
-    /// none (released, [`Error::Unacknowledged`]).
+    /// none (released, [`Error::Unacknowledged`]). A server that refuses
+    /// `WAIT` itself (an ACL user without it: `NOPERM`) could never confirm
+    /// a grant: the acquire releases it and answers [`Error::Redis`] with
+    /// the refusal.
     ///
     /// # Errors
     ///
