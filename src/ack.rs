@@ -95,6 +95,30 @@ impl Ack {
         Ok((reply, self.judge(waited)))
     }
 
+    /// Keeps a grant the wait confirmed; otherwise gives it back with
+    /// `release` (best effort: unreleased, it expires at its TTL) and
+    /// answers `unconfirmed(replicas that did confirm)`, or the server's
+    /// refusal of the wait itself as [`Error::Redis`].
+    pub(crate) async fn keep_or_give_back<G, F, Fut>(
+        &self,
+        confirmed: Confirmed,
+        grant: G,
+        release: F,
+        unconfirmed: impl FnOnce(u64) -> Error,
+    ) -> Result<G>
+    where
+        F: FnOnce(G) -> Fut,
+        Fut: std::future::Future<Output = ()>,
+    {
+        let err = match confirmed {
+            Confirmed::Enough => return Ok(grant),
+            Confirmed::Short(acknowledged) => unconfirmed(acknowledged),
+            Confirmed::Refused(err) => Error::Redis(err),
+        };
+        release(grant).await;
+        Err(err)
+    }
+
     /// The wait's reply, judged.
     fn judge(&self, waited: redis::RedisResult<Value>) -> Confirmed {
         let reply = match waited {

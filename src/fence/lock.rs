@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use redis::aio::ConnectionLike;
 
 use super::{millis, retry, Fence, Grant, Keys, Lease, LockAttempt, Token};
-use crate::ack::{Ack, Confirmed};
+use crate::ack::Ack;
 use crate::script::{embedded, run_one, Invocation, Operation, Reply, Script};
 #[cfg(doc)]
 use crate::Error;
@@ -172,24 +172,22 @@ impl Lock {
         let LockAttempt::Acquired(grant) = outcome else {
             return Ok(outcome);
         };
-        let acknowledged = match confirmed {
-            Confirmed::Enough => return Ok(LockAttempt::Acquired(grant)),
-            Confirmed::Short(n) => n,
-            Confirmed::Refused(err) => {
-                let _ = grant.release(conn).await;
-                return Err(crate::Error::Redis(err));
-            }
-        };
         let (resource, fence) = (grant.resource().to_owned(), grant.fence().number());
-        // Best effort: unreleased, it expires at its TTL.
-        let _ = grant.release(conn).await;
-        Err(crate::Error::Unacknowledged {
-            resource,
-            fence,
-            asked: ack.count(),
-            acknowledged,
-            on_disk: ack.disk(),
-        })
+        let release = |grant: Grant| async move {
+            let _ = grant.release(conn).await;
+        };
+        let grant = ack
+            .keep_or_give_back(confirmed, grant, release, |acknowledged| {
+                crate::Error::Unacknowledged {
+                    resource,
+                    fence,
+                    asked: ack.count(),
+                    acknowledged,
+                    on_disk: ack.disk(),
+                }
+            })
+            .await?;
+        Ok(LockAttempt::Acquired(grant))
     }
 
     /// The same lock, whose acquires wait while it is held, with `wait`:

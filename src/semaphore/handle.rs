@@ -8,7 +8,7 @@ use redis::aio::ConnectionLike;
 use super::{acquire, retry, AcquirePermit, PermitAttempt, PermitId, PermitLease, SemaphoreUsage};
 #[cfg(doc)]
 use super::{MAX_PERMITS, MAX_PERMIT_TTL};
-use crate::ack::{Ack, Confirmed};
+use crate::ack::Ack;
 use crate::script::{run_one, Operation};
 use crate::{Backoff, Error, Result, Work};
 
@@ -153,23 +153,21 @@ impl Semaphore {
         let PermitAttempt::Acquired(permit) = outcome else {
             return Ok(outcome);
         };
-        let acknowledged = match confirmed {
-            Confirmed::Enough => return Ok(PermitAttempt::Acquired(permit)),
-            Confirmed::Short(n) => n,
-            Confirmed::Refused(err) => {
-                let _ = permit.release(conn).await;
-                return Err(Error::Redis(err));
-            }
-        };
         let key = permit.key().to_owned();
-        // Best effort: unreleased, the permits expire at their TTL.
-        let _ = permit.release(conn).await;
-        Err(Error::PermitUnacknowledged {
-            key,
-            asked: ack.count(),
-            acknowledged,
-            on_disk: ack.disk(),
-        })
+        let release = |permit: super::Permit| async move {
+            let _ = permit.release(conn).await;
+        };
+        let permit = ack
+            .keep_or_give_back(confirmed, permit, release, |acknowledged| {
+                Error::PermitUnacknowledged {
+                    key,
+                    asked: ack.count(),
+                    acknowledged,
+                    on_disk: ack.disk(),
+                }
+            })
+            .await?;
+        Ok(PermitAttempt::Acquired(permit))
     }
 
     /// How many permits it has.
