@@ -3,14 +3,16 @@
 //! invariant).
 //!
 //! ```text
-//! cargo run --release --example torture -- --seconds 600 [--seed S] [--cluster] [--clients N]
+//! cargo run --release --example torture -- --seconds 600 [--seed S] [--cluster | --clock] [--clients N]
 //! ```
 //!
 //! Prints the seed first (pass it back with `--seed` to replay the same
 //! operations and faults), then a summary table: operations by outcome,
 //! faults injected by kind, engine counters and each checker's verdict.
 //! Exits with status 1 when a checker fails. Needs `redis-server` (and
-//! `redis-cli` for `--cluster`) on the PATH.
+//! `redis-cli` for `--cluster`) on the PATH. `--clock` (one server) runs it
+//! under libfaketime (Debian package `faketime`) and steps its clock forward
+//! among the faults.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -25,6 +27,7 @@ fn main() {
         duration: Duration::from_secs(60),
         clients: 8,
         cluster: false,
+        clock: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -38,6 +41,7 @@ fn main() {
             "--seed" => config.seed = value("--seed"),
             "--clients" => config.clients = value("--clients").max(1) as usize,
             "--cluster" => config.cluster = true,
+            "--clock" => config.clock = true,
             "--help" | "-h" => usage(""),
             other => usage(&format!("unknown argument {other}")),
         }
@@ -53,6 +57,9 @@ fn main() {
         },
         config.clients
     );
+    if config.cluster && config.clock {
+        usage("--clock runs on one server; the cluster has no stepped clock");
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -70,6 +77,6 @@ fn usage(problem: &str) -> ! {
     if !problem.is_empty() {
         eprintln!("torture: {problem}");
     }
-    eprintln!("usage: torture [--seconds N] [--seed S] [--cluster] [--clients N]");
+    eprintln!("usage: torture [--seconds N] [--seed S] [--cluster | --clock] [--clients N]");
     std::process::exit(2)
 }

@@ -30,7 +30,14 @@ static FAILED: Mutex<Vec<String>> = Mutex::new(Vec::new());
 /// A server and the file that sets its clock's offset.
 pub struct SkewedServer {
     pub server: RedisServer,
-    clock: PathBuf,
+    pub clock: ClockFile,
+}
+
+/// The file a server under libfaketime reads its clock's offset from, and
+/// the server's address (to see the offset take effect). Removed on drop.
+pub struct ClockFile {
+    path: PathBuf,
+    url: String,
 }
 
 impl SkewedServer {
@@ -81,6 +88,10 @@ impl SkewedServer {
             }
             match RedisServer::start_tries(Some(&binary), &env, args, 1, Duration::from_secs(3)) {
                 Ok(server) => {
+                    let clock = ClockFile {
+                        path: clock,
+                        url: server.url(),
+                    };
                     let skewed = SkewedServer { server, clock };
                     // The clock must follow the file: +100 s now, then 0.
                     let ahead = skewed.offset_seen();
@@ -103,54 +114,105 @@ impl SkewedServer {
         ))
     }
 
-    /// Sets the server's clock `seconds` away from the real one (negative:
-    /// behind). Takes effect at its next clock read.
-    /// The file is replaced whole (written beside it, then renamed), so the
-    /// server never reads it empty or half written; then this waits until
-    /// the server's `TIME` shows the offset (within 5 ms), as libfaketime
-    /// can be seen to read a file changed twice within a moment late.
+    /// Sets the server's clock `seconds` away from the real one: see
+    /// [`ClockFile::set`].
     pub fn set(&self, seconds: f64) {
-        let next = self.clock.with_extension("next");
-        std::fs::write(&next, format!("{seconds:+}")).expect("write the clock file");
-        std::fs::rename(&next, &self.clock).expect("replace the clock file");
-        let start = std::time::Instant::now();
-        loop {
-            let seen = self.offset_seen();
-            if (seen - seconds).abs() < 0.005 {
-                break;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(5),
-                "the server's clock did not follow the file: {seen:.3} s off, not {seconds}"
-            );
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        if start.elapsed() > Duration::from_millis(20) {
-            eprintln!(
-                "the server's clock followed the file after {:?}",
-                start.elapsed()
-            );
-        }
+        self.clock.set(seconds);
     }
 
     /// The server's clock minus this process's, in seconds.
     pub fn offset_seen(&self) -> f64 {
-        let mut conn = redis::Client::open(self.server.url())
-            .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(2)))
-            .expect("connect");
-        let (s, us): (u64, u64) = redis::cmd("TIME").query(&mut conn).expect("TIME");
-        let server = s as f64 + us as f64 / 1e6;
-        let here = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_secs_f64();
-        server - here
+        self.clock.offset_seen().expect("read the server's TIME")
     }
 }
 
-impl Drop for SkewedServer {
+impl ClockFile {
+    /// Sets the server's clock `seconds` away from the real one (negative:
+    /// behind). Panics if the server does not follow: see
+    /// [`ClockFile::try_set`].
+    pub fn set(&self, seconds: f64) {
+        if let Err(e) = self.try_set(seconds) {
+            panic!("{e}");
+        }
+    }
+
+    /// Sets the offset, then waits until the server's `TIME` shows it: see
+    /// [`ClockSet::apply`].
+    pub fn try_set(&self, seconds: f64) -> Result<(), String> {
+        self.setter(seconds).apply()
+    }
+
+    /// The setting of `seconds`, as a value to apply elsewhere (on a
+    /// blocking thread: it waits for the server).
+    pub fn setter(&self, seconds: f64) -> ClockSet {
+        ClockSet {
+            path: self.path.clone(),
+            url: self.url.clone(),
+            seconds,
+        }
+    }
+
+    /// The server's clock minus this process's, in seconds.
+    pub fn offset_seen(&self) -> Result<f64, String> {
+        offset_seen(&self.url)
+    }
+}
+
+/// An offset to give a server's clock ([`ClockFile::setter`]).
+pub struct ClockSet {
+    path: PathBuf,
+    url: String,
+    seconds: f64,
+}
+
+impl ClockSet {
+    /// Writes the offset, then waits until the server's `TIME` shows it
+    /// (within 5 ms; at most 5 s). The file is replaced whole (written
+    /// beside it, then renamed), so the server never reads it empty or half
+    /// written; the wait is there because libfaketime can be seen to read
+    /// a file changed twice within a moment late.
+    pub fn apply(self) -> Result<(), String> {
+        let next = self.path.with_extension("next");
+        std::fs::write(&next, format!("{:+}", self.seconds)).map_err(|e| e.to_string())?;
+        std::fs::rename(&next, &self.path).map_err(|e| e.to_string())?;
+        let start = std::time::Instant::now();
+        loop {
+            let seen = offset_seen(&self.url);
+            if let Ok(seen) = seen {
+                if (seen - self.seconds).abs() < 0.005 {
+                    return Ok(());
+                }
+            }
+            if start.elapsed() > Duration::from_secs(5) {
+                return Err(format!(
+                    "the server's clock did not follow the file: {seen:?} s off, not {}",
+                    self.seconds
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+/// The clock of the server at `url` minus this process's, in seconds.
+fn offset_seen(url: &str) -> Result<f64, String> {
+    let mut conn = redis::Client::open(url)
+        .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(2)))
+        .map_err(|e| e.to_string())?;
+    let (s, us): (u64, u64) = redis::cmd("TIME")
+        .query(&mut conn)
+        .map_err(|e| e.to_string())?;
+    let server = s as f64 + us as f64 / 1e6;
+    let here = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    Ok(server - here)
+}
+
+impl Drop for ClockFile {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.clock);
+        let _ = std::fs::remove_file(&self.path);
     }
 }
 

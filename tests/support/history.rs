@@ -299,6 +299,40 @@ pub enum RateReply {
     Refunded(u64),
 }
 
+/// The server's clock against this process's, for checkers that compare a
+/// server time (a decision's `at`) with a client time (a call's invocation
+/// and completion): the offsets a test gave the server's clock, with when.
+/// Without steps, the two clocks are one (one machine).
+#[derive(Debug, Clone, Default)]
+pub struct ServerClock {
+    /// Each step: the client times (µs) from when it was asked until the
+    /// server was seen to follow, and the offsets (µs) before and after.
+    steps: Vec<(u64, u64, i64, i64)>,
+}
+
+impl ServerClock {
+    /// Records a step from `before` to `after` µs of offset, asked at
+    /// `asked` and seen by `seen` (client µs since the epoch).
+    pub fn step(&mut self, asked: u64, seen: u64, before: i64, after: i64) {
+        self.steps.push((asked, seen, before, after));
+    }
+
+    /// The server times (µs) the client time `t` may have been: one value
+    /// between steps, the span of both offsets while one took effect.
+    pub fn range(&self, t: u64) -> (u64, u64) {
+        let mut offset = (0i64, 0i64);
+        for &(asked, seen, before, after) in &self.steps {
+            if t >= seen {
+                offset = (after, after);
+            } else if t >= asked {
+                offset = (before.min(after), before.max(after));
+            }
+        }
+        let at = |o: i64| (t as i64 + o).max(0) as u64;
+        (at(offset.0), at(offset.1))
+    }
+}
+
 /// **Rate invariant** (GCRA / token bucket with burst `b` and emission
 /// interval `T`): for any two admitted decisions at server times
 /// `t1 <= t2` (checked for every window up to `(b + 400) * T` long), the
@@ -309,18 +343,20 @@ pub enum RateReply {
 /// `credited * T` per refund (never below the server clock), and admits
 /// only while it is at most `b * T` ahead of the server clock. An
 /// indeterminate refund counts as possibly run, for its full amount, from
-/// its invocation on.
+/// its invocation on. A refund's span is taken to server time by `clock`
+/// (the decisions' times are the server's).
 pub fn check_rate(
     events: &[Event<RateOp, RateReply>],
     burst: u64,
     interval: Duration,
+    clock: &ServerClock,
 ) -> Result<String, String> {
     let t = interval.as_micros() as i128;
-    let mut admitted: Vec<(u64, u64)> = events
+    let mut admitted: Vec<(u64, u64, u64, u64)> = events
         .iter()
         .filter_map(|e| match (&e.op, &e.outcome) {
             (RateOp::Check { cost }, Outcome::Ok(RateReply::Decision(d))) if d.allowed => {
-                Some((micros(d.at), *cost))
+                Some((micros(d.at), *cost, e.invoked_us, e.completed_us))
             }
             _ => None,
         })
@@ -335,11 +371,11 @@ pub fn check_rate(
     for e in events {
         match (&e.op, &e.outcome) {
             (RateOp::Refund { .. }, Outcome::Ok(RateReply::Refunded(credited))) => {
-                by_from.push((e.invoked_us, *credited));
-                by_until.push((e.completed_us, *credited));
+                by_from.push((clock.range(e.invoked_us).0, *credited));
+                by_until.push((clock.range(e.completed_us).1, *credited));
             }
             (RateOp::Refund { amount }, Outcome::Indeterminate(_)) => {
-                unknown.push((e.invoked_us, *amount))
+                unknown.push((clock.range(e.invoked_us).0, *amount))
             }
             _ => {}
         }
@@ -368,7 +404,7 @@ pub fn check_rate(
     for i in 0..admitted.len() {
         let t1 = admitted[i].0;
         let mut units: i128 = 0;
-        for &(t2, cost) in &admitted[i..] {
+        for &(t2, cost, _, _) in &admitted[i..] {
             if (t2 - t1) as i128 > horizon {
                 break;
             }
@@ -378,9 +414,16 @@ pub fn check_rate(
             let excess = (units - refunded - burst as i128) * t - (t2 - t1) as i128;
             tightest = tightest.max(excess);
             if excess > 0 {
+                // Each admission in the window: server time, cost, and the
+                // client's invoked/completed wall times.
+                let seen: Vec<String> = admitted
+                    .iter()
+                    .filter(|a| t1 <= a.0 && a.0 <= t2)
+                    .map(|a| format!("{}:{} ({}..{})", a.0, a.1, a.2, a.3))
+                    .collect();
                 return Err(format!(
                     "{units} units admitted (minus {refunded} refunded) in [{t1}, {t2}] us: \
-                     above burst {burst} + {} us / {t} us",
+                     above burst {burst} + {} us / {t} us; admissions {seen:?}",
                     t2 - t1
                 ));
             }

@@ -25,6 +25,7 @@ use nolock::rate::{Algorithm, Limiter, Quota};
 use nolock::{cas, fence, limits};
 use redis::aio::MultiplexedConnection;
 
+use super::clock::{ClockFile, SkewedServer};
 use super::cluster::RedisCluster;
 use super::deployment::AnyConn;
 use super::faults::{self, DURABLE};
@@ -39,6 +40,11 @@ pub struct Config {
     pub duration: Duration,
     pub clients: usize,
     pub cluster: bool,
+    /// One server only: run it under libfaketime and step its clock forward
+    /// (5-200 ms at a time) among the faults. Forward only, so the server's
+    /// clock never goes back and every checker keeps its exact bound in
+    /// server time; what a clock stepped back does is `tests/clock.rs`'s.
+    pub clock: bool,
 }
 
 /// Permits of the concurrency limit (holders check).
@@ -103,6 +109,8 @@ enum Target {
         server: Arc<Mutex<RedisServer>>,
         url: String,
         proxy: FaultProxy,
+        /// The server's clock, when it runs under libfaketime.
+        clock: Option<ClockFile>,
     },
     Cluster(RedisCluster),
 }
@@ -171,6 +179,7 @@ impl Target {
 pub struct Report {
     pub seed: u64,
     pub cluster: bool,
+    pub clock: bool,
     pub elapsed: Duration,
     pub ops: Tally,
     pub faults: BTreeMap<&'static str, u64>,
@@ -190,6 +199,8 @@ impl Report {
             self.seed,
             if self.cluster {
                 "the 3x2 cluster (fence grants and permits acknowledged by 1 replica)"
+            } else if self.clock {
+                "one server (through the fault proxy, its clock stepped forward)"
             } else {
                 "one server (through the fault proxy)"
             },
@@ -235,13 +246,20 @@ pub async fn run(config: Config) -> Report {
     let target = if config.cluster {
         Target::Cluster(RedisCluster::start())
     } else {
-        let server = RedisServer::start_with(&DURABLE);
+        let (server, clock) = if config.clock {
+            let skewed = SkewedServer::start(&DURABLE)
+                .unwrap_or_else(|why| panic!("clock steps asked for: {why}"));
+            (skewed.server, Some(skewed.clock))
+        } else {
+            (RedisServer::start_with(&DURABLE), None)
+        };
         let url = server.url();
         let proxy = FaultProxy::start(server.port).await;
         Target::Single {
             server: Arc::new(Mutex::new(server)),
             url,
             proxy,
+            clock,
         }
     };
     let target = Arc::new(target);
@@ -272,6 +290,8 @@ pub async fn run(config: Config) -> Report {
     let before = nolock::stats();
     let start = Instant::now();
     let stop = Arc::new(AtomicBool::new(false));
+    // The steps given to the server's clock (with `clock` only).
+    let server_clock = Arc::new(Mutex::new(ServerClock::default()));
 
     let mut clients = Vec::new();
     for process in 0..config.clients {
@@ -293,7 +313,8 @@ pub async fn run(config: Config) -> Report {
     let fault_task = {
         let (target, keys, stop) = (target.clone(), keys.clone(), stop.clone());
         let seed = config.seed;
-        tokio::spawn(async move { inject(seed, &target, &keys, &stop).await })
+        let server_clock = server_clock.clone();
+        tokio::spawn(async move { inject(seed, &target, &keys, &stop, &server_clock).await })
     };
 
     tokio::time::sleep(config.duration).await;
@@ -353,6 +374,7 @@ pub async fn run(config: Config) -> Report {
             &h.rate.events(),
             RATE_BURST,
             limiter.quota().emission_interval(),
+            &server_clock.lock().unwrap_or_else(|e| e.into_inner()),
         ),
     ));
 
@@ -406,6 +428,7 @@ pub async fn run(config: Config) -> Report {
     Report {
         seed: config.seed,
         cluster: config.cluster,
+        clock: config.clock,
         elapsed,
         ops,
         faults,
@@ -681,18 +704,48 @@ async fn inject(
     target: &Target,
     keys: &Keys,
     stop: &AtomicBool,
+    server_clock: &Mutex<ServerClock>,
 ) -> BTreeMap<&'static str, u64> {
     let mut rng = fastrand::Rng::with_seed(seed ^ 0x5eed_fa17);
     let mut done: BTreeMap<&'static str, u64> = BTreeMap::new();
+    // The server clock's offset so far (clock steps only move it forward).
+    let mut offset = 0.0;
     while !stop.load(Relaxed) {
         tokio::time::sleep(Duration::from_millis(rng.u64(100..400))).await;
         if stop.load(Relaxed) {
             break;
         }
         let name = match target {
-            Target::Single { server, url, proxy } => {
-                single_fault(&mut rng, server, url, proxy).await
+            Target::Single {
+                clock: Some(clock), ..
+            } if rng.u32(0..100) < 15 => {
+                let before = offset;
+                offset += rng.u64(5..=200) as f64 / 1000.0;
+                let set = clock.setter(offset);
+                let asked = micros(std::time::SystemTime::now());
+                let result = tokio::task::spawn_blocking(move || set.apply())
+                    .await
+                    .expect("clock task");
+                let seen = match result {
+                    Ok(()) => micros(std::time::SystemTime::now()),
+                    // Not seen yet: it may take effect at any time from now.
+                    Err(_) => u64::MAX,
+                };
+                let us = |seconds: f64| (seconds * 1e6).round() as i64;
+                server_clock.lock().unwrap_or_else(|e| e.into_inner()).step(
+                    asked,
+                    seen,
+                    us(before),
+                    us(offset),
+                );
+                match result {
+                    Ok(()) => "clock step forward 5-200 ms (libfaketime)",
+                    Err(_) => "clock step forward (not seen in 5 s: a fault in the way)",
+                }
             }
+            Target::Single {
+                server, url, proxy, ..
+            } => single_fault(&mut rng, server, url, proxy).await,
             Target::Cluster(cluster) => cluster_fault(&mut rng, cluster, keys).await,
         };
         *done.entry(name).or_default() += 1;
