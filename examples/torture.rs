@@ -52,6 +52,8 @@ fn main() {
         config.duration.as_secs(),
         if config.cluster {
             "the cluster"
+        } else if config.clock {
+            "one server whose clock steps forward"
         } else {
             "one server"
         },
