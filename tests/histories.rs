@@ -45,8 +45,9 @@ async fn judge(config: Config) {
 }
 
 /// One server behind the fault proxy: lost replies, delays, held replies,
-/// refused and cut connections, SCRIPT FLUSH, CLIENT KILL, CLIENT PAUSE,
-/// BUSY, OOM, kill -9 and restart from the AOF.
+/// partitions both ways (then healed), refused and cut connections, SCRIPT
+/// FLUSH, CLIENT KILL, CLIENT PAUSE, BUSY, OOM, kill -9 and restart from
+/// the AOF.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_module_keeps_its_invariant_on_one_server_under_faults() {
     judge(config(false, false)).await;

@@ -779,11 +779,17 @@ async fn single_fault(
             proxy.set_delay(Duration::ZERO);
             "proxy: delay replies"
         }
-        22..=29 => {
+        22..=25 => {
             proxy.hold();
             tokio::time::sleep(Duration::from_millis(rng.u64(200..1500))).await;
             proxy.release();
             "proxy: hold replies (past the 1 s timeout at times)"
+        }
+        26..=29 => {
+            proxy.partition();
+            tokio::time::sleep(Duration::from_millis(rng.u64(200..1500))).await;
+            proxy.heal();
+            "proxy: partition both ways, then heal"
         }
         30..=37 => {
             proxy.refuse();
