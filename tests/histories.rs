@@ -54,7 +54,9 @@ async fn every_module_keeps_its_invariant_on_one_server_under_faults() {
 }
 
 /// The 3×2 cluster: SCRIPT FLUSH, CLIENT KILL, CLIENT PAUSE and BUSY on
-/// primaries, slot migrations and coordinated failovers.
+/// primaries, slot migrations, coordinated failovers and forced ones
+/// (`FORCE`, `TAKEOVER`: what they may forget counts as unknown; fence
+/// grants and permits are acknowledged and must survive).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_module_keeps_its_invariant_on_the_cluster_under_faults() {
     judge(config(true, false)).await;

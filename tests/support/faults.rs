@@ -185,6 +185,19 @@ pub async fn migrate_slot(cluster: &RedisCluster, slot: u16, to: u16, pause: Dur
     from
 }
 
+/// A field of `INFO replication` on the node at `port`, as a number.
+pub async fn replication_offset(port: u16, field: &str) -> Option<i64> {
+    let mut conn = try_node(port).await?;
+    let info: String = redis::cmd("INFO")
+        .arg("replication")
+        .query_async(&mut conn)
+        .await
+        .ok()?;
+    info.lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().parse().ok())
+}
+
 async fn try_node(port: u16) -> Option<MultiplexedConnection> {
     let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).ok()?;
     let config = redis::AsyncConnectionConfig::new()
@@ -199,17 +212,34 @@ async fn try_node(port: u16) -> Option<MultiplexedConnection> {
 /// A coordinated `CLUSTER FAILOVER` of `key`'s shard that gives up (without
 /// panicking) when the roles have not switched everywhere within 10 s, as
 /// happens when the primary is busy when the replica asks. Returns
-/// `(old primary, new primary)` once every primary reports the new one.
+/// `(old primary, new primary)` once every node reports the new one.
 pub async fn try_failover(cluster: &RedisCluster, key: &str) -> Result<(u16, u16), String> {
+    try_failover_with(cluster, key, None).await
+}
+
+/// [`try_failover`] with `FORCE` or `TAKEOVER` (`how`): the replica takes
+/// over without waiting for the primary's last writes, which the old
+/// primary may have answered and the new one never receives. Once it
+/// returns, every node names the new primary, the old one included, so it
+/// takes no more writes.
+pub async fn try_failover_with(
+    cluster: &RedisCluster,
+    key: &str,
+    how: Option<&str>,
+) -> Result<(u16, u16), String> {
     let shard = cluster.shard_of(key).await;
     let old = shard.primary;
     let new = *shard.replicas.first().ok_or("the shard has no replica")?;
     let mut replica = try_node(new).await.ok_or("replica unreachable")?;
-    let _: () = redis::cmd("CLUSTER")
-        .arg("FAILOVER")
+    let mut failover = redis::cmd("CLUSTER");
+    failover.arg("FAILOVER");
+    if let Some(how) = how {
+        failover.arg(how);
+    }
+    let _: () = failover
         .query_async(&mut replica)
         .await
-        .map_err(|e| format!("CLUSTER FAILOVER on :{new}: {e}"))?;
+        .map_err(|e| format!("CLUSTER FAILOVER {how:?} on :{new}: {e}"))?;
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while std::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(100)).await;

@@ -299,6 +299,30 @@ pub enum RateReply {
     Refunded(u64),
 }
 
+/// The history as a forced failover leaves it: a call answered while one
+/// of `windows` (client µs, from, to) was open may have been forgotten by
+/// the promoted replica, so its answer (`Ok`) counts as `Indeterminate`;
+/// calls `kept` (acknowledged by a replica before they answered) keep theirs.
+/// Every checker judges what is left as it judges a lost reply.
+pub fn forgettable<Op: Clone, T: Clone>(
+    events: Vec<Event<Op, T>>,
+    windows: &[(u64, u64)],
+    kept: impl Fn(&Op) -> bool,
+) -> Vec<Event<Op, T>> {
+    events
+        .into_iter()
+        .map(|mut e| {
+            let open = windows
+                .iter()
+                .any(|&(from, to)| e.invoked_us <= to && e.completed_us >= from);
+            if open && !kept(&e.op) && matches!(e.outcome, Outcome::Ok(_)) {
+                e.outcome = Outcome::Indeterminate("in a forced failover's loss window".into());
+            }
+            e
+        })
+        .collect()
+}
+
 /// The server's clock against this process's, for checkers that compare a
 /// server time (a decision's `at`) with a client time (a call's invocation
 /// and completion): the offsets a test gave the server's clock, with when.

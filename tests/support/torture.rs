@@ -292,6 +292,8 @@ pub async fn run(config: Config) -> Report {
     let stop = Arc::new(AtomicBool::new(false));
     // The steps given to the server's clock (with `clock` only).
     let server_clock = Arc::new(Mutex::new(ServerClock::default()));
+    // The loss windows of forced failovers (cluster only).
+    let losses: Arc<Mutex<Vec<(u64, u64)>>> = Arc::new(Mutex::new(Vec::new()));
 
     let mut clients = Vec::new();
     for process in 0..config.clients {
@@ -313,8 +315,10 @@ pub async fn run(config: Config) -> Report {
     let fault_task = {
         let (target, keys, stop) = (target.clone(), keys.clone(), stop.clone());
         let seed = config.seed;
-        let server_clock = server_clock.clone();
-        tokio::spawn(async move { inject(seed, &target, &keys, &stop, &server_clock).await })
+        let (server_clock, losses) = (server_clock.clone(), losses.clone());
+        tokio::spawn(
+            async move { inject(seed, &target, &keys, &stop, &server_clock, &losses).await },
+        )
     };
 
     tokio::time::sleep(config.duration).await;
@@ -332,8 +336,14 @@ pub async fn run(config: Config) -> Report {
     let conn = target.reader().await;
     let h = &histories;
     let mut verdicts = Vec::new();
+    // What a forced failover may have forgotten counts as unknown; the
+    // acknowledged calls (fence grants, semaphore acquires) keep their
+    // answers: a replica had them before they were answered.
+    let windows = losses.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let acked_permits = |op: &Permit| matches!(op, Permit::Acquire { .. });
+    let acked_grants = |op: &FenceOp| matches!(op, FenceOp::Acquire);
 
-    let counter_events = h.counters.events();
+    let counter_events = forgettable(h.counters.events(), &windows, |_| false);
     let mut by_key: BTreeMap<u32, Vec<_>> = BTreeMap::new();
     for e in counter_events.iter().cloned() {
         by_key.entry(e.op.key).or_default().push(e);
@@ -365,13 +375,13 @@ pub async fn run(config: Config) -> Report {
 
     verdicts.push((
         "holders (limits as a concurrency limit)",
-        holders_verdict(&h.holders.events()),
+        holders_verdict(&forgettable(h.holders.events(), &windows, acked_permits)),
     ));
 
     verdicts.push((
         "rate (GCRA)",
         check_rate(
-            &h.rate.events(),
+            &forgettable(h.rate.events(), &windows, |_| false),
             RATE_BURST,
             limiter.quota().emission_interval(),
             &server_clock.lock().unwrap_or_else(|e| e.into_inner()),
@@ -385,7 +395,8 @@ pub async fn run(config: Config) -> Report {
     })
     .await
     .map(|f| (f.fence, String::from_utf8_lossy(&f.value).into_owned()));
-    verdicts.push(("fences", check_fences(&h.fences.events(), stored)));
+    let fence_events = forgettable(h.fences.events(), &windows, acked_grants);
+    verdicts.push(("fences", check_fences(&fence_events, stored)));
 
     let balance: i64 = read_retrying(|| {
         let key = keys.balance();
@@ -402,7 +413,11 @@ pub async fn run(config: Config) -> Report {
     .await;
     verdicts.push((
         "balance (cas)",
-        check_balance(&h.balance.events(), INITIAL_BALANCE, balance),
+        check_balance(
+            &forgettable(h.balance.events(), &windows, |_| false),
+            INITIAL_BALANCE,
+            balance,
+        ),
     ));
 
     let mut ops = Tally::default();
@@ -705,6 +720,7 @@ async fn inject(
     keys: &Keys,
     stop: &AtomicBool,
     server_clock: &Mutex<ServerClock>,
+    losses: &Mutex<Vec<(u64, u64)>>,
 ) -> BTreeMap<&'static str, u64> {
     let mut rng = fastrand::Rng::with_seed(seed ^ 0x5eed_fa17);
     let mut done: BTreeMap<&'static str, u64> = BTreeMap::new();
@@ -746,7 +762,7 @@ async fn inject(
             Target::Single {
                 server, url, proxy, ..
             } => single_fault(&mut rng, server, url, proxy).await,
-            Target::Cluster(cluster) => cluster_fault(&mut rng, cluster, keys).await,
+            Target::Cluster(cluster) => cluster_fault(&mut rng, cluster, keys, losses).await,
         };
         *done.entry(name).or_default() += 1;
     }
@@ -848,6 +864,7 @@ async fn cluster_fault(
     rng: &mut fastrand::Rng,
     cluster: &RedisCluster,
     keys: &Keys,
+    losses: &Mutex<Vec<(u64, u64)>>,
 ) -> &'static str {
     let fixed = keys.all_fixed();
     let key = &fixed[rng.usize(0..fixed.len())];
@@ -889,9 +906,57 @@ async fn cluster_fault(
             faults::migrate_slot(cluster, slot, to, Duration::from_millis(rng.u64(0..50))).await;
             "slot migration"
         }
-        _ => match faults::try_failover(cluster, key).await {
+        85..=91 => match faults::try_failover(cluster, key).await {
             Ok(_) => "CLUSTER FAILOVER",
             Err(_) => "CLUSTER FAILOVER (timed out, no switch)",
         },
+        _ => forced_failover(rng, cluster, key, owner, losses).await,
     }
+}
+
+/// `CLUSTER FAILOVER FORCE` or `TAKEOVER` of `key`'s shard, under load: the
+/// replica takes over without the primary's last writes, which the old
+/// primary answered until it learned. The loss window recorded runs from
+/// just before the old primary's replication offset was read to when every
+/// node names the new primary; it starts 10 s earlier when the promoted
+/// replica had not received all of that offset (its `second_repl_offset`
+/// says where it took over).
+async fn forced_failover(
+    rng: &mut fastrand::Rng,
+    cluster: &RedisCluster,
+    key: &str,
+    owner: u16,
+    losses: &Mutex<Vec<(u64, u64)>>,
+) -> &'static str {
+    let how = if rng.bool() { "FORCE" } else { "TAKEOVER" };
+    let now = || micros(std::time::SystemTime::now());
+    let asked = now();
+    let sent = faults::replication_offset(owner, "master_repl_offset").await;
+    let result = faults::try_failover_with(cluster, key, Some(how)).await;
+    let agreed = now();
+    let (window, name) = match result {
+        Ok((_, new)) => {
+            let took_over = faults::replication_offset(new, "second_repl_offset").await;
+            match (sent, took_over) {
+                (Some(sent), Some(took_over)) if took_over > sent => (
+                    (asked, agreed),
+                    "CLUSTER FAILOVER FORCE/TAKEOVER (loss window from the ask)",
+                ),
+                _ => (
+                    (asked.saturating_sub(10_000_000), agreed),
+                    "CLUSTER FAILOVER FORCE/TAKEOVER (replica behind: window from 10 s before)",
+                ),
+            }
+        }
+        // It may still switch: the window stays open 30 s more.
+        Err(_) => (
+            (asked, agreed + 30_000_000),
+            "CLUSTER FAILOVER FORCE/TAKEOVER (no switch within 10 s)",
+        ),
+    };
+    losses
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(window);
+    name
 }
