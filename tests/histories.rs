@@ -73,3 +73,28 @@ async fn every_module_keeps_its_invariant_on_one_server_whose_clock_steps_forwar
     }
     judge(config(false, true)).await;
 }
+
+/// The checkers' "plus some subset of the unknown calls", by bitset, against
+/// the sums of every subset listed by brute force.
+#[test]
+fn the_subset_sum_check_finds_exactly_the_sums_of_subsets() {
+    let mut rng = fastrand::Rng::with_seed(7);
+    for _ in 0..300 {
+        let deltas: Vec<i64> = (0..rng.usize(0..12)).map(|_| rng.i64(-90..90)).collect();
+        let mut sums = std::collections::BTreeSet::new();
+        for mask in 0u32..(1 << deltas.len()) {
+            let s: i64 = (0..deltas.len())
+                .filter(|i| mask >> i & 1 == 1)
+                .map(|i| deltas[i])
+                .sum();
+            sums.insert(s);
+        }
+        for target in -1200..1200 {
+            assert_eq!(
+                support::history::subset_sum_reaches(&deltas, target),
+                sums.contains(&target),
+                "{deltas:?} {target}"
+            );
+        }
+    }
+}

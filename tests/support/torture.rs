@@ -293,7 +293,7 @@ pub async fn run(config: Config) -> Report {
     // The steps given to the server's clock (with `clock` only).
     let server_clock = Arc::new(Mutex::new(ServerClock::default()));
     // The loss windows of forced failovers (cluster only).
-    let losses: Arc<Mutex<Vec<(u64, u64)>>> = Arc::new(Mutex::new(Vec::new()));
+    let losses: Arc<Mutex<Vec<LossWindow>>> = Arc::new(Mutex::new(Vec::new()));
 
     let mut clients = Vec::new();
     for process in 0..config.clients {
@@ -342,8 +342,16 @@ pub async fn run(config: Config) -> Report {
     let windows = losses.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let acked_permits = |op: &Permit| matches!(op, Permit::Acquire { .. });
     let acked_grants = |op: &FenceOp| matches!(op, FenceOp::Acquire);
+    let slot = |key: String| nolock::keys::slot(&key);
+    let (rate_slot, balance_slot) = (slot(keys.rate()), slot(keys.balance()));
+    let lock_slot = slot(nolock::keys::derive(&keys.lock(), "lock"));
 
-    let counter_events = forgettable(h.counters.events(), &windows, |_| false);
+    let counter_events = forgettable(
+        h.counters.events(),
+        &windows,
+        |op| slot(keys.counter(op.key)),
+        |_| false,
+    );
     let mut by_key: BTreeMap<u32, Vec<_>> = BTreeMap::new();
     for e in counter_events.iter().cloned() {
         by_key.entry(e.op.key).or_default().push(e);
@@ -375,13 +383,20 @@ pub async fn run(config: Config) -> Report {
 
     verdicts.push((
         "holders (limits as a concurrency limit)",
-        holders_verdict(&forgettable(h.holders.events(), &windows, acked_permits)),
+        holders_verdict(&forgettable(
+            h.holders.events(),
+            &windows,
+            |op| match op {
+                Permit::Acquire { key } | Permit::Release { key } => slot(keys.holders(*key)),
+            },
+            acked_permits,
+        )),
     ));
 
     verdicts.push((
         "rate (GCRA)",
         check_rate(
-            &forgettable(h.rate.events(), &windows, |_| false),
+            &forgettable(h.rate.events(), &windows, |_| rate_slot, |_| false),
             RATE_BURST,
             limiter.quota().emission_interval(),
             &server_clock.lock().unwrap_or_else(|e| e.into_inner()),
@@ -395,7 +410,7 @@ pub async fn run(config: Config) -> Report {
     })
     .await
     .map(|f| (f.fence, String::from_utf8_lossy(&f.value).into_owned()));
-    let fence_events = forgettable(h.fences.events(), &windows, acked_grants);
+    let fence_events = forgettable(h.fences.events(), &windows, |_| lock_slot, acked_grants);
     verdicts.push(("fences", check_fences(&fence_events, stored)));
 
     let balance: i64 = read_retrying(|| {
@@ -414,7 +429,7 @@ pub async fn run(config: Config) -> Report {
     verdicts.push((
         "balance (cas)",
         check_balance(
-            &forgettable(h.balance.events(), &windows, |_| false),
+            &forgettable(h.balance.events(), &windows, |_| balance_slot, |_| false),
             INITIAL_BALANCE,
             balance,
         ),
@@ -720,7 +735,7 @@ async fn inject(
     keys: &Keys,
     stop: &AtomicBool,
     server_clock: &Mutex<ServerClock>,
-    losses: &Mutex<Vec<(u64, u64)>>,
+    losses: &Mutex<Vec<LossWindow>>,
 ) -> BTreeMap<&'static str, u64> {
     let mut rng = fastrand::Rng::with_seed(seed ^ 0x5eed_fa17);
     let mut done: BTreeMap<&'static str, u64> = BTreeMap::new();
@@ -864,7 +879,7 @@ async fn cluster_fault(
     rng: &mut fastrand::Rng,
     cluster: &RedisCluster,
     keys: &Keys,
-    losses: &Mutex<Vec<(u64, u64)>>,
+    losses: &Mutex<Vec<LossWindow>>,
 ) -> &'static str {
     let fixed = keys.all_fixed();
     let key = &fixed[rng.usize(0..fixed.len())];
@@ -926,9 +941,10 @@ async fn forced_failover(
     cluster: &RedisCluster,
     key: &str,
     owner: u16,
-    losses: &Mutex<Vec<(u64, u64)>>,
+    losses: &Mutex<Vec<LossWindow>>,
 ) -> &'static str {
     let how = if rng.bool() { "FORCE" } else { "TAKEOVER" };
+    let slots = cluster.shard_of(key).await.slots;
     let now = || micros(std::time::SystemTime::now());
     let asked = now();
     let sent = faults::replication_offset(owner, "master_repl_offset").await;
@@ -954,9 +970,10 @@ async fn forced_failover(
             "CLUSTER FAILOVER FORCE/TAKEOVER (no switch within 10 s)",
         ),
     };
+    let (from, to) = window;
     losses
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .push(window);
+        .push(LossWindow { from, to, slots });
     name
 }
