@@ -198,12 +198,14 @@
 //!
 //! What avoids it: `appendonly yes` with `appendfsync always` on the primary
 //! (every increment is on disk before the reply), so a restart keeps the
-//! counter (`everysec` can lose the last second of increments); and for
-//! replicated setups, confirm each grant on the replicas
-//! before using its fence (`WAIT 1 <timeout>` after [`Lock::acquire`] and check that
-//! at least one replica acknowledged), with `min-replicas-to-write 1` and
-//! `min-replicas-max-lag` so a primary cut off from its replicas stops
-//! granting. Even then, Redis is not a consensus system; when that is not
+//! counter (`everysec` loses the last second only if the machine itself
+//! crashes: a killed process loses nothing it answered; or build the lock
+//! [`Lock::acknowledged_on_disk`], which waits for the `fsync`); and for
+//! replicated setups, build the lock [`Lock::acknowledged`]`(1, timeout)`:
+//! each grant is confirmed by a replica in the acquire's round trip, and
+//! one that is not is released and never handed out. Add
+//! `min-replicas-to-write 1` and `min-replicas-max-lag` so a primary cut off
+//! from its replicas stops granting. Even then, Redis is not a consensus system; when that is not
 //! acceptable, take the fence from the resource itself (a PostgreSQL sequence
 //! or the row's own version column) and use the Redis lease only to avoid
 //! duplicate work.
