@@ -5,6 +5,7 @@
     python3 benches/script_instructions.py --lua OLD/lua    # another tree, e.g.
         # mkdir OLD && git archive <rev> lua | tar -x -C OLD
     python3 benches/script_instructions.py --tower PATH/rate_limit.lua
+    python3 benches/script_instructions.py --ablate  # GCRA check, one contract removed at a time
 
 Runs `redis-server` (PATH, or $NOLOCK_REDIS_SERVER) under
 `valgrind --tool=callgrind --instr-atstart=no` on its own port, sends N
@@ -132,15 +133,53 @@ def cases(lua, tower):
     return rows
 
 
+# What each of the GCRA check's contracts costs, measured by removing it from
+# the composed script (the rows are not correct limiters: each drops a check).
+ABLATIONS = [
+    ('strict parsing of the stored TAT (a plain tonumber instead)',
+     [("local v = #stored <= 16 and (stored == '0' or string.find(stored, '^[1-9]%d*$')) and tonumber(stored)",
+       'local v = tonumber(stored)')]),
+    ('checks of the interval, burst and cost arguments',
+     [('if not step or not b or step % 1 ~= 0 or b % 1 ~= 0 or step < 1 or b < 1\n'
+       '    or b * step > MAX_FILL or cost > b then', 'if false then'),
+      ('if not cost or cost % 1 ~= 0 or cost < 1 or cost > 9007199254740991 then', 'if false then')]),
+    ('the server time in the reply (0 sent in its place)',
+     [('local reply, admitted = {0, now}, 1', 'local reply, admitted = {0, 0}, 1')]),
+]
+
+
+def ablations(lua):
+    base = compose(lua, 'rate/gcra/check')
+    admit, deny = [1, 1, 1000000], [1, 3600000000, 1]
+    rows = []
+    every = base
+    for label, edits in ABLATIONS:
+        src = base
+        for old, new in edits:
+            if old not in src:
+                sys.exit('--ablate: the GCRA check no longer contains %r; update ABLATIONS' % old)
+            src = src.replace(old, new)
+            every = every.replace(old, new)
+        rows += [('GCRA check without %s, admit' % label, [src], [(0, ['aa'], admit)]),
+                 ('GCRA check without %s, deny' % label, [src], [(0, ['ad'], deny)])]
+    rows += [('GCRA check without all of the above, admit', [every], [(0, ['ea'], admit)]),
+             ('GCRA check without all of the above, deny', [every], [(0, ['ed'], deny)])]
+    return rows
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument('--lua', default=os.path.join(ROOT, 'lua'))
     parser.add_argument('--tower', help="tower-rate-limit-redis's scripts/rate_limit.lua")
     parser.add_argument('--calls', type=int, default=1000)
     parser.add_argument('--port', type=int, default=26411)
+    parser.add_argument('--ablate', action='store_true',
+                        help='only the GCRA check, with one contract removed at a time')
     args = parser.parse_args()
     server = os.environ.get('NOLOCK_REDIS_SERVER', 'redis-server')
     rows = cases(args.lua, args.tower)
+    if args.ablate:
+        rows = rows[:1] + [r for r in rows if r[0].startswith('rate/gcra/check, ')][:2] + ablations(args.lua)
     with tempfile.TemporaryDirectory() as dir:
         out = os.path.join(dir, 'callgrind.out')
         proc = subprocess.Popen(['valgrind', '--tool=callgrind', '--instr-atstart=no',

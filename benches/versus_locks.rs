@@ -7,7 +7,7 @@
 //! cargo bench --bench versus_locks                 # everything, about 4 minutes on 2 cores
 //! cargo bench --bench versus_locks -- debit        # only comparisons whose label contains "debit"
 //! cargo bench --bench versus_locks -- overhead     # only try_increment against raw EVALSHA
-//! cargo bench --bench versus_locks -- --json       # the rows as JSON on stdout
+//! cargo bench --bench versus_locks -- --json       # the rows as JSON on stdout ({"rows": [..], "hot_key": []})
 //! ```
 //!
 //! Uses `$REDIS_URL` when set, otherwise a throwaway `redis-server`. Progress
@@ -103,7 +103,7 @@ async fn bench(json: bool, filters: &[String]) -> common::Result<()> {
     }
 
     if json {
-        println!("{}", report::json(measured.iter().map(|m| &m.row))?);
+        println!("{}", report::json(measured.iter().map(|m| &m.row), &[])?);
         return Ok(());
     }
     if !measured.is_empty() {

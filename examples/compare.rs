@@ -2,7 +2,7 @@
 //!
 //! ```sh
 //! cargo run --release --example compare             # a table, in under a minute
-//! cargo run --release --example compare -- --json   # the same rows as JSON
+//! cargo run --release --example compare -- --json   # the rows and hot-key runs as JSON
 //! ```
 //!
 //! It starts a throwaway `redis-server` on a free port (or uses `$REDIS_URL`),
@@ -60,8 +60,9 @@ fn plan() -> Vec<Comparison> {
 const USAGE: &str = "usage: cargo run --release --example compare [-- --json] [-- --svg DIR]
 
 Runs nolock's scripts against lock-based and WATCH-based versions of the same
-operations and prints a table (or, with --json, the same rows as JSON; the
-deny-cache lines and the library's own cost print only in the table). With
+operations and prints a table (or, with --json, the same rows and the hot-key
+runs as JSON; the deny-cache lines and the library's own cost print only in
+the table). With
 --svg DIR it also draws the results as SVG charts in DIR.
 Uses $REDIS_URL when set; otherwise starts redis-server on a free port.";
 
@@ -134,7 +135,10 @@ async fn compare(json: bool, svg: Option<&std::path::Path>) -> common::Result<()
         measured.extend(results);
     }
     if json {
-        println!("{}", report::json(measured.iter().map(|m| &m.row))?);
+        eprint!("one hot limit, one call per decision against reservoirs ... ");
+        let hot = common::hot_key::runs(&client).await?;
+        eprintln!("done");
+        println!("{}", report::json(measured.iter().map(|m| &m.row), &hot)?);
         return Ok(());
     }
     eprint!("library cost per call without I/O ... ");
@@ -303,9 +307,26 @@ mod tests {
     fn json_rows_have_exactly_the_documented_fields() {
         let variants = [Variant::Script, Variant::Lock, Variant::Watch, Variant::Raw];
         let rows: Vec<Row> = variants.iter().map(|&v| row(v)).collect();
-        let text = report::json(&rows).unwrap();
+        let hot = [common::hot_key::HotRun {
+            label: "Reservoir, 4 processes".to_owned(),
+            decisions: 6_000,
+            admitted: 2_990,
+            redis_calls: 6,
+            seconds: 1.5,
+            bound: 3_001,
+        }];
+        let text = report::json(&rows, &hot).unwrap();
         let value: serde_json::Value = serde_json::from_str(&text).unwrap();
-        let array = value.as_array().expect("a JSON array of rows");
+        let object = value.as_object().expect("a JSON object");
+        let mut keys: Vec<&str> = object.keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        assert_eq!(keys, ["hot_key", "rows"]);
+        let run = &value["hot_key"][0];
+        assert_eq!(run["limiter"], "Reservoir, 4 processes");
+        assert_eq!(run["decisions_per_second"], 4000.0);
+        assert_eq!(run["over_admitted"], 0);
+        assert_eq!(run["calls_per_decision"], 0.001);
+        let array = value["rows"].as_array().expect("a JSON array of rows");
         assert_eq!(array.len(), 4);
         for (object, name) in array.iter().zip(["script", "lock", "watch", "raw"]) {
             let object = object.as_object().expect("each row is an object");
@@ -333,7 +354,7 @@ mod tests {
             assert_eq!(object["over_admissions"], 0);
             assert_eq!(object["lost_updates"], 3);
         }
-        let back: Vec<Row> = serde_json::from_str(&text).unwrap();
+        let back: Vec<Row> = serde_json::from_value(value["rows"].clone()).unwrap();
         assert_eq!(back, rows, "the rows read back unchanged");
     }
 

@@ -73,8 +73,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .arg("tpm:key:7")
         .query_async(&mut conn)
         .await?;
-    // 2 000 tokens per second, a burst of 4 000; one call may overrun by
-    // at most 4 000 tokens of debt.
+    // 2 000 tokens per second, a burst of 4 000; settlements may leave at
+    // most 4 000 tokens of debt in all (the cap counts the debt already there).
     let budget = Limiter::new(
         Algorithm::Gcra,
         Quota::per_second(2_000)?.with_burst(4_000)?,

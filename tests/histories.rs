@@ -1,7 +1,8 @@
 //! Seeded, randomised runs of every module under random faults, judged by
 //! the history checkers of `tests/support/history.rs` (each states its
 //! invariant). A few seconds per scenario here; `cargo run --release
-//! --example torture -- --seconds 600 [--seed S] [--cluster]` runs longer.
+//! --example torture -- --seconds 600 [--seed S] [--cluster | --clock]` runs
+//! longer.
 //!
 //! `NOLOCK_SEED=<n>` replays a seed (each run prints its own);
 //! `NOLOCK_TORTURE_SECS=<n>` lengthens the runs.

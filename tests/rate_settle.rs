@@ -196,8 +196,10 @@ async fn a_charge_is_settled_once_whatever_copies_say() {
 async fn a_settlement_after_the_charge_drained_gives_nothing_back() {
     let server = RedisServer::start();
     let mut conn = server.conn().await;
-    for algorithm in [Algorithm::Gcra, Algorithm::TokenBucket] {
-        // T = 10 ms: a charge of 5 has drained after 50 ms.
+    for algorithm in Algorithm::ALL {
+        // T = 10 ms: a charge of 5 has drained after 50 ms (GCRA, token
+        // bucket); a window's charge has gone once the next two 100 ms
+        // windows began.
         let l = Limiter::new(
             algorithm,
             Quota::per(10, Duration::from_millis(100)).unwrap(),
@@ -205,7 +207,11 @@ async fn a_settlement_after_the_charge_drained_gives_nothing_back() {
         .unwrap();
         let key = format!("{}{algorithm}", prefix("drained"));
         let charge = reserve(&mut conn, &l, &key, 5).await;
-        tokio::time::sleep(Duration::from_millis(80)).await;
+        let drained = match algorithm {
+            Algorithm::Gcra | Algorithm::TokenBucket => 80,
+            _ => 250,
+        };
+        tokio::time::sleep(Duration::from_millis(drained)).await;
         let s = settled(charge.settle(&mut conn, 1).await.unwrap());
         assert_eq!(
             (s.credited, s.charged),
@@ -220,24 +226,30 @@ async fn a_settlement_after_the_charge_drained_gives_nothing_back() {
 async fn after_its_deadline_a_charge_counts_as_settled_at_its_reservation() {
     let server = RedisServer::start();
     let mut conn = server.conn().await;
-    let l = Limiter::new(Algorithm::Gcra, Quota::per_hour(10).unwrap())
-        .unwrap()
-        .settle_within(Duration::from_millis(40))
-        .unwrap();
-    let key = prefix("deadline");
-    let charge = reserve(&mut conn, &l, &key, 5).await;
-    tokio::time::sleep(Duration::from_millis(80)).await;
-    assert_eq!(charge.settle(&mut conn, 9).await.unwrap(), Settle::Expired);
-    assert_eq!(
-        l.peek(&mut conn, &key, 1).await.unwrap().remaining,
-        5,
-        "still 5 charged"
-    );
-    assert!(l.clone().settle_within(Duration::ZERO).is_err());
+    for algorithm in Algorithm::ALL {
+        let l = Limiter::new(algorithm, Quota::per_hour(10).unwrap())
+            .unwrap()
+            .settle_within(Duration::from_millis(40))
+            .unwrap();
+        let key = format!("{}{algorithm}", prefix("deadline"));
+        let charge = reserve(&mut conn, &l, &key, 5).await;
+        tokio::time::sleep(Duration::from_millis(80)).await;
+        assert_eq!(
+            charge.settle(&mut conn, 9).await.unwrap(),
+            Settle::Expired,
+            "{algorithm}"
+        );
+        assert_eq!(
+            l.peek(&mut conn, &key, 1).await.unwrap().remaining,
+            5,
+            "{algorithm}: still 5 charged"
+        );
+        assert!(l.clone().settle_within(Duration::ZERO).is_err());
+    }
 }
 
 #[tokio::test]
-async fn the_debt_cap_bounds_one_settlement() {
+async fn the_debt_cap_bounds_the_debt_a_settlement_leaves() {
     let server = RedisServer::start();
     let mut conn = server.conn().await;
     for algorithm in Algorithm::ALL {
@@ -252,6 +264,28 @@ async fn the_debt_cap_bounds_one_settlement() {
             (2, 3, 2),
             "{algorithm}: {s:?}"
         );
+        // The cap bounds the debt a settlement leaves, counting what is
+        // owed already: a second overrun on a limit at its cap adds nothing.
+        let key2 = format!("{}{algorithm}:again", prefix("cap"));
+        let first = reserve(&mut conn, &l, &key2, 5).await;
+        let second = reserve(&mut conn, &l, &key2, 5).await;
+        let s = settled(first.settle(&mut conn, 7).await.unwrap());
+        assert_eq!((s.charged, s.state.debt), (2, 2), "{algorithm}: {s:?}");
+        let s = settled(second.settle(&mut conn, 8).await.unwrap());
+        assert_eq!(
+            (s.charged, s.uncharged, s.state.debt),
+            (0, 3, 2),
+            "{algorithm}: at the cap already: {s:?}"
+        );
+        // check_at_most reports the same debt (GCRA, token bucket).
+        if matches!(algorithm, Algorithm::Gcra | Algorithm::TokenBucket) {
+            let partial = l.check_at_most(&mut conn, &key, 5).await.unwrap();
+            assert_eq!(
+                (partial.granted, partial.state.debt, partial.state.allowed),
+                (0, 2, false),
+                "{algorithm}: {partial:?}"
+            );
+        }
     }
 }
 

@@ -1128,10 +1128,35 @@ async fn a_foreign_member_in_the_middle_counts_as_a_holder_and_never_over_admits
         semaphore::peek(&mut conn, &key).await.is_err(),
         "peek reads every member"
     );
-    // Once a release leaves it lowest or highest, every call refuses the
-    // key: the foreign member must go before the semaphore works again.
+    // Once a release leaves it lowest, every acquire refuses the key, with
+    // nothing written: the foreign member must go before the semaphore
+    // works again.
+    assert_eq!(
+        low.release(&mut conn).await.unwrap(),
+        PermitRelease::Released
+    );
+    let before: Vec<String> = redis::cmd("ZRANGE")
+        .arg(&key)
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        sem.acquire(&mut conn, &key).await.is_err(),
+        "a foreign lowest member is refused"
+    );
+    let after: Vec<String> = redis::cmd("ZRANGE")
+        .arg(&key)
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(before, after, "nothing written");
     let _: i64 = raw(&mut conn, &["ZREM", &key, "worker-1"]).await;
-    for p in [low, high] {
+    let again = permit(sem.acquire(&mut conn, &key).await.unwrap());
+    for p in [again, high] {
         assert_eq!(p.release(&mut conn).await.unwrap(), PermitRelease::Released);
     }
 }

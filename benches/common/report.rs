@@ -2,15 +2,35 @@
 
 use std::fmt::Write as _;
 
+use super::hot_key::HotRun;
 use super::ops::Variant;
 use super::overhead::CpuCost;
 use super::run::{Measured, Row};
 use super::Result;
 
-/// The rows as a JSON array.
-pub fn json<'a>(rows: impl IntoIterator<Item = &'a Row>) -> Result<String> {
+/// The rows as a JSON object: `{"rows": [..], "hot_key": [..]}` (the
+/// hot-key runs of `compare`, empty where none ran).
+pub fn json<'a>(rows: impl IntoIterator<Item = &'a Row>, hot: &[HotRun]) -> Result<String> {
     let rows: Vec<&Row> = rows.into_iter().collect();
-    Ok(serde_json::to_string_pretty(&rows)?)
+    let hot: Vec<serde_json::Value> = hot
+        .iter()
+        .map(|run| {
+            serde_json::json!({
+                "limiter": run.label,
+                "decisions": run.decisions,
+                "admitted": run.admitted,
+                "redis_calls": run.redis_calls,
+                "seconds": run.seconds,
+                "bound": run.bound,
+                "decisions_per_second": run.per_second(),
+                "over_admitted": run.over_admitted(),
+                "calls_per_decision": run.calls_per_decision(),
+            })
+        })
+        .collect();
+    Ok(serde_json::to_string_pretty(
+        &serde_json::json!({ "rows": rows, "hot_key": hot }),
+    )?)
 }
 
 /// Throughput relative to the `lock` row of the same operation and tasks.

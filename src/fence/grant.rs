@@ -201,10 +201,13 @@ impl Grant {
     ///
     /// # Errors
     ///
-    /// [`Error::Redis`] and [`Error::Indeterminate`] from Redis. After a
-    /// lost reply, send a [`ReleaseLock`] with an operation id to resend it
-    /// safely (a plain resend answers [`LockRelease::Lost`] when the first
-    /// one had deleted the lock); otherwise the lock expires at its TTL.
+    /// [`Error::Redis`] and [`Error::Indeterminate`] from Redis. This call
+    /// consumes the grant, so after a lost reply there is nothing to resend
+    /// and the lock expires at its TTL (a later holder waits at most that).
+    /// To be able to resend, release with
+    /// `ReleaseLock::new(&grant).idempotent(id)` through [`crate::retry`]
+    /// instead: its resend answers with the first reply, where a plain
+    /// resend would answer [`LockRelease::Lost`] for its own success.
     ///
     /// # Example
     ///

@@ -73,7 +73,9 @@ impl Lease {
     /// # Errors
     ///
     /// [`Error::NoTimer`] outside a Tokio runtime or on one built without
-    /// timers (the renewals could not be scheduled).
+    /// timers (the renewals could not be scheduled). The grant goes with
+    /// the error, so the lock stays held until its TTL: [`super::Lock::lease`]
+    /// checks for timers before it acquires, and is the way to avoid that.
     pub fn start<C>(conn: C, grant: Grant) -> Result<Lease>
     where
         C: ConnectionLike + Send + 'static,

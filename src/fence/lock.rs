@@ -126,7 +126,7 @@ impl Lock {
     /// 500 ms by default; a slower answer counts as no confirmation), or
     /// run the server with `appendfsync always`, where the primary's part is
     /// immediate. A replica that has just synced confirms nothing on disk
-    /// until it has rewritten its append-only file (about a second in
+    /// until it has rewritten its append-only file (about 5 s in
     /// `tests/acknowledged.rs`).
     /// It needs Redis 7.2 or later (or Valkey 8) with `appendonly yes`: on
     /// another server the first acquire is granted, released at once and

@@ -1,7 +1,9 @@
 //! The guide: one chapter per job and per concern, with the measurements
 //! and the reasoning behind them. Every example in it is compiled by
-//! `cargo test --doc`; those marked runnable run against the throwaway
-//! server `.ci/test` starts (they return early without `REDIS_URL`).
+//! `cargo test --doc`, except two excerpts of files in `examples/` (they say
+//! so), which CI builds as the examples they come from; those marked
+//! runnable run against the throwaway server `.ci/test` starts (they return
+//! early without `REDIS_URL`).
 //!
 //! | chapter | read it for |
 //! |---|---|

@@ -8,11 +8,10 @@
 //! is weighted, and a grant of "what is left" there would be the same
 //! script as a fixed window with a loop; ask if you need it.
 
-use std::time::{Duration, UNIX_EPOCH};
-
 use redis::aio::ConnectionLike;
 
-use super::{Algorithm, Charge, Limiter, RateLimit};
+use super::state::State;
+use super::{Algorithm, Charge, Limiter, Quota, RateLimit};
 use crate::script::{embedded, Invocation, Reply, Script};
 use crate::{validate, Error, Result};
 
@@ -82,7 +81,13 @@ impl Limiter {
         let call = at_most_call(self, key, max)?;
         let issuer = self.issuer(key, max);
         let value = call.run(conn).await?;
-        let (granted, state) = decode(call.script().name(), value, self.quota().burst(), max)?;
+        let (granted, state) = decode(
+            call.script().name(),
+            value,
+            self.algorithm(),
+            self.quota(),
+            max,
+        )?;
         crate::observe::decision(self.name(), granted > 0);
         Ok(Partial {
             granted,
@@ -112,50 +117,43 @@ fn at_most_call(limiter: &Limiter, key: &str, max: u64) -> Result<Invocation> {
         .arg(quota.burst()))
 }
 
-/// Decodes `{granted, now, remaining, retry_after, reset_after}`.
+/// Decodes `{granted, now, state}`: the limit's raw state after the call
+/// (as the check scripts return it), answered as a check of one unit, so
+/// that `remaining`, `retry_after`, `reset_after` and `debt` follow the same
+/// formulas as [`Limiter::check`]'s.
 fn decode(
     script: &'static str,
     value: redis::Value,
-    limit: u64,
+    algorithm: Algorithm,
+    quota: &Quota,
     max: u64,
 ) -> Result<(u64, RateLimit)> {
     let mut reply = Reply::new(script, value)?;
     let granted = reply.uint()?;
-    let at = UNIX_EPOCH + Duration::from_micros(reply.uint()?);
-    let remaining = reply.uint()?;
-    let retry = reply.int()?;
-    let reset = reply.uint()?;
+    let now = reply.uint()?;
+    let state = State::read(algorithm, &mut reply)?;
     reply.finish()?;
-    let retry_after = match (granted, u64::try_from(retry)) {
-        (1.., _) if retry == -1 && granted <= max => None,
-        (0, Ok(ms)) => Some(Duration::from_millis(ms)),
-        _ => {
-            return Err(Error::UnexpectedReply {
-                script,
-                detail: format!("granted {granted} of {max} with retry_after = {retry}"),
-            })
-        }
+    let answer = if granted <= max {
+        state.answer(quota, now, 1, granted > 0)
+    } else {
+        None
     };
-    Ok((
-        granted,
-        RateLimit {
-            allowed: granted > 0,
-            limit,
-            remaining,
-            retry_after,
-            reset_after: Duration::from_millis(reset),
-            at,
-            debt: 0,
-        },
-    ))
+    match answer {
+        // Nothing granted must mean that one unit does not fit.
+        Some(answer) if answer.allowed == (granted > 0) => Ok((granted, answer)),
+        _ => Err(Error::UnexpectedReply {
+            script,
+            detail: format!("granted {granted} of {max} at {now} with {state:?}"),
+        }),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rate::Quota;
     use crate::script::words;
     use redis::Value::Int;
+    use std::time::Duration;
 
     #[test]
     fn builds_one_call_for_gcra_and_token_bucket_only() {
@@ -188,18 +186,45 @@ mod tests {
 
     #[test]
     fn decodes_grants_and_refuses_inconsistent_ones() {
-        let arr = |v: [i64; 5]| redis::Value::Array(v.iter().map(|&x| Int(x)).collect());
-        let (granted, state) = decode("t", arr([7, 1_000_000, 0, -1, 1000]), 10, 20).unwrap();
+        // 10 per second, burst 10: T = 100 ms.
+        let q = Quota::per_second(10).unwrap();
+        let arr = |v: &[i64]| redis::Value::Array(v.iter().map(|&x| Int(x)).collect());
+        let now = 1_000_000_000_000;
+        let gcra = |v: &[i64], max| decode("t", arr(v), Algorithm::Gcra, &q, max);
+        // 7 granted, none left: the TAT is a full burst ahead.
+        let (granted, state) = gcra(&[7, now, now + 1_000_000], 20).unwrap();
         assert_eq!((granted, state.allowed, state.remaining), (7, true, 0));
-        assert_eq!(state.retry_after, None);
-        let (_, none) = decode("t", arr([0, 1_000_000, 0, 100, 1000]), 10, 20).unwrap();
+        assert_eq!((state.retry_after, state.debt), (None, 0));
+        assert_eq!(state.reset_after, Duration::from_millis(1000));
+        // Nothing granted: one unit fits in 100 ms.
+        let (_, none) = gcra(&[0, now, now + 1_000_000], 20).unwrap();
         assert_eq!(none.retry_after, Some(Duration::from_millis(100)));
         assert!(!none.allowed);
-        assert!(decode("t", arr([0, 1, 0, -1, 0]), 10, 20).is_err());
-        assert!(decode("t", arr([3, 1, 0, 5, 0]), 10, 20).is_err());
+        // A settlement left 3 units of debt: it says so, and waits them out.
+        let (_, owed) = gcra(&[0, now, now + 1_300_000], 20).unwrap();
+        assert_eq!((owed.debt, owed.remaining), (3, 0));
+        assert_eq!(owed.retry_after, Some(Duration::from_millis(400)));
         assert!(
-            decode("t", arr([21, 1, 0, -1, 0]), 10, 20).is_err(),
+            gcra(&[0, now, now], 20).is_err(),
+            "a unit fit, none granted"
+        );
+        assert!(
+            gcra(&[21, now, now + 1_000_000], 20).is_err(),
             "more than max"
+        );
+        assert!(gcra(&[1, now, now - 1], 20).is_err(), "TAT behind now");
+        assert!(gcra(&[1, now], 20).is_err(), "short reply");
+        let bucket = |v: &[i64]| decode("t", arr(v), Algorithm::TokenBucket, &q, 20);
+        let (granted, state) = bucket(&[7, now, 0, now]).unwrap();
+        assert_eq!((granted, state.remaining, state.debt), (7, 0, 0));
+        // An empty bucket whose refill starts 250 ms from now owes 3 tokens.
+        let (_, owed) = bucket(&[0, now, 0, now + 250_000]).unwrap();
+        assert_eq!((owed.allowed, owed.debt), (false, 3));
+        assert_eq!(owed.retry_after, Some(Duration::from_millis(350)));
+        assert!(bucket(&[0, now, 11, now]).is_err(), "above capacity");
+        assert!(
+            bucket(&[0, now, 2, now]).is_err(),
+            "tokens left, none granted"
         );
     }
 }

@@ -113,14 +113,16 @@ impl Limiter {
         }
     }
 
-    /// The same limiter, with a cap on how far one settlement of its
-    /// charges ([`Charge::settle`]) may push the limit past empty: at most
-    /// `units` of debt. An excess beyond it is not charged, and the
-    /// settlement says so ([`super::Settlement::uncharged`]). Default: no cap.
+    /// The same limiter, with a cap on how far a settlement of its charges
+    /// ([`Charge::settle`]) may push the limit past empty: the debt a
+    /// settlement leaves is at most `units`, counting the debt already
+    /// there (a limit already `units` in debt takes no more). An excess
+    /// beyond it is not charged, and the settlement says so
+    /// ([`super::Settlement::uncharged`]). Default: no cap.
     ///
     /// ```
     /// use nolock::rate::{Algorithm, Limiter, Quota};
-    /// // Tokens per minute; one call may overrun its estimate by a minute's worth at most.
+    /// // Tokens per minute; settlements may leave a minute's worth of debt at most.
     /// let tpm = Limiter::new(Algorithm::Gcra, Quota::per_minute(100_000)?)?.with_debt_cap(100_000);
     /// # let _ = tpm;
     /// # Ok::<(), nolock::Error>(())

@@ -84,9 +84,12 @@
 //!
 //! # Memory
 //!
-//! Every key a script writes expires when the limiter would be full again (a
-//! missing key *means* full), so idle limiters cost nothing. A denied call
-//! writes nothing.
+//! Every limiter key a script writes expires when the limiter would be full
+//! again (a missing key *means* full), so idle limiters cost nothing. A
+//! denied call writes nothing. A refunded or settled charge leaves one
+//! small record beside its key (about 100 bytes), kept until the charge has
+//! drained or, for a settlement, until its deadline
+//! ([`Limiter::settle_within`], an hour by default), whichever is later.
 //!
 //! # Example: a request handler
 //!

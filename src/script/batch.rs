@@ -170,7 +170,7 @@ impl<O: std::fmt::Debug, F> std::fmt::Debug for Map<O, F> {
     }
 }
 
-/// Run one operation on its own: one round trip, plus the `EVAL` fallback.
+/// Run one operation on its own: one round trip, plus the `NOSCRIPT` fallback.
 pub(crate) async fn run_one<O, C>(op: &O, conn: &mut C) -> Result<O::Output>
 where
     O: Operation,

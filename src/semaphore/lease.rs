@@ -60,7 +60,9 @@ impl PermitLease {
     /// # Errors
     ///
     /// [`Error::NoTimer`] outside a Tokio runtime or on one built without
-    /// timers (the renewals could not be scheduled).
+    /// timers (the renewals could not be scheduled). The permit goes with
+    /// the error, so it stays held until its TTL: [`super::Semaphore::lease`]
+    /// checks for timers before it acquires, and is the way to avoid that.
     pub fn start<C>(conn: C, permit: Permit) -> Result<PermitLease>
     where
         C: ConnectionLike + Send + 'static,

@@ -24,9 +24,11 @@ impl Permit {
     /// # Errors
     ///
     /// [`Error::Redis`] (the key holds something that is not a semaphore;
-    /// nothing was removed) and [`Error::Indeterminate`] (send a
-    /// [`ReleasePermit`] with an operation id to resend it safely; the
-    /// permits otherwise expire at their TTL).
+    /// nothing was removed) and [`Error::Indeterminate`] (this call consumes
+    /// the permit, so the permits then expire at their TTL; to be able to
+    /// resend, release with `ReleasePermit::new(&permit).idempotent(id)`
+    /// through [`crate::retry`] instead, whose resend answers with the first
+    /// reply rather than `Lost`).
     ///
     /// # Example
     ///

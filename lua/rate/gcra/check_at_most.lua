@@ -20,19 +20,19 @@
 -- When granted > 0, TAT' = tat + granted x T is stored (PXAT TAT' in ms,
 -- rounded up); when granted = 0 nothing is written.
 --
--- Reply: {granted, now, remaining, retry_after, reset_after}
+-- Reply: {granted, now, tat}, the raw state as rate/gcra/check returns it
 --   granted      units taken by this call, 0 <= granted <= max
 --   now          the server time of the decision, microseconds since the epoch
---   remaining    units that fit right now, after this call
---   retry_after  milliseconds (rounded up) until one unit fits, when nothing
---                was granted; -1 when something was
---   reset_after  milliseconds (rounded up) until the limit is full again
+--   tat          the TAT after the call, at least now (microseconds)
+-- The client derives remaining (floor((b x T - (tat - now)) / T), never
+-- below 0), retry_after when nothing was granted, reset_after and a debt
+-- left by settlements (tat - now beyond b x T), as for a check of 1 unit.
 --
 -- Guarantees: the same bound as rate/gcra/check: at most b + floor(d / T)
 -- units are granted in any span of d, whatever mix of the two scripts runs.
 --
--- Example: 10 per second, burst 10 (T = 100000, b = 10), 7 units left at N:
--- max 20 -> {7, N, 0, -1, 1000}; right after -> {0, N', 0, 100, 1000}.
+-- Example: 10 per second, burst 10 (T = 100000, b = 10), 7 units left at N
+-- (TAT = N + 300000): max 20 -> {7, N, N + 1000000}.
 
 --@include lib/fail
 --@include lib/args
@@ -64,8 +64,5 @@ local granted = math.min(max, available)
 if granted > 0 then
   tat = tat + granted * step
   redis.call('SET', KEYS[1], tat, 'PXAT', ceil_div(tat, 1000))
-  room = room - granted * step
 end
-local remaining, retry = available - granted, -1
-if granted == 0 then retry = ceil_div(step - room, 1000) end
-return {granted, now, remaining, retry, ceil_div(tat - now, 1000)}
+return {granted, now, tat}

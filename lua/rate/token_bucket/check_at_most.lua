@@ -20,16 +20,17 @@
 -- When granted > 0, {tokens - granted, at} is stored and the key expires
 -- when the bucket is full again; when granted = 0 nothing is written.
 --
--- Reply: {granted, now, remaining, retry_after, reset_after}
+-- Reply: {granted, now, tokens, at}, the raw state as rate/token_bucket/check
+-- returns it
 --   granted      tokens taken by this call, 0 <= granted <= max
 --   now          the server time of the decision, microseconds since the epoch
---   remaining    tokens left after this call
---   retry_after  milliseconds (rounded up) until one token is in the bucket,
---                when nothing was granted; -1 when something was
---   reset_after  milliseconds (rounded up) until the bucket is full again
+--   tokens, at   the bucket after refill and charge
+-- The client derives remaining (tokens), retry_after when nothing was
+-- granted, reset_after and a debt left by settlements (an empty bucket whose
+-- refill starts after now), as for a check of 1 token.
 --
--- Example: capacity 10, 10 per second (T = 100000), 7 tokens at N:
--- max 20 -> {7, N, 0, -1, 1000}.
+-- Example: capacity 10, 10 per second (T = 100000), 7 tokens at N, full
+-- refill credited up to N: max 20 -> {7, N, 0, N}.
 
 --@include lib/fail
 --@include lib/args
@@ -60,7 +61,4 @@ if granted > 0 then
   redis.call('HSET', KEYS[1], 'tokens', k, 'at', a)
   redis.call('PEXPIREAT', KEYS[1], ceil_div(a + (cap - k) * step, 1000))
 end
-local retry, reset = -1, 0
-if granted == 0 then retry = ceil_div(a + step - now, 1000) end
-if k < cap then reset = ceil_div(math.max(0, a + (cap - k) * step - now), 1000) end
-return {granted, now, k, retry, reset}
+return {granted, now, k, a}
