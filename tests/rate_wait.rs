@@ -228,3 +228,75 @@ async fn check_at_most_refuses_foreign_state_and_writes_nothing() {
         .unwrap();
     assert_eq!(tokens, "03");
 }
+
+/// Every rate call that sleeps or schedules answers `NoTimer` on a runtime
+/// built without timers, and never panics: `until_ready` when it must wait,
+/// a `Guard` (its timeout), a `Reservoir` (its background task), and the
+/// fence's `Waiters`.
+#[test]
+fn a_runtime_without_timers_gets_no_timer_never_a_panic() {
+    use nolock::fence::Waiters;
+    use nolock::policy::{Guard, OnFailure};
+    use nolock::rate::Reservoir;
+
+    let server = support::RedisServer::start();
+    let io_only = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .unwrap();
+    // The connection is made (and driven) by a runtime with timers, and
+    // sends without a response timeout: only nolock's own sleeps are tried.
+    let driver = tokio::runtime::Runtime::new().unwrap();
+    let conn = driver.block_on(async {
+        let config = redis::AsyncConnectionConfig::new()
+            .set_response_timeout(None)
+            .set_connection_timeout(None);
+        server
+            .client()
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .unwrap()
+    });
+    io_only.block_on(async {
+        let mut conn = conn;
+        let key = format!("{}k", support::prefix("no_timer"));
+        let limiter = Limiter::new(Algorithm::Gcra, Quota::per_hour(1).unwrap()).unwrap();
+        assert!(limiter.check(&mut conn, &key, 1).await.unwrap().allowed);
+        // One unit per 2 s, taken: the next is due within the deadline, a
+        // wait that would need a timer.
+        let every_2s = Limiter::new(
+            Algorithm::Gcra,
+            Quota::per(1, Duration::from_secs(2)).unwrap(),
+        )
+        .unwrap();
+        let slow = format!("{key}:slow");
+        assert!(every_2s.check(&mut conn, &slow, 1).await.unwrap().allowed);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        assert!(matches!(
+            every_2s.until_ready(&mut conn, &slow, 1, deadline).await,
+            Err(Error::NoTimer)
+        ));
+        let guard = Guard::new(Duration::from_millis(50), OnFailure::Closed).unwrap();
+        assert!(matches!(
+            guard.check(&limiter, &mut conn, &key, 1).await,
+            Err(Error::NoTimer)
+        ));
+        assert!(matches!(
+            Reservoir::new(
+                conn.clone(),
+                limiter.clone(),
+                &key,
+                1,
+                Duration::from_millis(100)
+            ),
+            Err(Error::NoTimer)
+        ));
+        assert!(matches!(
+            Waiters::new(&server.client()).await,
+            Err(Error::NoTimer)
+        ));
+        // Nothing more was charged: still one unit, owed for the hour.
+        let peek = limiter.peek(&mut conn, &key, 1).await.unwrap();
+        assert_eq!((peek.allowed, peek.remaining), (false, 0));
+    });
+}
