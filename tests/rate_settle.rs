@@ -3,7 +3,8 @@
 //! burst puts the limit into debt, denied until it drained by the server
 //! clock; a second settlement (a copy, a resend) changes nothing; a
 //! settlement after the charge drained gives nothing back; the deadline and
-//! the debt cap. Then random histories of reservations, settlements and
+//! the debt cap; a multi-limit settlement's debt on each limit, in peek and
+//! in the headers. Then random histories of reservations, settlements and
 //! pauses against a GCRA model that says when the limiter recovers.
 
 mod support;
@@ -190,6 +191,90 @@ async fn a_charge_is_settled_once_whatever_copies_say() {
         peek.limits.iter().map(|l| l.remaining).collect::<Vec<_>>(),
         [4, 94]
     );
+}
+
+/// A multi-limit settlement charges its excess on every limit, each under
+/// the debt cap; peek reports each limit's debt, and the headers of the
+/// next denial count the debt in `Retry-After` and `RateLimit`.
+#[tokio::test]
+async fn a_multi_limit_settlement_owes_on_every_limit_and_the_headers_say_so() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    for algorithm in Algorithm::ALL {
+        // An hour-long quota: nothing drains during the test.
+        let limits = MultiLimiter::new(algorithm)
+            .limit("user", Quota::per_hour(10).unwrap())
+            .unwrap()
+            .shared_limit("all", Quota::per_hour(100).unwrap())
+            .unwrap()
+            .with_debt_cap(3);
+        let tag = format!("{}{algorithm}", prefix("multi_debt"));
+        let key = MultiKey::new(&format!("{{{tag}}}:u")).shared("all", &format!("{{{tag}}}:all"));
+        let charge = limits
+            .check(&mut conn, key.clone(), 10)
+            .await
+            .unwrap()
+            .into_charge()
+            .unwrap();
+        let Settle::Settled(per_limit) = charge.settle(&mut conn, 15).await.unwrap() else {
+            panic!("{algorithm}: settled")
+        };
+        // The user limit goes 5 past empty, capped at 3; the shared limit
+        // has room for the whole excess.
+        assert_eq!(
+            per_limit
+                .iter()
+                .map(|s| (s.charged, s.uncharged, s.state.debt))
+                .collect::<Vec<_>>(),
+            [(3, 2, 3), (5, 0, 0)],
+            "{algorithm}"
+        );
+        let peek = limits.peek(&mut conn, key.clone(), 1).await.unwrap();
+        assert_eq!(
+            peek.limits
+                .iter()
+                .map(|l| (l.remaining, l.debt))
+                .collect::<Vec<_>>(),
+            [(0, 3), (85, 0)],
+            "{algorithm}"
+        );
+        let denied = limits.check(&mut conn, key, 1).await.unwrap();
+        assert!(!denied.allowed, "{algorithm}: in debt");
+        let headers = limits.headers(&denied);
+        let retry: u64 = headers
+            .iter()
+            .find(|(name, _)| *name == "Retry-After")
+            .map(|(_, v)| v.parse().unwrap())
+            .expect("a denial says when");
+        // GCRA, token bucket: 3 owed and 1 asked, 360 s each. Fixed
+        // window: the hour's window (from the first charge) ends. Sliding
+        // window (hours aligned to the epoch): the full window must have
+        // become the previous one and weigh at most 9 of 10, 360 s into it.
+        let into_hour = denied.limits[0]
+            .at
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+            % 3600;
+        let expected = match algorithm {
+            Algorithm::Gcra | Algorithm::TokenBucket => 4 * 360,
+            Algorithm::FixedWindow => 3600,
+            _ => 3600 - into_hour + 360,
+        };
+        assert!(
+            retry + 2 >= expected && retry <= expected,
+            "{algorithm}: Retry-After {retry}, expected about {expected}"
+        );
+        let rate_limit = headers
+            .iter()
+            .find(|(name, _)| *name == "RateLimit")
+            .map(|(_, v)| v.to_owned())
+            .unwrap();
+        assert!(
+            rate_limit.starts_with("\"user\";r=0;"),
+            "{algorithm}: {rate_limit}"
+        );
+    }
 }
 
 #[tokio::test]
