@@ -133,8 +133,9 @@ def cases(lua, tower):
     return rows
 
 
-# What each of the GCRA check's contracts costs, measured by removing it from
-# the composed script (the rows are not correct limiters: each drops a check).
+# What each of the GCRA check's contracts (and each difference of shape from
+# tower-rate-limit-redis's script) costs, measured by removing it from the
+# composed script (the rows are not correct limiters: each drops something).
 ABLATIONS = [
     ('strict parsing of the stored TAT (a plain tonumber instead)',
      [("local v = #stored <= 16 and (stored == '0' or string.find(stored, '^[1-9]%d*$')) and tonumber(stored)",
@@ -145,6 +146,20 @@ ABLATIONS = [
       ('if not cost or cost % 1 ~= 0 or cost < 1 or cost > 9007199254740991 then', 'if false then')]),
     ('the server time in the reply (0 sent in its place)',
      [('local reply, admitted = {0, now}, 1', 'local reply, admitted = {0, 0}, 1')]),
+    # Not contracts: the shape of the script, against tower's.
+    ('the cost argument (a cost of 1, not parsed)',
+     [('local cost = tonumber(ARGV[1])', 'local cost = 1')]),
+    ('the loops over 1 to n limits (one limit, no loop)',
+     [('for i = 1, n do', 'do local i = 1'), ('for i = 1, n do', 'do local i = 1')]),
+    ('PXAT (PX from now, as tower)',
+     [("redis.call('SET', KEYS[i], t, 'PXAT', math.ceil(t / 1000))",
+       "redis.call('SET', KEYS[i], t, 'PX', math.ceil((t - now) / 1000))")]),
+    # The expiry stays right: PXAT takes the epoch back (where PX has not
+    # replaced it already).
+    ('absolute times (microseconds since 2025-09-01, 14 digits, as tower)',
+     [('return n, cost, time[1] * 1000000 + time[2]',
+       'return n, cost, (time[1] - 1756684800) * 1000000 + time[2]'),
+      ("'PXAT', math.ceil(t / 1000))", "'PXAT', math.ceil(t / 1000) + 1756684800000)", 'optional')]),
 ]
 
 
@@ -152,17 +167,24 @@ def ablations(lua):
     base = compose(lua, 'rate/gcra/check')
     admit, deny = [1, 1, 1000000], [1, 3600000000, 1]
     rows = []
-    every = base
-    for label, edits in ABLATIONS:
+    every, contracts = base, None
+    for n, (label, edits) in enumerate(ABLATIONS):
         src = base
-        for old, new in edits:
+        for old, new, *optional in edits:
             if old not in src:
                 sys.exit('--ablate: the GCRA check no longer contains %r; update ABLATIONS' % old)
-            src = src.replace(old, new)
-            every = every.replace(old, new)
-        rows += [('GCRA check without %s, admit' % label, [src], [(0, ['aa'], admit)]),
-                 ('GCRA check without %s, deny' % label, [src], [(0, ['ad'], deny)])]
-    rows += [('GCRA check without all of the above, admit', [every], [(0, ['ea'], admit)]),
+            src = src.replace(old, new, 1)
+            if old not in every and not optional:
+                sys.exit('--ablate: %r was already edited away; reorder ABLATIONS' % old)
+            every = every.replace(old, new, 1)
+        # Each row its own keys: stored times differ in format between rows.
+        rows += [('GCRA check without %s, admit' % label, [src], [(0, ['a%da' % n], admit)]),
+                 ('GCRA check without %s, deny' % label, [src], [(0, ['a%dd' % n], deny)])]
+        if n == 2:
+            contracts = every
+    rows += [('GCRA check without the three contracts above, admit', [contracts], [(0, ['ca'], admit)]),
+             ('GCRA check without the three contracts above, deny', [contracts], [(0, ['cd'], deny)]),
+             ('GCRA check without all of the above, admit', [every], [(0, ['ea'], admit)]),
              ('GCRA check without all of the above, deny', [every], [(0, ['ed'], deny)])]
     return rows
 
@@ -179,7 +201,8 @@ def main():
     server = os.environ.get('NOLOCK_REDIS_SERVER', 'redis-server')
     rows = cases(args.lua, args.tower)
     if args.ablate:
-        rows = rows[:1] + [r for r in rows if r[0].startswith('rate/gcra/check, ')][:2] + ablations(args.lua)
+        rows = rows[:1] + [r for r in rows if r[0].startswith(('rate/gcra/check, ', 'tower'))][:4] \
+            + ablations(args.lua)
     with tempfile.TemporaryDirectory() as dir:
         out = os.path.join(dir, 'callgrind.out')
         proc = subprocess.Popen(['valgrind', '--tool=callgrind', '--instr-atstart=no',

@@ -47,8 +47,11 @@ fn plan() -> Vec<Comparison> {
         Comparison::throughput(Operation::Counter, 1, 1, ms(600), 3),
         Comparison::throughput(Operation::Counter, 64, 1, ms(1500), 3),
         Comparison::throughput(Operation::Counter, 64, 1000, ms(900), 3),
+        Comparison::throughput(Operation::RateLimit, 1, 1, ms(600), 3),
         Comparison::throughput(Operation::RateLimit, 64, 1, ms(900), 3),
+        Comparison::throughput(Operation::Debit, 1, 1, ms(600), 3),
         Comparison::throughput(Operation::Debit, 64, 1, ms(900), 3),
+        Comparison::throughput(Operation::Semaphore, 1, 1, ms(600), 3),
         Comparison::throughput(Operation::Semaphore, 16, 1, ms(900), 3),
     ];
     for operation in Operation::ALL {

@@ -1,7 +1,8 @@
 //! `rate::Reservoir`: a hot limit decided locally from batches taken from
 //! Redis. Four reservoirs (four connections, as four processes) and 64 tasks
 //! on one limit never admit more than the limit's bound by the server
-//! clock, and never more locally than the server granted them; an idle
+//! clock (at every sampled instant and over the run), and never more
+//! locally than the server granted them; an idle
 //! reservoir gives its units back, a dropped one at once; a killed process
 //! loses at most its batch; a lost reply of a batch call adds nothing.
 
@@ -63,9 +64,13 @@ async fn four_processes_and_64_tasks_never_admit_more_than_the_limit() {
         }));
     }
     // Sampled while it runs: no reservoir ever admitted more than it was
-    // granted and has not returned.
+    // granted and has not returned, and all of them together never more
+    // than the limit's bound at that instant by the server clock (the
+    // count is read before the server's time, which can only widen it).
     let sampling = {
         let reservoirs = reservoirs.clone();
+        let admitted = Arc::clone(&admitted);
+        let mut clock = server.conn().await;
         tokio::spawn(async move {
             for _ in 0..60 {
                 for r in &reservoirs {
@@ -76,6 +81,9 @@ async fn four_processes_and_64_tasks_never_admit_more_than_the_limit() {
                         r.held()
                     );
                 }
+                let so_far = admitted.load(Ordering::Relaxed);
+                let bound = 100 + (server_micros(&mut clock).await - start_us) / 500;
+                assert!(so_far <= bound, "{so_far} admitted > {bound} by then");
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
         })

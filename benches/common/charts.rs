@@ -1,6 +1,7 @@
 //! The comparison drawn as SVG charts (`compare -- --svg DIR`): throughput
-//! by operation, variant and tasks (log scale), over-admissions under
-//! pauses, and the hot-key runs. Plain grouped bars, one colour per variant,
+//! of every operation, variant and tasks on one chart and by tasks on one
+//! chart per operation (log scale), over-admissions under pauses, and the
+//! hot-key runs. Plain grouped bars, one colour per variant,
 //! the numbers written on the bars, so that a chart reads without the table.
 
 use std::path::Path;
@@ -52,6 +53,36 @@ pub fn draw(dir: &Path, stamp: &str, measured: &[Measured], hot: &[HotRun]) -> R
         true,
     )?;
     written.push(file.display().to_string());
+    // One chart per operation: its throughput by tasks, every variant.
+    let mut operations: Vec<&str> = Vec::new();
+    for m in measured
+        .iter()
+        .filter(|m| !m.row.operation.contains("pauses"))
+    {
+        if !operations.contains(&m.row.operation.as_str()) {
+            operations.push(&m.row.operation);
+        }
+    }
+    for operation in operations {
+        let by_tasks = groups(
+            measured.iter().filter(|m| m.row.operation == operation),
+            |m| match m.row.tasks {
+                1 => "1 task".to_owned(),
+                n => format!("{n} tasks"),
+            },
+            |m| m.row.ops_per_sec,
+        );
+        let file = dir.join(format!("throughput_{}.svg", slug(operation)));
+        bars(
+            &file,
+            &format!("{operation}: calls per second by tasks (log scale) - {stamp}"),
+            "calls per second",
+            &by_tasks,
+            Scale::Log,
+            true,
+        )?;
+        written.push(file.display().to_string());
+    }
     let pauses = groups(
         measured
             .iter()
@@ -248,6 +279,16 @@ where
         .border_style(BLACK)
         .draw()?;
     Ok(())
+}
+
+/// "counter, 1000 keys" -> "counter_1000_keys": a file name.
+fn slug(operation: &str) -> String {
+    let words: Vec<String> = operation
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .map(str::to_ascii_lowercase)
+        .collect();
+    words.join("_")
 }
 
 /// 129591 -> "130k", 6045 -> "6.0k", 122 -> "122".
