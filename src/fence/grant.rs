@@ -205,7 +205,7 @@ impl Grant {
     /// consumes the grant, so after a lost reply there is nothing to resend
     /// and the lock expires at its TTL (a later holder waits at most that).
     /// To be able to resend, release with
-    /// `ReleaseLock::new(&grant).idempotent(id)` through [`crate::retry`]
+    /// `ReleaseLock::new(&grant).idempotent(id)` through [`crate::retry()`]
     /// instead: its resend answers with the first reply, where a plain
     /// resend would answer [`LockRelease::Lost`] for its own success.
     ///

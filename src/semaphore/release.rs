@@ -27,7 +27,7 @@ impl Permit {
     /// nothing was removed) and [`Error::Indeterminate`] (this call consumes
     /// the permit, so the permits then expire at their TTL; to be able to
     /// resend, release with `ReleasePermit::new(&permit).idempotent(id)`
-    /// through [`crate::retry`] instead, whose resend answers with the first
+    /// through [`crate::retry()`] instead, whose resend answers with the first
     /// reply rather than `Lost`).
     ///
     /// # Example
