@@ -1,7 +1,8 @@
 //! The concurrency layer never leaks what it takes: an acquire whose reply
-//! comes after the layer's timeout (or never) leaves no permit behind, and a
-//! request dropped on its way (the client left, an outer timeout) gives
-//! back its permit or its local fallback slot. Driven as a plain tower
+//! comes after the layer's timeout (or never) leaves no permit behind, nor
+//! does a request dropped while its acquire is on the wire; a request
+//! dropped on its way (the client left, an outer timeout) gives back its
+//! permit or its local fallback slot. Driven as a plain tower
 //! service, so a test can drop a request's future where it likes.
 
 mod support;
@@ -80,6 +81,51 @@ async fn an_acquire_answered_after_the_timeout_leaves_no_permit_behind() {
     // permit's 30 s TTL.
     tokio::time::sleep(Duration::from_millis(60)).await;
     let usage = semaphore::peek(&mut direct, "inflight:k").await.unwrap();
+    assert_eq!(usage.in_use, 0, "no permit left behind");
+}
+
+/// A request dropped while its acquire is on the wire (the client left
+/// before Redis answered): the script runs on the server anyway, and the
+/// layer releases the id it asked under, so no permit is left behind.
+#[tokio::test]
+async fn a_request_dropped_during_its_acquire_leaves_no_permit_behind() {
+    let redis = RedisServer::start();
+    let mut direct = redis.conn().await;
+    nolock::Scripts::load(&mut direct).await.unwrap();
+    let proxy = FaultProxy::start(redis.port).await;
+    let through = redis::Client::open(proxy.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let semaphore = Semaphore::new(2, Duration::from_secs(30)).unwrap();
+    let mut service =
+        ConcurrencyLimitLayer::new(through, semaphore, |_| Some("inflight:d".to_owned()))
+            .guard(Guard::new(Duration::from_secs(5), OnFailure::Closed).unwrap())
+            .layer(Gated(Arc::new(tokio::sync::Semaphore::new(100))));
+    // Replies come 300 ms late; the request is dropped after 100 ms, with
+    // the acquire run on the server and its reply still on the way.
+    proxy.set_delay(Duration::from_millis(300));
+    let mut call = Box::pin(service.call(request()));
+    assert!(
+        tokio::time::timeout(Duration::from_millis(100), &mut call)
+            .await
+            .is_err(),
+        "still waiting for Redis"
+    );
+    assert_eq!(
+        semaphore::peek(&mut direct, "inflight:d")
+            .await
+            .unwrap()
+            .in_use,
+        1,
+        "the acquire ran on the server"
+    );
+    drop(call);
+    // The release goes out behind the acquire on the same connection and
+    // lands (300 ms of delay later) long before the permit's 30 s TTL.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let usage = semaphore::peek(&mut direct, "inflight:d").await.unwrap();
     assert_eq!(usage.in_use, 0, "no permit left behind");
 }
 
