@@ -103,6 +103,28 @@ async fn metrics_and_spans_match_the_decisions() {
     let peek = limiter.peek(&mut conn, "opted-in-key", 1).await.unwrap();
     assert!(peek.allowed, "a fresh key has room");
     nolock::record_keys_in_spans(false);
+    // Checks run as operation values (a batch) and denials answered by the
+    // deny cache are decisions too (another algorithm, so that the GCRA
+    // span counts below stay the single calls').
+    let batched = Limiter::new(Algorithm::TokenBucket, Quota::per_minute(1).unwrap())
+        .unwrap()
+        .named("metrics-batch")
+        .unwrap();
+    let mut batch = nolock::Batch::new();
+    for _ in 0..3 {
+        batch.push(nolock::rate::Check::new(&batched, "batch-key", 1).unwrap());
+    }
+    let answers = batch.run(&mut conn).await;
+    let admitted: Vec<bool> = answers.into_iter().map(|a| a.unwrap().allowed).collect();
+    assert_eq!(admitted, [true, false, false]);
+    let cached = Limiter::new(Algorithm::TokenBucket, Quota::per_minute(1).unwrap())
+        .unwrap()
+        .named("metrics-cache")
+        .unwrap()
+        .with_local_deny_cache(16);
+    for _ in 0..3 {
+        let _ = cached.check(&mut conn, "cache-key", 1).await.unwrap();
+    }
     let open = Guard::new(Duration::from_millis(100), OnFailure::Open).unwrap();
     redis.kill();
     for _ in 0..2 {
@@ -153,6 +175,24 @@ async fn metrics_and_spans_match_the_decisions() {
     );
     assert_eq!(
         count("nolock_fallback_decisions_total{policy=fail_open}"),
+        2
+    );
+    assert_eq!(
+        count("nolock_decisions_total{limiter=metrics-batch,decision=allowed}"),
+        1
+    );
+    assert_eq!(
+        count("nolock_decisions_total{limiter=metrics-batch,decision=denied}"),
+        2
+    );
+    // One admitted, then denials: the first from Redis, the rest from the
+    // cache (the limiter is empty for a minute), all counted.
+    assert_eq!(
+        count("nolock_decisions_total{limiter=metrics-cache,decision=allowed}"),
+        1
+    );
+    assert_eq!(
+        count("nolock_decisions_total{limiter=metrics-cache,decision=denied}"),
         2
     );
     assert!(count("nolock_noscript_fallbacks_total{script=rate/gcra/check}") >= 1);
