@@ -62,13 +62,7 @@ fn layer(
 async fn an_acquire_answered_after_the_timeout_leaves_no_permit_behind() {
     let redis = RedisServer::start();
     let mut direct = redis.conn().await;
-    nolock::Scripts::load(&mut direct).await.unwrap();
-    let proxy = FaultProxy::start(redis.port).await;
-    let through = redis::Client::open(proxy.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let (proxy, through) = through_a_proxy(&redis, &mut direct).await;
     let mut service =
         layer(through, OnFailure::Open).layer(Gated(Arc::new(tokio::sync::Semaphore::new(100))));
     // Replies now come 300 ms late: past the layer's 50 ms timeout, so it
@@ -91,13 +85,7 @@ async fn an_acquire_answered_after_the_timeout_leaves_no_permit_behind() {
 async fn a_request_dropped_during_its_acquire_leaves_no_permit_behind() {
     let redis = RedisServer::start();
     let mut direct = redis.conn().await;
-    nolock::Scripts::load(&mut direct).await.unwrap();
-    let proxy = FaultProxy::start(redis.port).await;
-    let through = redis::Client::open(proxy.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let (proxy, through) = through_a_proxy(&redis, &mut direct).await;
     let semaphore = Semaphore::new(2, Duration::from_secs(30)).unwrap();
     let mut service =
         ConcurrencyLimitLayer::new(through, semaphore, |_| Some("inflight:d".to_owned()))
@@ -176,6 +164,22 @@ async fn a_dropped_request_gives_back_its_permit_and_its_local_slot() {
     );
     gate.add_permits(1);
     assert_eq!(second.await.unwrap().status(), 200);
+}
+
+/// Scripts loaded (so the layer's acquire is one `EVALSHA`), and a
+/// connection through a fault proxy in front of `redis`.
+async fn through_a_proxy(
+    redis: &RedisServer,
+    direct: &mut redis::aio::MultiplexedConnection,
+) -> (FaultProxy, redis::aio::MultiplexedConnection) {
+    nolock::Scripts::load(direct).await.unwrap();
+    let proxy = FaultProxy::start(redis.port).await;
+    let through = redis::Client::open(proxy.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    (proxy, through)
 }
 
 /// Polls `fut` until it is done or has waited 200 ms (a pending request).

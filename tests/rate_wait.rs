@@ -240,23 +240,7 @@ fn a_runtime_without_timers_gets_no_timer_never_a_panic() {
     use nolock::rate::Reservoir;
 
     let server = support::RedisServer::start();
-    let io_only = tokio::runtime::Builder::new_current_thread()
-        .enable_io()
-        .build()
-        .unwrap();
-    // The connection is made (and driven) by a runtime with timers, and
-    // sends without a response timeout: only nolock's own sleeps are tried.
-    let driver = tokio::runtime::Runtime::new().unwrap();
-    let conn = driver.block_on(async {
-        let config = redis::AsyncConnectionConfig::new()
-            .set_response_timeout(None)
-            .set_connection_timeout(None);
-        server
-            .client()
-            .get_multiplexed_async_connection_with_config(&config)
-            .await
-            .unwrap()
-    });
+    let (io_only, _driver, conn) = support::io_only_runtime_and_conn(&server);
     io_only.block_on(async {
         let mut conn = conn;
         let key = format!("{}k", support::prefix("no_timer"));

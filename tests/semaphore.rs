@@ -1135,24 +1135,12 @@ async fn a_foreign_member_in_the_middle_counts_as_a_holder_and_never_over_admits
         low.release(&mut conn).await.unwrap(),
         PermitRelease::Released
     );
-    let before: Vec<String> = redis::cmd("ZRANGE")
-        .arg(&key)
-        .arg(0)
-        .arg(-1)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let before: Vec<String> = raw(&mut conn, &["ZRANGE", &key, "0", "-1"]).await;
     assert!(
         sem.acquire(&mut conn, &key).await.is_err(),
         "a foreign lowest member is refused"
     );
-    let after: Vec<String> = redis::cmd("ZRANGE")
-        .arg(&key)
-        .arg(0)
-        .arg(-1)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let after: Vec<String> = raw(&mut conn, &["ZRANGE", &key, "0", "-1"]).await;
     assert_eq!(before, after, "nothing written");
     let _: i64 = raw(&mut conn, &["ZREM", &key, "worker-1"]).await;
     let again = permit(sem.acquire(&mut conn, &key).await.unwrap());
@@ -1194,23 +1182,7 @@ fn work_stalled_past_its_ttl_is_told_it_overran() {
 #[test]
 fn a_runtime_without_timers_gets_no_timer_never_a_panic() {
     let server = RedisServer::start();
-    let io_only = tokio::runtime::Builder::new_current_thread()
-        .enable_io()
-        .build()
-        .unwrap();
-    // The connection is made (and driven) by a runtime with timers, and
-    // sends without a response timeout: only nolock's own sleeps are tried.
-    let driver = tokio::runtime::Runtime::new().unwrap();
-    let conn = driver.block_on(async {
-        let config = redis::AsyncConnectionConfig::new()
-            .set_response_timeout(None)
-            .set_connection_timeout(None);
-        server
-            .client()
-            .get_multiplexed_async_connection_with_config(&config)
-            .await
-            .unwrap()
-    });
+    let (io_only, _driver, conn) = support::io_only_runtime_and_conn(&server);
     io_only.block_on(async {
         let mut conn = conn;
         let key = format!("{}s", prefix("no_timer"));

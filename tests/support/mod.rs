@@ -132,3 +132,32 @@ pub async fn command_calls(conn: &mut redis::aio::MultiplexedConnection, cmd: &s
         .and_then(|n| n.parse().ok())
         .unwrap_or(0)
 }
+
+/// A runtime built without timers (I/O only), and a connection to `server`
+/// made and driven by a second runtime that has them, with no response or
+/// connection timeout: only nolock's own sleeps meet the missing timer.
+/// Keep the second runtime alive while the connection is used.
+pub fn io_only_runtime_and_conn(
+    server: &RedisServer,
+) -> (
+    tokio::runtime::Runtime,
+    tokio::runtime::Runtime,
+    redis::aio::MultiplexedConnection,
+) {
+    let io_only = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .unwrap();
+    let driver = tokio::runtime::Runtime::new().unwrap();
+    let conn = driver.block_on(async {
+        let config = redis::AsyncConnectionConfig::new()
+            .set_response_timeout(None)
+            .set_connection_timeout(None);
+        server
+            .client()
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .unwrap()
+    });
+    (io_only, driver, conn)
+}
