@@ -171,6 +171,26 @@ fn rows() -> Result<Vec<Row>, Error> {
             Ok(())
         }
     }));
+    // A refund's cost: a check and a refund of what it charged, per pair
+    // (the refund stores its charge's record), beside the check alone above.
+    let limiter = Limiter::new(Algorithm::Gcra, roomy)?;
+    rows.push(pair(
+        "gcra check + refund of it, per pair",
+        "evalsha",
+        2,
+        move |mut c, task| {
+            let limiter = limiter.clone();
+            async move {
+                let key = format!("rate_cost:refund:{task}");
+                let mut decision = limiter.check(&mut c, &key, 1).await?;
+                let charge = decision.charge_mut().ok_or("not admitted")?;
+                if charge.refund(&mut c, 1).await?.credited != 1 {
+                    return Err(format!("{key}: the refund gave nothing back").into());
+                }
+                Ok(())
+            }
+        },
+    ));
     rows.extend(reference_rows());
     rows.extend(fence_rows());
     for algorithm in [Algorithm::Gcra, Algorithm::SlidingWindow] {

@@ -16,7 +16,8 @@ use nolock::cas::{
     GetVersioned, SetIfAbsent, SetIfGreater, SetIfLess, SetIfVersion, Update,
 };
 use nolock::fence::{
-    AcquireLock, AdvanceFence, ExtendLock, Lock, LockExtend, LockRelease, ReleaseLock, WriteFenced,
+    AcquireLock, AdvanceFence, ExtendLock, Lock, LockExtend, LockRelease, ReadFenced, ReleaseLock,
+    WriteFenced,
 };
 use nolock::limits::{self, TryIncrement};
 use nolock::rate::{
@@ -25,7 +26,9 @@ use nolock::rate::{
 };
 use nolock::retry::{retry, RetryPolicy};
 use nolock::script::Call;
-use nolock::semaphore::{self, AcquirePermit, ReleasePermit, Semaphore};
+use nolock::semaphore::{
+    self, AcquirePermit, ExtendPermit, PermitAttempt, PermitExtend, ReleasePermit, Semaphore,
+};
 use nolock::Backoff;
 use nolock::{Error, Operation, Scripts};
 use redis::aio::{ConnectionManager, MultiplexedConnection};
@@ -251,6 +254,95 @@ async fn a_resent_release_is_told_apart_from_a_lost_lock() {
     assert!(matches!(first, Error::Indeterminate(_)), "{first}");
     let resent = batch.run(&mut conn).await.pop().unwrap().unwrap();
     assert_eq!(resent, LockRelease::Lost);
+}
+
+/// The fence's operation values and the semaphore's extension, each kind in
+/// a `Batch` over several resources, answer as their single calls; an
+/// `ExtendPermit` whose reply is lost, resent under its id, applies once.
+#[tokio::test]
+async fn fence_and_permit_values_in_batches_answer_as_single_calls() {
+    let (_server, proxy, mut conn, mut direct) = setup().await;
+    let p = prefix("idem_fence_batch");
+    let resources: Vec<String> = (0..3).map(|i| format!("{p}r{i}")).collect();
+    let lock = Lock::new(MINUTE).unwrap();
+    let mut acquires = nolock::Batch::new();
+    for r in &resources {
+        acquires.push(AcquireLock::new(&lock, r).unwrap());
+    }
+    let mut grants: Vec<_> = acquires
+        .run(&mut conn)
+        .await
+        .into_iter()
+        .map(|a| a.unwrap().acquired().expect("granted"))
+        .collect();
+    assert!(grants.iter().all(|g| g.fence().number() == 1));
+    let mut extends = nolock::Batch::new();
+    for g in &grants {
+        extends.push(ExtendLock::new(g));
+    }
+    for (g, e) in grants.iter_mut().zip(extends.run(&mut conn).await) {
+        let e = e.unwrap();
+        assert!(matches!(e, LockExtend::Extended { .. }), "{e:?}");
+        g.apply(&e);
+    }
+    let mut writes = nolock::Batch::new();
+    for g in &grants {
+        writes.push(WriteFenced::new(g.fence(), g.fence().resource()).unwrap());
+    }
+    for w in writes.run(&mut conn).await {
+        assert!(w.unwrap().is_applied());
+    }
+    let mut reads = nolock::Batch::new();
+    for r in &resources {
+        reads.push(ReadFenced::new(r).unwrap());
+    }
+    for (r, read) in resources.iter().zip(reads.run(&mut conn).await) {
+        let read = read.unwrap().expect("written");
+        assert_eq!((read.value, read.fence), (r.as_bytes().to_vec(), 1));
+    }
+    let mut advances = nolock::Batch::new();
+    for r in &resources {
+        advances.push(AdvanceFence::new(r, 5).unwrap());
+    }
+    for a in advances.run(&mut conn).await {
+        let a = a.unwrap();
+        assert_eq!((a.raised, a.counter), (true, 6));
+    }
+    let mut releases = nolock::Batch::new();
+    for g in &grants {
+        releases.push(ReleaseLock::new(g));
+    }
+    for r in releases.run(&mut conn).await {
+        assert_eq!(r.unwrap(), LockRelease::Released);
+    }
+
+    let sem = Semaphore::new(3, MINUTE).unwrap();
+    let key = format!("{p}s");
+    let mut permits = Vec::new();
+    for _ in 0..2 {
+        match sem.acquire(&mut direct, &key).await.unwrap() {
+            PermitAttempt::Acquired(permit) => permits.push(permit),
+            other => panic!("{other:?}"),
+        }
+    }
+    let mut extends = nolock::Batch::new();
+    for permit in &permits {
+        extends.push(ExtendPermit::new(permit));
+    }
+    for e in extends.run(&mut conn).await {
+        assert!(matches!(e.unwrap(), PermitExtend::Extended { .. }));
+    }
+    let extended = lost_then_retried(
+        &proxy,
+        &mut conn,
+        ExtendPermit::new(&permits[0]),
+        "extend-permit",
+    )
+    .await;
+    assert!(
+        matches!(extended, PermitExtend::Extended { .. }),
+        "{extended:?}"
+    );
 }
 
 /// Every write of the fence and cas modules, its reply lost and sent again

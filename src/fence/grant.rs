@@ -33,6 +33,19 @@ static EXTEND: Script = embedded!("fence/extend");
 /// let _ = grant.release(conn).await; // release consumed it
 /// # }
 /// ```
+///
+/// ```compile_fail
+/// # async fn f(conn: &mut redis::aio::MultiplexedConnection, grant: nolock::fence::Grant) {
+/// let _ = grant.release(conn, "another:resource").await; // no resource: it releases its own
+/// # }
+/// ```
+///
+/// ```compile_fail
+/// # async fn f(conn: &mut redis::aio::MultiplexedConnection, grant: nolock::fence::Grant) {
+/// // No resource: a fence writes only where it was granted.
+/// let _ = grant.fence().write(conn, "another:resource", "v").await;
+/// # }
+/// ```
 #[derive(Debug, PartialEq, Eq)]
 #[must_use = "a grant holds the lock until it is released or expires"]
 pub struct Grant {
