@@ -15,7 +15,8 @@
 //! charge never sum above its cost.
 //!
 //! Why one file of over 700 lines: the receipt's fields are private to this
-//! module (that is what makes a charge impossible to forge), and everything
+//! module (that is what keeps a charge from being built in code; a
+//! hand-edited serialized charge is another matter, see [`Charge`]), and everything
 //! that must read or lower them lives here with it: the issuer, the refund
 //! operations and their replies, the validated serde form; about 130 lines
 //! are unit tests.
@@ -273,8 +274,15 @@ impl Issuer {
 /// ```
 ///
 /// ```compile_fail
-/// // Only a check builds a charge.
-/// let forged = nolock::rate::Charge { cost: 10 };
+/// // Only a check builds a charge: its one field is private.
+/// let forged = nolock::rate::Charge(todo!());
+/// ```
+///
+/// ```compile_fail
+/// # async fn f(conn: &mut redis::aio::MultiplexedConnection, limits: nolock::rate::MultiLimiter) -> nolock::Result<()> {
+/// let charge = limits.check(conn, "{t}:u", 5).await?.into_charge().unwrap();
+/// let copy = charge.clone(); // a multi-limit charge is not Clone either
+/// # Ok(()) }
 /// ```
 #[derive(PartialEq, Eq)]
 #[must_use = "a charge is the only way to give its units back"]
