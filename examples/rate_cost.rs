@@ -173,16 +173,21 @@ fn rows() -> Result<Vec<Row>, Error> {
     }));
     // A refund's cost: a check and a refund of what it charged, per pair
     // (the refund stores its charge's record), beside the check alone above.
-    let limiter = Limiter::new(Algorithm::Gcra, roomy)?;
+    // A charge of 2 at one unit a second, refunded by 1: a refund gives back
+    // only whole units the charge has not drained yet.
+    let limiter = Limiter::new(
+        Algorithm::Gcra,
+        Quota::per_second(1)?.with_burst(1_000_000)?,
+    )?;
     rows.push(pair(
-        "gcra check + refund of it, per pair",
+        "gcra check of 2 + refund of 1, per pair",
         "evalsha",
         2,
         move |mut c, task| {
             let limiter = limiter.clone();
             async move {
                 let key = format!("rate_cost:refund:{task}");
-                let mut decision = limiter.check(&mut c, &key, 1).await?;
+                let mut decision = limiter.check(&mut c, &key, 2).await?;
                 let charge = decision.charge_mut().ok_or("not admitted")?;
                 if charge.refund(&mut c, 1).await?.credited != 1 {
                     return Err(format!("{key}: the refund gave nothing back").into());
