@@ -65,6 +65,9 @@ impl SkewedServer {
         }
         let mut why = Vec::new();
         for binary in candidates {
+            if FAILED.lock().unwrap().contains(&binary) {
+                continue;
+            }
             let clock = std::env::temp_dir().join(format!(
                 "nolock-clock-{}-{}",
                 std::process::id(),
@@ -83,9 +86,6 @@ impl SkewedServer {
                 // one, as on a real server whose clock is set.
                 ("DONT_FAKE_MONOTONIC".to_owned(), "1".to_owned()),
             ];
-            if FAILED.lock().unwrap().contains(&binary) {
-                continue;
-            }
             match RedisServer::start_tries(Some(&binary), &env, args, 1, Duration::from_secs(3)) {
                 Ok(server) => {
                     let clock = ClockFile {
@@ -103,6 +103,8 @@ impl SkewedServer {
                     FAILED.lock().unwrap().push(binary);
                 }
                 Err(e) => {
+                    // No ClockFile owns this one yet.
+                    let _ = std::fs::remove_file(&clock);
                     why.push(format!("{binary}: {}", e.lines().next().unwrap_or("")));
                     FAILED.lock().unwrap().push(binary);
                 }
