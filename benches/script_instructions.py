@@ -6,6 +6,7 @@
         # mkdir OLD && git archive <rev> lua | tar -x -C OLD
     python3 benches/script_instructions.py --tower PATH/rate_limit.lua
     python3 benches/script_instructions.py --ablate  # GCRA check, one contract removed at a time
+    python3 benches/script_instructions.py --only pair   # the rows whose label has "pair"
 
 Runs `redis-server` (PATH, or $NOLOCK_REDIS_SERVER) under
 `valgrind --tool=callgrind --instr-atstart=no` on its own port, sends N
@@ -23,6 +24,9 @@ import argparse, glob, os, re, socket, subprocess, sys, tempfile, time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOKEN = '0123456789abcdef0123456789abcdef'
+# In a call's arguments: the lock value the previous call's grant stored,
+# "<fence>:<token>" (nolock's release names the grant it ends, fence included).
+HELD = object()
 
 
 def compose(lua, name):
@@ -129,7 +133,11 @@ def cases(lua, tower):
                  [(0, ['{r}', '{r}:fence'], [TOKEN, 30000]), (1, ['{r}'], [TOKEN])]))
     rows.append(('fence/acquire + fence/release (pair)',
                  [mine('fence/acquire'), mine('fence/release')],
-                 [(0, ['{f}:lock', '{f}:fence'], [TOKEN, 30000]), (1, ['{f}:lock'], [TOKEN, '{f}:released'])]))
+                 [(0, ['{f}:lock', '{f}:fence'], [TOKEN, 30000]), (1, ['{f}:lock'], [HELD, '{f}:released'])]))
+    # What waking the waiters costs: the same pair with no channel to PUBLISH on.
+    rows.append(('fence/acquire + fence/release without the PUBLISH (pair)',
+                 [mine('fence/acquire'), mine('fence/release')],
+                 [(0, ['{g}:lock', '{g}:fence'], [TOKEN, 30000]), (1, ['{g}:lock'], [HELD])]))
     return rows
 
 
@@ -195,11 +203,14 @@ def main():
     parser.add_argument('--tower', help="tower-rate-limit-redis's scripts/rate_limit.lua")
     parser.add_argument('--calls', type=int, default=1000)
     parser.add_argument('--port', type=int, default=26411)
+    parser.add_argument('--only', help='only the rows whose label contains this')
     parser.add_argument('--ablate', action='store_true',
                         help='only the GCRA check, with one contract removed at a time')
     args = parser.parse_args()
     server = os.environ.get('NOLOCK_REDIS_SERVER', 'redis-server')
     rows = cases(args.lua, args.tower)
+    if args.only:
+        rows = rows[:1] + [r for r in rows[1:] if args.only in r[0]]
     if args.ablate:
         rows = rows[:1] + [r for r in rows if r[0].startswith(('rate/gcra/check, ', 'tower'))][:4] \
             + ablations(args.lua)
@@ -227,8 +238,13 @@ def main():
                 shas = [conn.cmd('SCRIPT', 'LOAD', s) for s in sources]
 
                 def run():
+                    reply = None
                     for i, keys, argv in calls:
-                        conn.cmd('EVALSHA', shas[i], len(keys), *keys, *argv)
+                        argv = ['%s:%s' % (reply[1], TOKEN) if a is HELD else a for a in argv]
+                        reply = conn.cmd('EVALSHA', shas[i], len(keys), *keys, *argv)
+                    if len(calls) == 2 and reply not in ([1], 1):
+                        sys.exit('%s: the release did not release (%r), so the row would '
+                                 'measure a refused release and a re-entry' % (label, reply))
 
                 for _ in range(3):
                     run()  # warm up (and exhaust the deny rows)
