@@ -6,10 +6,12 @@
 //! The binary is `redis-server` from the PATH, or `$NOLOCK_REDIS_SERVER`.
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader, Write};
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// One `redis-server` child process. Its log is printed to stderr when it is
@@ -43,13 +45,25 @@ pub fn install_hint() -> String {
     )
 }
 
-/// A port that was free a moment ago. Another process may still take it
-/// before the server binds; [`RedisServer::start`] retries on a new port.
+/// A port that was free a moment ago, and never handed out before in this
+/// process: two tests running at once must not get the same port (the
+/// kernel may give a just-released port again), or one server's `PING`
+/// would answer for the other's start. Another process may still take it
+/// before the server binds; [`RedisServer::start`] then retries on a new
+/// port.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("no free local port")
+    static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+    for _ in 0..1000 {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("no free local port");
+        if handed_out.insert(port) {
+            return port;
+        }
+    }
+    panic!("no local port left that this process has not used")
 }
 
 /// The server at `$REDIS_URL` when it is set, else a new one (keep the
@@ -159,7 +173,9 @@ impl RedisServer {
                     return Err(format!("exited with {status}: {}", self.log()));
                 }
             }
-            if ping(self.port) {
+            // Ours, not another server that holds the port (ours then fails
+            // to bind and exits, and the start is tried on another port).
+            if ping(self.port) && server_pid(self.port) == self.child.as_ref().map(Child::id) {
                 return Ok(());
             }
             std::thread::sleep(Duration::from_millis(10));
@@ -239,4 +255,23 @@ pub fn ping(port: u16) -> bool {
     }
     let mut line = String::new();
     BufReader::new(stream).read_line(&mut line).is_ok() && line.starts_with("+PONG")
+}
+
+/// The `process_id` of the server answering on `port` (`INFO server`).
+pub fn server_pid(port: u16) -> Option<u32> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .ok()?;
+    stream.write_all(b"INFO server\r\n").ok()?;
+    let mut reader = BufReader::new(stream);
+    let mut header = String::new();
+    reader.read_line(&mut header).ok()?;
+    let len: usize = header.trim_end().strip_prefix('$')?.parse().ok()?;
+    let mut body = vec![0; len];
+    reader.read_exact(&mut body).ok()?;
+    String::from_utf8_lossy(&body)
+        .lines()
+        .find_map(|line| line.strip_prefix("process_id:"))
+        .and_then(|pid| pid.trim().parse().ok())
 }
