@@ -36,7 +36,9 @@
 /// * `evalsha`, `evalsha_ro`: every call (`_ro` for read-only scripts);
 ///   `eval`, `eval_ro`: the fallback after `NOSCRIPT`.
 /// * `script|load`: [`Scripts::load`](crate::Scripts::load).
-/// * `del`: `rate::Limiter::reset` and `MultiLimiter::reset`.
+/// * `del`: the rate scripts delete a limit that is full again, and
+///   `rate::Limiter::reset` / `MultiLimiter::reset` (`lua/rate/reset.lua`)
+///   delete its state.
 /// * The rest are called by the scripts: strings and counters (`get`, `set`,
 ///   `incr`, `incrby`, `decrby`), hashes (`hget`, `hmget`, `hgetall`,
 ///   `hset`, `hincrby`), sorted sets for the semaphore's holders (`zadd`,

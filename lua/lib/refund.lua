@@ -1,7 +1,7 @@
 -- lib/refund: what every rate refund and settlement starts and ends with:
--- its arguments, and the charge's record, which caps all refunds of one
--- charge at its cost and lets it be settled once, whatever copies of the
--- charge the clients hold.
+-- its arguments, the limits' reset markers, and the charge's record, which
+-- caps all refunds of one charge at its cost and lets it be settled once,
+-- whatever copies of the charge the clients hold.
 --
 -- KEYS[1..n]   the limits, as the algorithm's check writes them.
 -- KEYS[n + 1]  the charge's record: keys::derive(first key, "charge#<id>"),
@@ -9,19 +9,24 @@
 --              charge still held on each limit (canonical integers), written
 --              by the first refund that gives anything back, or "s": the
 --              charge was settled (nothing of it can be given back or
---              settled again). Kept until no copy of the charge could act
---              on it any more. Missing: no refund gave anything back yet,
---              and it was not settled.
+--              settled again). Kept until the charge's deadline, or until
+--              it has drained if that is later: as long as any copy of the
+--              charge could act on it. Missing: no refund gave anything
+--              back yet, and it was not settled.
+-- KEYS[n + 1 + i]  limit i's reset marker: keys::derive(limit key,
+--              "reset"), written by rate/reset: the server time (integer
+--              microseconds) of the limit's latest reset. Missing: no reset
+--              within the limit's drain horizon.
 -- ARGV[1]      amount  integer >= 0: for a refund, the units to give back
---                      (0 for a settlement).
+--                      (>= 1); 0 for a settlement.
 -- ARGV[2]      actual  integer >= 0: for a settlement, the charge's real
 --                      cost (0 for a refund).
 -- ARGV[3]      at      integer microseconds: the server time of the charge.
 -- ARGV[4]      cost    integer >= 1: what the charge took (every copy of a
 --                      charge carries the same cost).
--- ARGV[5]      settle  0 for a refund; for a settlement, its deadline:
---                      integer milliseconds since the epoch after which the
---                      charge counts as settled at its cost.
+-- ARGV[5]      settle  the charge's deadline, integer milliseconds since the
+--                      epoch (>= 1): after it the charge counts as settled at
+--                      its cost, and neither a refund nor a settlement acts.
 -- ARGV[6]      cap     integer >= 0: how many units a settlement may push a
 --                      limit beyond empty (2^53 - 1: no cap).
 -- ARGV[4i+3 .. 4i+6]   limit i: two numbers of its quota (as its check takes
@@ -29,36 +34,41 @@
 --                      <= cost) and reset (the charge's reset_after on limit
 --                      i, ms).
 --
--- refund_begin(now_ms) -> n, give, excess, at, cost, settle, cap, held,
--- status: held[i] is the least of the client's count, the cost and the
--- record's h_i. Per limit, give[i] is what to give back (a refund:
+-- refund_begin(now_ms) -> n, give, excess, at, cost, settle, cap,
+-- held, status: held[i] is the least of the client's count, the cost and
+-- the record's h_i. Per limit, give[i] is what to give back (a refund:
 -- min(amount, held[i]); a settlement: held[i] - actual when positive) and
 -- excess[i] what to charge beyond the charge (a settlement: actual -
 -- held[i] when positive, even past the limit: into debt). status 0 when the
--- call may act, 1 when the charge was settled already, 2 when a
--- settlement's deadline has passed; when it is not 0, give and excess are
--- all 0: the call changes nothing. Or nil and the message to fail with
--- (before any write). A record that is neither "s" nor exactly n canonical
--- integers <= cost is foreign data: a definite error, nothing written.
+-- call may act, 1 when the charge was settled already, 2 when the charge's
+-- power has ended: its deadline has passed, or a limit was reset at or
+-- after the charge (a reset forgives everything before it, so a refund of
+-- an earlier charge would give back units that later checks took); when it
+-- is not 0, give and excess are all 0: the call changes nothing. Or nil and
+-- the message to fail with (before any write). A record that is neither
+-- "s" nor exactly n canonical integers <= cost, or a marker that is not a
+-- canonical integer, is foreign data: a definite error, nothing written.
 --
--- refund_end(n, held, credited, until_ms, settle, status): a
--- settlement that acted stores "s" until the later of until_ms and its
--- deadline; a refund that gave anything back stores h_i = held[i] -
--- credited[i] until until_ms, the instant after which no copy of the
--- charge could credit anything on any limit (each algorithm's own rule
--- says when). So the record costs memory only while it matters.
+-- refund_end(n, held, credited, until_ms, settle, status): a call that
+-- acted stores its record until the later of until_ms (the instant after
+-- which no copy of the charge could credit anything on any limit: each
+-- algorithm's own rule says when) and the deadline: a settlement "s", a
+-- refund that gave anything back h_i = held[i] - credited[i]. So a later
+-- settlement of a copy still sees the refund, and the record costs memory
+-- only while it matters.
 
 --@include lib/args
+--@include lib/stored
 
 local function refund_begin(now_ms)
-  local n = #KEYS - 1
-  if n < 1 or #ARGV ~= 6 + 4 * n then
-    return nil, 'expected 6 + 4 arguments per limit and a record key, got ' .. #ARGV
-      .. ' arguments for ' .. #KEYS .. ' keys'
+  local n = (#KEYS - 1) / 2
+  if n < 1 or n % 1 ~= 0 or #ARGV ~= 6 + 4 * n then
+    return nil, 'expected 6 + 4 arguments per limit, a record key and a reset key per limit, got '
+      .. #ARGV .. ' arguments for ' .. #KEYS .. ' keys'
   end
   local MAX = 9007199254740991
   local amount, actual = arg_int(1, 0, MAX), arg_int(2, 0, MAX)
-  local at, cost, settle = arg_int(3, 0, MAX), arg_int(4, 1, MAX), arg_int(5, 0, MAX)
+  local at, cost, settle = arg_int(3, 0, MAX), arg_int(4, 1, MAX), arg_int(5, 1, MAX)
   local cap = arg_int(6, 0, MAX)
   if not amount or not actual or not at or not cost or not settle or not cap then
     return nil, 'bad amount, excess, charge time, cost, deadline or cap'
@@ -92,12 +102,22 @@ local function refund_begin(now_ms)
       return nil, 'key ' .. KEYS[n + 1] .. ' does not hold a refund record of this charge'
     end
   end
-  if status == 0 and settle > 0 and now_ms > settle then status = 2 end
+  for i = 1, n do
+    local mark = redis.call('GET', KEYS[n + 1 + i])
+    if mark then
+      local reset_us = stored_int(mark, 0, MAX)
+      if not reset_us then
+        return nil, 'key ' .. KEYS[n + 1 + i] .. ' does not hold a reset time'
+      end
+      if status == 0 and reset_us >= at then status = 2 end
+    end
+  end
+  if status == 0 and now_ms > settle then status = 2 end
   local give, excess = {}, {}
   for i = 1, n do
     if status ~= 0 then
       give[i], excess[i] = 0, 0
-    elseif settle > 0 then
+    elseif amount == 0 then
       give[i], excess[i] = math.max(0, held[i] - actual), math.max(0, actual - held[i])
     else
       give[i], excess[i] = math.min(amount, held[i]), 0
@@ -108,8 +128,9 @@ end
 
 local function refund_end(n, held, credited, until_ms, settle, status)
   if status ~= 0 then return end
-  if settle > 0 then
-    redis.call('SET', KEYS[n + 1], 's', 'PXAT', math.max(until_ms, settle + 1))
+  local keep = math.max(until_ms, settle + 1)
+  if tonumber(ARGV[1]) == 0 then
+    redis.call('SET', KEYS[n + 1], 's', 'PXAT', keep)
     return
   end
   local any, left = false, {}
@@ -118,6 +139,6 @@ local function refund_end(n, held, credited, until_ms, settle, status)
     left[i] = math.max(0, held[i] - credited[i])
   end
   if any then
-    redis.call('SET', KEYS[n + 1], table.concat(left, ','), 'PXAT', until_ms)
+    redis.call('SET', KEYS[n + 1], table.concat(left, ','), 'PXAT', keep)
   end
 end

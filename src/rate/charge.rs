@@ -82,28 +82,32 @@ impl Receipt {
                 reason: format!("{amount} is more than the {held} units the charge still holds"),
             });
         }
-        Ok(self.call(amount, 0, 0))
+        Ok(self.call(amount, 0))
     }
 
     /// The settlement's call at the real cost `actual`.
     pub(super) fn settle_call(&self, actual: u64) -> Result<Invocation> {
         let actual = validate::at_most("actual", actual, crate::MAX_INTEGER)?;
-        Ok(self.call(0, actual, self.settle_by_ms.max(1)))
+        Ok(self.call(0, actual))
     }
 
-    /// `lua/rate/<algorithm>/refund.lua` for a refund of `amount` or a
-    /// settlement at `actual` with deadline `settle` (see `lua/lib/refund`).
-    fn call(&self, amount: u64, actual: u64, settle: u64) -> Invocation {
+    /// `lua/rate/<algorithm>/refund.lua` for a refund of `amount`, or (with
+    /// `amount` 0) a settlement at `actual` (see `lua/lib/refund`). Both
+    /// carry the charge's deadline and read the limits' reset markers:
+    /// after either, the charge can change nothing.
+    fn call(&self, amount: u64, actual: u64) -> Invocation {
         let record = keys::derive(&self.keys[0], &format!("charge#{}", self.id));
+        let markers: Vec<String> = self.keys.iter().map(|k| super::reset_marker(k)).collect();
         let mut keys: Vec<&str> = self.keys.iter().map(String::as_str).collect();
         keys.push(&record);
+        keys.extend(markers.iter().map(String::as_str));
         let script = &self.algorithm.scripts().refund;
         let mut call = Invocation::new(script, &keys)
             .arg(amount)
             .arg(actual)
             .arg(self.at_us)
             .arg(self.cost)
-            .arg(settle)
+            .arg(self.settle_by_ms.max(1))
             .arg(self.debt_cap.unwrap_or(crate::MAX_INTEGER));
         for ((quota, held), reset) in self.quotas.iter().zip(&self.held).zip(&self.reset_ms) {
             let [a, b] = self.algorithm.params(quota);
@@ -378,6 +382,11 @@ impl Charge {
     /// * Sliding window: from the window that counted the charge (current
     ///   or previous), while it still counts.
     ///
+    /// A refund after the charge's settle deadline
+    /// ([`super::Limiter::settle_within`]), or after one of its limits was
+    /// reset ([`super::Limiter::reset`]), gives nothing back: the charge
+    /// counts as settled at its cost then.
+    ///
     /// All refunds of one charge, from this value and from any copy of it
     /// (serialized, resent after a lost reply), give back at most its cost:
     /// the server records what is left of each charge (see [`Charge`]). A
@@ -518,7 +527,7 @@ impl Operation for RefundCharge {
 
     fn decode(&self, reply: redis::Value) -> Result<Refund> {
         let script = self.call.script().name();
-        let (_, mut limits) = self.reading.decode(script, reply, false)?;
+        let (_, mut limits) = self.reading.decode(script, reply)?;
         limits
             .pop()
             .map(|l| l.refund())
@@ -559,9 +568,7 @@ impl Operation for MultiRefundCharge {
     }
 
     fn decode(&self, reply: redis::Value) -> Result<Vec<Refund>> {
-        let (_, limits) = self
-            .reading
-            .decode(self.call.script().name(), reply, false)?;
+        let (_, limits) = self.reading.decode(self.call.script().name(), reply)?;
         Ok(limits.iter().map(Adjusted::refund).collect())
     }
 }
@@ -617,19 +624,17 @@ pub(super) enum Status {
 impl Reading {
     /// Reads `{status, now, (credited, charged, excess, state...)...}`, and
     /// forgets the cached denials of the keys when anything came back.
-    /// `settle`: the call was a settlement (only then may it have expired).
     pub(super) fn decode(
         &self,
         script: &'static str,
         value: redis::Value,
-        settle: bool,
     ) -> Result<(Status, Vec<Adjusted>)> {
         let bad = |detail: String| Error::UnexpectedReply { script, detail };
         let mut reply = Reply::new(script, value)?;
         let status = match reply.uint()? {
             0 => Status::Applied,
             1 => Status::Settled,
-            2 if settle => Status::Expired,
+            2 => Status::Expired,
             other => return Err(bad(format!("status {other}"))),
         };
         let now = reply.uint()?;
@@ -848,19 +853,23 @@ mod tests {
         let mut charge = i.charge(3, at, Duration::from_millis(300));
         let call = RefundCharge::new(&charge, 2).unwrap();
         let record = keys::derive("rl:a", &format!("charge#{}", charge.id()));
+        // The limit, the charge's record, the limit's reset marker; the
+        // deadline (an hour after the charge by default) goes with a refund
+        // too: past it, or after a reset, a refund gives nothing back.
         assert_eq!(
             words(call.invocation().command()),
             [
                 "EVALSHA",
                 Algorithm::Gcra.scripts().refund.sha1(),
-                "2",
+                "3",
                 "rl:a",
                 record.as_str(),
+                "{rl:a}:reset",
                 "2",
                 "0",
                 "1700000000000001",
                 "3",
-                "0",
+                "1700003600000",
                 "9007199254740991",
                 "100000",
                 "10",
@@ -873,7 +882,7 @@ mod tests {
         let settle = charge.0.settle_call(5).unwrap();
         let words = words(settle.command());
         assert_eq!(
-            words[5..11],
+            words[6..12],
             [
                 "0",
                 "5",

@@ -68,7 +68,12 @@
 //!   stays charged at its estimate. After its limiter's settle deadline
 //!   ([`Limiter::settle_within`], default [`DEFAULT_SETTLE_WITHIN`] after
 //!   the check), it counts as settled at its estimate: a late settlement is
-//!   [`Settle::Expired`] and changes nothing.
+//!   [`Settle::Expired`] and changes nothing, and a late refund gives
+//!   nothing back.
+//! * **A reset ends it.** [`Limiter::reset`] forgives every charge taken
+//!   before it: their refunds give nothing back and their settlements are
+//!   [`Settle::Expired`] (otherwise a refund would give back units that
+//!   checks after the reset have used).
 //! * **Bounded debt.** [`Limiter::with_debt_cap`] caps how far one
 //!   settlement may push a limit past empty (default: no cap); the part of
 //!   an excess beyond the cap is not charged and is reported as
@@ -88,8 +93,12 @@
 //! again (a missing key *means* full), so idle limiters cost nothing. A
 //! denied call writes nothing. A refunded or settled charge leaves one
 //! small record beside its key (about 100 bytes), kept until the charge has
-//! drained or, for a settlement, until its deadline
-//! ([`Limiter::settle_within`], an hour by default), whichever is later.
+//! drained or until its deadline ([`Limiter::settle_within`], an hour by
+//! default), whichever is later: a settlement of a copy of the charge must
+//! still see what a refund gave back. A reset leaves a marker beside each
+//! key (the time of the reset, about 60 bytes), kept as long as a charge
+//! taken before could still give anything back: `burst × T` for GCRA and the
+//! token bucket, one window for the fixed window, two for the sliding one.
 //!
 //! # Example: a request handler
 //!
@@ -421,17 +430,71 @@ fn decode_decision(
     })
 }
 
-/// `DEL` of every key: a missing key is a full limiter, for every algorithm.
-async fn reset<C>(conn: &mut C, keys: &[&str]) -> Result<()>
+static RESET: Script = crate::script::embedded!("rate/reset");
+
+/// The key beside `key` that holds the server time of its latest reset
+/// (`lua/rate/reset.lua`), read by every refund and settlement.
+fn reset_marker(key: &str) -> String {
+    crate::keys::derive(key, "reset")
+}
+
+impl Algorithm {
+    /// How long after a reset a charge taken before it could still give
+    /// units back, in milliseconds (at least 1): GCRA and the token bucket
+    /// drain a charge within `burst × T`; a fixed window's charge counts in
+    /// its window, a sliding window's in its window and the next.
+    fn refund_horizon_ms(self, quota: &Quota) -> u64 {
+        let ms = match self {
+            Algorithm::Gcra | Algorithm::TokenBucket => quota
+                .burst()
+                .saturating_mul(quota.interval_us())
+                .div_ceil(1000),
+            Algorithm::FixedWindow => quota.period_ms(),
+            Algorithm::SlidingWindow => quota.period_ms().saturating_mul(2),
+        };
+        ms.max(1)
+    }
+}
+
+/// `lua/rate/reset.lua` on `keys` (one per quota): deletes every state (a
+/// missing key is a full limiter, for every algorithm) and marks each key
+/// reset now, so that no charge taken before can give anything back.
+async fn reset<C>(conn: &mut C, algorithm: Algorithm, quotas: &[Quota], keys: &[&str]) -> Result<()>
 where
     C: ConnectionLike + Send,
 {
-    redis::cmd("DEL")
-        .arg(keys)
-        .query_async::<i64>(conn)
+    crate::script::run_one(&reset_call(algorithm, quotas, keys), conn)
         .await
         .map(drop)
-        .map_err(Error::from_redis)
+}
+
+fn reset_call(algorithm: Algorithm, quotas: &[Quota], keys: &[&str]) -> ResetCall {
+    let markers: Vec<String> = keys.iter().map(|k| reset_marker(k)).collect();
+    let mut all: Vec<&str> = keys.to_vec();
+    all.extend(markers.iter().map(String::as_str));
+    let mut call = Invocation::new(&RESET, &all);
+    for quota in quotas {
+        call = call.arg(algorithm.refund_horizon_ms(quota));
+    }
+    ResetCall(call)
+}
+
+/// The reset script's call: its reply (the server time) is not needed.
+#[derive(Debug)]
+struct ResetCall(Invocation);
+
+impl crate::script::Operation for ResetCall {
+    type Output = ();
+
+    fn invocation(&self) -> &Invocation {
+        &self.0
+    }
+
+    fn decode(&self, reply: redis::Value) -> Result<()> {
+        let mut reply = crate::script::Reply::new(self.0.script().name(), reply)?;
+        let _now = reply.uint()?;
+        reply.finish()
+    }
 }
 
 #[cfg(test)]
@@ -442,6 +505,36 @@ mod tests {
 
     fn q(rate: u64, ms: u64) -> Quota {
         Quota::per(rate, Duration::from_millis(ms)).unwrap()
+    }
+
+    #[test]
+    fn a_reset_marks_each_key_for_as_long_as_its_charges_could_give_back() {
+        let quotas = [q(10, 1000).with_burst(20).unwrap(), q(5, 60_000)];
+        let keys = ["{t}:a", "{t}:b"];
+        let call = |alg: Algorithm| words(reset_call(alg, &quotas, &keys).0.command());
+        let mut want = vec!["EVALSHA", RESET.sha1(), "4", "{t}:a", "{t}:b"];
+        let (ma, mb) = (reset_marker("{t}:a"), reset_marker("{t}:b"));
+        want.extend([ma.as_str(), mb.as_str()]);
+        // GCRA and the token bucket: burst x T (20 x 100 ms, 5 x 12 s).
+        for alg in [Algorithm::Gcra, Algorithm::TokenBucket] {
+            let mut w = want.clone();
+            w.extend(["2000", "60000"]);
+            assert_eq!(call(alg), w, "{alg}");
+        }
+        let windows = [q(10, 1000), q(5, 60_000)];
+        let fixed = words(
+            reset_call(Algorithm::FixedWindow, &windows, &keys)
+                .0
+                .command(),
+        );
+        let sliding = words(
+            reset_call(Algorithm::SlidingWindow, &windows, &keys)
+                .0
+                .command(),
+        );
+        assert_eq!(fixed[7..], ["1000", "60000"]);
+        assert_eq!(sliding[7..], ["2000", "120000"]);
+        assert_eq!(ma, "{t}#5:{t}:a:reset");
     }
 
     #[test]

@@ -535,7 +535,9 @@ impl MultiLimiter {
         run_one(&MultiCheck::build(self, &key.into(), cost, true)?, conn).await
     }
 
-    /// Forget every limit's state, shared ones included: all are full again.
+    /// Forget every limit's state, shared ones included: all are full again,
+    /// and every charge taken on them before loses its power to refund or
+    /// settle (see [`Limiter::reset`](super::Limiter::reset)).
     ///
     /// # Errors
     ///
@@ -557,7 +559,7 @@ impl MultiLimiter {
     {
         let keys = self.keys(&key.into())?;
         let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-        super::reset(conn, &keys).await
+        super::reset(conn, self.algorithm, &self.quotas, &keys).await
     }
 
     /// The header values for a decision: every policy in `RateLimit-Policy`,

@@ -25,8 +25,9 @@ pub enum Settle<S = Settlement> {
     /// The charge was settled already (by a copy of it, or by this same
     /// settlement whose reply was lost): nothing changed.
     AlreadySettled,
-    /// The settle deadline had passed: the charge counts as settled at its
-    /// reservation, and nothing changed.
+    /// The charge's power had ended: its settle deadline had passed, or one
+    /// of its limits was reset ([`Limiter::reset`]) since it was taken. It
+    /// counts as settled at its reservation, and nothing changed.
     Expired,
 }
 
@@ -190,7 +191,7 @@ impl Operation for SettleCharge {
 
     fn decode(&self, reply: redis::Value) -> Result<Settle> {
         let script = self.call.script().name();
-        let (status, limits) = self.reading.decode(script, reply, true)?;
+        let (status, limits) = self.reading.decode(script, reply)?;
         settle_of(status, limits, |limits| {
             limits
                 .first()
@@ -241,9 +242,7 @@ impl Operation for MultiSettleCharge {
     }
 
     fn decode(&self, reply: redis::Value) -> Result<Settle<Vec<Settlement>>> {
-        let (status, limits) = self
-            .reading
-            .decode(self.call.script().name(), reply, true)?;
+        let (status, limits) = self.reading.decode(self.call.script().name(), reply)?;
         settle_of(status, limits, |limits| {
             Ok(limits.iter().map(Settlement::from).collect())
         })

@@ -3,7 +3,8 @@
 --
 -- KEYS[i]     limit i (i = 1..n): a counter as written by
 --             rate/fixed_window/check, whose expiry is its window's end;
---             KEYS[n + 1] the charge's record (lib/refund).
+--             KEYS[n + 1] the charge's record, KEYS[n + 1 + i] limit i's
+--             reset marker (lib/refund).
 -- ARGV        as lib/refund: amount, actual, at, cost, settle, cap, then per
 --             limit: window w (ms >= 1), limit L (>= 1), held, reset (the
 --             charge's reset_after, ms).
@@ -22,11 +23,12 @@
 -- opened, [now, now + w), when there is none): past L, a debt that denies
 -- every check until the window ends.
 --
--- The record keeps what is left of the charge until the last of its
--- windows ends; a settlement marks it settled until its deadline.
+-- The record keeps what is left of the charge, or that it was settled,
+-- until the last of its windows ends or its deadline, whichever is later.
 --
 -- Reply: {status, now, then per limit: credited, charged, excess, count, end}
---   status    0 applied; 1 settled already; 2 past the settlement's deadline
+--   status    0 applied; 1 settled already; 2 the charge's power had
+--             ended (its deadline passed, or a limit was reset since)
 --   credited  units taken off counter i
 --   charged   e: the excess units counted
 --   excess    the units the settlement asked to count (actual - held)

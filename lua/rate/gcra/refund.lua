@@ -2,7 +2,8 @@
 -- rate/gcra/refund: give back units of one admitted charge (only the part the limit has not yet drained), or settle it at its real cost (charging an excess even into debt).
 --
 -- KEYS[i]     limit i (i = 1..n), as in rate/gcra/check (TAT, integer
---             microseconds); KEYS[n + 1] the charge's record (lib/refund).
+--             microseconds); KEYS[n + 1] the charge's record, KEYS[n + 1 + i]
+--             limit i's reset marker (lib/refund).
 -- ARGV        as lib/refund: amount, actual, at, cost, settle, cap, then per
 --             limit: interval T (microseconds >= 1), burst b (>= 1, with
 --             b x T <= 2^51), held, reset (unused here).
@@ -26,13 +27,14 @@
 -- never below 0: the limit may go past empty, into debt, by up to `cap`
 -- units; checks are then denied until the debt has drained.
 --
--- The record keeps what is left of the charge until at + cost x T, after
--- which no refund of it can give anything back on any limit; a settlement
--- marks it settled until its deadline.
+-- The record keeps what is left of the charge, or that it was settled,
+-- until at + cost x T (after which no refund of it can give anything back
+-- on any limit) or its deadline, whichever is later.
 --
 -- Reply: {status, now, then per limit: credited, charged, excess, tat}
 --   status    0 applied; 1 the charge was settled already; 2 the
---             settlement's deadline had passed (nothing changed for 1, 2)
+--             charge's power had ended: its deadline passed, or a limit
+--             was reset since it was taken (nothing changed for 1, 2)
 --   now       the server time, microseconds
 --   credited  ceil((TAT - TAT') / T) for a refund: the units of the charge
 --             given back (a unit partly drained counts as given back: the

@@ -3,7 +3,7 @@
 --
 -- KEYS[i]     limit i (i = 1..n): a hash {start, count, previous} as
 --             written by rate/sliding_window/check; KEYS[n + 1] the charge's
---             record (lib/refund).
+--             record, KEYS[n + 1 + i] limit i's reset marker (lib/refund).
 -- ARGV        as lib/refund: amount, actual, at, cost, settle, cap, then per
 --             limit: window w (ms >= 1), limit L (>= 1, with L x w <=
 --             2^53 - 1), held, reset (unused: windows are aligned on the
@@ -23,12 +23,13 @@
 -- as `previous`, which checks read as at most L.
 --
 -- The state is stored rolled; a state that becomes empty is deleted. The
--- record keeps what is left of the charge until s + 2w (the end of the
--- window after s), after which the charge counts nowhere; a settlement
--- marks it settled until its deadline.
+-- record keeps what is left of the charge, or that it was settled, until
+-- s + 2w (the end of the window after s, after which the charge counts
+-- nowhere) or its deadline, whichever is later.
 --
 -- Reply: {status, now, then per limit: credited, charged, excess, start, count, previous}
---   status    0 applied; 1 settled already; 2 past the settlement's deadline
+--   status    0 applied; 1 settled already; 2 the charge's power had
+--             ended (its deadline passed, or a limit was reset since)
 --   credited  units taken off the window that counted the charge
 --   charged   e: the excess units counted
 --   excess    the units the settlement asked to count (actual - held)

@@ -2,36 +2,38 @@
 -- rate/token_bucket/refund: give back tokens of one admitted charge (only those the bucket has not yet refilled), or settle it at its real cost (charging an excess even into debt).
 --
 -- KEYS[i]     bucket i (i = 1..n): a hash {tokens, at} as written by
---             rate/token_bucket/check; KEYS[n + 1] the charge's record
---             (lib/refund).
+--             rate/token_bucket/check; KEYS[n + 1] the charge's record,
+--             KEYS[n + 1 + i] bucket i's reset marker (lib/refund).
 -- ARGV        as lib/refund: amount, actual, at, cost, settle, cap, then per
 --             bucket: interval T (microseconds >= 1 per token), capacity C
 --             (>= 1, with C x T <= 2^51), held, reset (unused here).
 --
 -- The bucket is GCRA in another stored form (see rate/token_bucket/check),
--- and the bound is rate/gcra/refund's: tokens the bucket would have refilled
--- by now anyway, had the charge not happened, are not owed back. A
--- settlement below the reservation gives back give = held - actual. The
--- bucket, refilled up to now as in check, gets back
+-- and the refund is rate/gcra/refund's, worked on the bucket's full-at time
+-- F = at + (C - tokens) x T (GCRA's TAT): tokens the bucket would have
+-- refilled by now anyway, had the charge not happened, are not owed back.
+-- A settlement below the reservation gives back give = held - actual:
 --   back = min(give x T, at + held x T - now) microseconds, never below 0
--- of refill: floor(back / T) whole tokens, and the rest as refill time
--- already credited (`at` moves back by it; a token it completes is added
--- now), never more than its capacity.
---
--- Excess (a settlement above the reservation: actual - held): e =
--- min(excess, the units
--- until the bucket's schedule is cap units past empty) tokens are taken;
--- those beyond the tokens in the bucket move `at` into the future by T
--- each: a debt, during which the bucket refills nothing and checks are
--- denied.
+--   F' = max(now, F - back) when F > now
+-- and a settlement above it (excess = actual - held) takes e = min(excess,
+-- the units until F is cap units past empty): F' = F' + e x T. The bucket
+-- is then written back from F' in the form check keeps: when F' - now <
+-- C x T, tokens = floor((C x T - (F' - now)) / T) and at = F' - (C -
+-- tokens) x T (in (now - T, now]); otherwise tokens = 0 and at = F' - C x T
+-- (>= now): a debt, during which the bucket refills nothing and checks are
+-- denied. (Working on F is what keeps a refund into a debt from turning
+-- into tokens usable at once: the tokens come back only as the debt
+-- drains.)
 --
 -- A bucket that becomes full is deleted (a missing key means full);
 -- otherwise its expiry moves to when it will be full. The record keeps
--- what is left of the charge until at + cost x T, after which nothing of
--- it can come back; a settlement marks it settled until its deadline.
+-- what is left of the charge, or that it was settled, until at + cost x T
+-- (after which nothing of it can come back) or its deadline, whichever is
+-- later.
 --
 -- Reply: {status, now, then per bucket: credited, charged, excess, tokens, at}
---   status    0 applied; 1 settled already; 2 past the settlement's deadline
+--   status    0 applied; 1 settled already; 2 the charge's power had
+--             ended (its deadline passed, or a limit was reset since)
 --   credited  the tokens of the charge given back: ceil of the refill time
 --             returned over T (one partly refilled counts as given back)
 --   charged   e: the excess tokens taken
@@ -81,33 +83,25 @@ end
 local reply, credited = {status, now}, {}
 for i = 1, n do
   local c, step, k, a = capacity[i], interval[i], tokens[i], refilled[i]
-  local k0, a0 = k, a
-  local full_at = a + (c - k) * step -- the bucket's TAT, in GCRA terms
-  if back[i] > 0 and k < c then
-    local whole = floor_div(back[i], step)
-    k, a = k + whole, a - (back[i] - whole * step)
-    if now - a >= step then k, a = k + 1, a + step end
-    if k >= c then k, a = c, now end
-  end
-  credited[i] = ceil_div(full_at - (a + (c - k) * step), step)
+  local full_at = a + (c - k) * step -- F, the bucket's TAT in GCRA terms
+  local f = full_at
+  if back[i] > 0 and f > now then f = math.max(now, f - back[i]) end
+  credited[i] = ceil_div(full_at - f, step)
   local charged = 0
   if excess[i] > 0 then
-    local ahead = a + (c - k) * step - now
-    local room = floor_div(math.min(MAX_FILL, (c + cap) * step) - ahead, step)
+    local room = floor_div(math.min(MAX_FILL, (c + cap) * step) - (f - now), step)
     charged = math.max(0, math.min(excess[i], room))
-    if charged <= k then
-      k = k - charged
-    else
-      a, k = a + (charged - k) * step, 0
-    end
+    f = f + charged * step
   end
-  if k ~= k0 or a ~= a0 then
-    if k >= c then
+  if f ~= full_at then
+    if f == now then
       k, a = c, now
       redis.call('DEL', KEYS[i])
     else
+      k = math.max(0, floor_div(c * step - (f - now), step))
+      a = f - (c - k) * step
       redis.call('HSET', KEYS[i], 'tokens', k, 'at', a)
-      redis.call('PEXPIREAT', KEYS[i], ceil_div(a + (c - k) * step, 1000))
+      redis.call('PEXPIREAT', KEYS[i], ceil_div(f, 1000))
     end
   end
   local j = 5 * i - 2
