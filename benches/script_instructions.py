@@ -138,6 +138,21 @@ def cases(lua, tower):
     rows.append(('fence/acquire + fence/release without the PUBLISH (pair)',
                  [mine('fence/acquire'), mine('fence/release')],
                  [(0, ['{g}:lock', '{g}:fence'], [TOKEN, 30000]), (1, ['{g}:lock'], [HELD])]))
+    # A check of 2 and a refund of 1 (the refund gives back and writes its
+    # record, a fresh one per pair): what a refund costs on top of its check.
+    # Trees before the reset markers took no marker key.
+    marked = 'reset marker' in open(os.path.join(lua, 'lib', 'refund.lua')).read()
+    for alg, params in [('gcra', [1000, 100000]), ('token_bucket', [1000, 100000])]:
+        key = '{%s}' % alg[0]
+        keys = [key, lambda reply, n, k=key: '%s:charge#%d' % (k, n)] + ([key + ':reset'] if marked else [])
+        # amount 1, actual 0, at (the check's time), cost 2, deadline 1 h on
+        # (before the markers a refund sent 0: a deadline made it a
+        # settlement), no cap; the limit's T and burst, held 2, reset 0.
+        deadline = (lambda reply, n: reply[1] // 1000 + 3600000) if marked else 0
+        argv = [1, 0, lambda reply, n: reply[1], 2, deadline, 9007199254740991, *params, 2, 0]
+        rows.append(('rate/%s/check + refund (pair)' % alg,
+                     [mine('rate/%s/check' % alg), mine('rate/%s/refund' % alg)],
+                     [(0, [key], [2, *params]), (1, keys, argv)]))
     return rows
 
 
@@ -237,12 +252,22 @@ def main():
             for label, sources, calls in rows:
                 shas = [conn.cmd('SCRIPT', 'LOAD', s) for s in sources]
 
+                count = [0]
+
                 def run():
                     reply = None
+                    count[0] += 1
                     for i, keys, argv in calls:
-                        argv = ['%s:%s' % (reply[1], TOKEN) if a is HELD else a for a in argv]
+                        # HELD: the lock value of the grant just taken; a
+                        # function: a value from the previous reply and the
+                        # run's number (a charge's time, a fresh record key).
+                        now = lambda v: v(reply, count[0]) if callable(v) else v
+                        argv = ['%s:%s' % (reply[1], TOKEN) if a is HELD else now(a) for a in argv]
+                        keys = [now(k) for k in keys]
                         reply = conn.cmd('EVALSHA', shas[i], len(keys), *keys, *argv)
-                    if len(calls) == 2 and reply not in ([1], 1):
+                    if 'refund' in label and reply[0] != 0:
+                        sys.exit('%s: the refund answered %r' % (label, reply))
+                    if 'refund' not in label and len(calls) == 2 and reply not in ([1], 1):
                         sys.exit('%s: the release did not release (%r), so the row would '
                                  'measure a refused release and a re-entry' % (label, reply))
 
