@@ -320,6 +320,17 @@ pub enum Error {
         detail: String,
     },
 
+    /// A receipt was given an answer about another receipt:
+    /// [`crate::fence::Grant::apply`] an extension of another grant (or
+    /// the same resource under another token), or
+    /// [`crate::semaphore::Permit::apply`] one of another permit (or the
+    /// same id with another weight or TTL). Nothing changed; no I/O.
+    #[error("an extension's answer about another {receipt} was not applied to this one")]
+    ForeignAnswer {
+        /// What refused it: `"grant"` or `"permit"`.
+        receipt: &'static str,
+    },
+
     /// A script's reply does not decode into the type asked for
     /// ([`crate::script::Call`]). The script **ran**: whatever it wrote
     /// stays written, so this is not a definite error. Fix the type (or
@@ -407,6 +418,7 @@ impl Error {
                 | Error::Encode(_)
                 | Error::UnknownScript { .. }
                 | Error::ScriptSource { .. }
+                | Error::ForeignAnswer { .. }
         )
     }
 }

@@ -458,7 +458,7 @@ async fn fence_acquire_extend_release_and_fences_rise(d: &Deployment) {
         let mut lost = nolock::Batch::new();
         lost.push(extend);
         let lost = lost.run(&mut conn).await.pop().unwrap();
-        assert_eq!(lost.unwrap(), LockExtend::Lost);
+        assert_eq!(lost.unwrap().outcome(), LockExtend::Lost);
         assert!(!d.exists(&lock).await);
     }
     assert_eq!(last, 3);

@@ -10,7 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use nolock::semaphore::{
-    self, AcquirePermit, Permit, PermitAttempt, PermitExtend, PermitLease, PermitRelease, Semaphore,
+    self, AcquirePermit, ExtendPermit, Permit, PermitAttempt, PermitExtend, PermitLease,
+    PermitRelease, Semaphore,
 };
 use nolock::Backoff;
 use nolock::{Batch, Error};
@@ -493,6 +494,77 @@ async fn a_retry_with_the_same_id_gets_the_same_permit_not_a_second() {
     assert!(matches!(err, Error::Redis(_)), "{err}");
 }
 
+/// Issue 33, item 9: a permit rebuilt by `Semaphore::restore` has the
+/// semaphore's TTL, and its extension sets that TTL on the server.
+#[tokio::test]
+async fn a_restored_permits_ttl_is_the_semaphores() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let key = format!("{}s", prefix("restored_ttl"));
+    let ttl = Duration::from_millis(1500);
+    let sem = Semaphore::new(2, ttl).unwrap();
+    let taken = permit(sem.acquire(&mut conn, &key).await.unwrap());
+    let mut restored = sem.restore(&key, taken.id().clone(), 1).unwrap();
+    assert_eq!(restored.ttl(), sem.ttl());
+    assert!(matches!(
+        restored.extend(&mut conn).await.unwrap(),
+        PermitExtend::Extended { .. }
+    ));
+    assert!(restored.remaining() <= ttl);
+    let (now_s, now_us): (u64, u64) = raw(&mut conn, &["TIME"]).await;
+    let now_ms = now_s * 1000 + now_us / 1000;
+    let member = format!("{}:1", restored.id().as_str());
+    let score: u64 = raw(&mut conn, &["ZSCORE", &key, &member]).await;
+    assert!(
+        score <= now_ms + 1500 && score + 200 >= now_ms + 1500,
+        "expiry {score} is not about {now_ms} + 1500"
+    );
+    assert_eq!(
+        restored.release(&mut conn).await.unwrap(),
+        PermitRelease::Released
+    );
+    assert_eq!(taken.release(&mut conn).await.unwrap(), PermitRelease::Lost);
+}
+
+/// Issue 33, item 9: an extension's answer is taken only by the permit it
+/// is about; another permit's is refused and the deadline stays.
+#[tokio::test]
+async fn applying_another_permits_extension_is_refused_and_leaves_the_deadline() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let key = format!("{}s", prefix("foreign_answer"));
+    let short = Semaphore::new(3, Duration::from_millis(200)).unwrap();
+    let long = Semaphore::new(3, Duration::from_secs(30)).unwrap();
+    let mut a = permit(short.acquire(&mut conn, &key).await.unwrap());
+    let b = permit(long.acquire(&mut conn, &key).await.unwrap());
+    tokio::time::sleep(250 * MS).await; // a's permit has expired
+    let answers = Batch::from_iter([ExtendPermit::new(&b), ExtendPermit::new(&a)])
+        .run(&mut conn)
+        .await;
+    let [of_b, of_a] = [&answers[0], &answers[1]].map(|r| r.as_ref().unwrap());
+    assert!(of_b.is_extended() && !of_a.is_extended());
+    let deadline = a.deadline();
+    let err = a.apply(of_b).unwrap_err();
+    assert!(
+        matches!(err, Error::ForeignAnswer { receipt: "permit" }),
+        "{err}"
+    );
+    assert_eq!(a.deadline(), deadline, "the deadline is as it was");
+    // The same id restored with another TTL is another receipt too.
+    let stretched = long.restore(&key, a.id().clone(), 1).unwrap();
+    let answer = Batch::from_iter([ExtendPermit::new(&stretched)])
+        .run(&mut conn)
+        .await
+        .remove(0)
+        .unwrap();
+    assert!(a.apply(&answer).is_err());
+    assert_eq!(a.deadline(), deadline);
+    a.apply(of_a).unwrap();
+    assert!(a.remaining().is_zero());
+    assert_eq!(a.extend(&mut conn).await.unwrap(), PermitExtend::Lost);
+    assert_eq!(b.release(&mut conn).await.unwrap(), PermitRelease::Released);
+}
+
 #[tokio::test]
 async fn bad_input_is_rejected_before_anything_is_sent() {
     let server = RedisServer::start();
@@ -541,18 +613,18 @@ async fn bad_input_is_rejected_before_anything_is_sent() {
         ),
         (Semaphore::new(0, s).unwrap_err(), "ZeroLimit"),
         (
-            Permit::restore("", semaphore::PermitId::random().unwrap(), 1, s).unwrap_err(),
+            Semaphore::new(1, s)
+                .unwrap()
+                .restore("", semaphore::PermitId::random().unwrap(), 1)
+                .unwrap_err(),
             "EmptyKey",
         ),
         (
-            Permit::restore(
-                "k",
-                semaphore::PermitId::random().unwrap(),
-                1,
-                Duration::ZERO,
-            )
-            .unwrap_err(),
-            "ZeroDuration",
+            Semaphore::new(1, s)
+                .unwrap()
+                .restore("k", semaphore::PermitId::random().unwrap(), 2)
+                .unwrap_err(),
+            "InsufficientCapacity",
         ),
     ];
     for (err, kind) in cases {
@@ -778,8 +850,9 @@ async fn foreign_data_is_refused_with_nothing_written() {
 
         // Another holder's permit, as a process that kept only its id would
         // rebuild it, pointed at the foreign key.
-        let mut stranger = Permit::restore(&key, other.clone(), 1, MINUTE).unwrap();
-        let stranger_again = Permit::restore(&key, other.clone(), 1, MINUTE).unwrap();
+        let five = Semaphore::new(5, MINUTE).unwrap();
+        let mut stranger = five.restore(&key, other.clone(), 1).unwrap();
+        let stranger_again = five.restore(&key, other.clone(), 1).unwrap();
         let results = [
             Semaphore::new(5, MINUTE)
                 .unwrap()
@@ -1071,13 +1144,14 @@ async fn a_permit_lease_survives_a_busy_server_and_a_restored_permit_releases() 
 
     // A process that kept only the id and weight can still give it back.
     let stored = (lease.permit().id().to_string(), lease.permit().weight());
-    let mut restored = Permit::restore(
-        &key,
-        semaphore::PermitId::parse(&stored.0).unwrap(),
-        stored.1,
-        ttl,
-    )
-    .unwrap();
+    let mut restored = Semaphore::new(1, ttl)
+        .unwrap()
+        .restore(
+            &key,
+            semaphore::PermitId::parse(&stored.0).unwrap(),
+            stored.1,
+        )
+        .unwrap();
     assert!(matches!(
         restored.extend(&mut conn).await.unwrap(),
         PermitExtend::Extended { .. }

@@ -230,7 +230,7 @@ mod write;
 
 pub use advance::{advance, Advance, AdvanceFence};
 pub use durability::{cluster_durability, durability, ConfigSource, Durability, Restart};
-pub use grant::{ExtendLock, Fence, Grant, ReleaseLock};
+pub use grant::{ExtendLock, Fence, Grant, LockExtension, ReleaseLock};
 pub use lease::Lease;
 pub use lock::{AcquireLock, Lock};
 pub use waiters::Waiters;

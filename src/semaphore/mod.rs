@@ -12,19 +12,23 @@
 //! for one), then call it with the key of whatever is limited. The permits it
 //! hands out are receipts: a [`Permit`] carries its key, id, weight and TTL,
 //! so releasing or extending it takes no key, and it is neither `Copy` nor
-//! `Clone`.
+//! `Clone`. A permit that crossed a process boundary is rebuilt with
+//! [`Semaphore::restore`] (key, id and weight; the TTL is the semaphore's).
 //!
 //! | call | script | what it does |
 //! |---|---|---|
 //! | [`Semaphore::acquire`], [`Semaphore::acquire_weighted`] | `lua/semaphore/acquire.lua` | take 1 (or `weight`) permits if they fit, all or nothing; else when they will; waiting up to the semaphore's [`Backoff`] |
 //! | [`Permit::extend`] | `lua/semaphore/extend.lua` | reset this permit's expiry, only if it has not expired |
 //! | [`Permit::release`] | `lua/semaphore/release.lua` | give back this permit, and only this one |
+//! | [`Semaphore::restore`] | none | rebuild a permit from its key, id and weight, with the semaphore's TTL |
 //! | [`Semaphore::lease`], [`Semaphore::with_permit`] | extend + release | renew every `ttl / 3` in a background task, signal loss |
 //! | [`Semaphore::peek`] | `lua/semaphore/peek.lua` | permits in use, holders, next expiry; writes nothing |
 //!
 //! Every call is also an operation value ([`AcquirePermit`],
 //! [`ReleasePermit`], [`ExtendPermit`], [`PeekSemaphore`]) for a
 //! [`crate::Batch`] or an operation id ([`crate::Operation::idempotent`]).
+//! An extension's answer ([`PermitExtension`]) names the permit it is
+//! about, and only that permit takes it ([`Permit::apply`]).
 //!
 //! # State
 //!
@@ -198,7 +202,7 @@ pub(crate) struct Holding {
 /// [`Permit::extend`]): neither takes a key, so a permit of one semaphore
 /// can never touch another. It is neither `Copy` nor `Clone`; releasing it
 /// consumes it. A permit that crossed a process boundary is rebuilt with
-/// [`Permit::restore`].
+/// [`Semaphore::restore`].
 ///
 /// ```compile_fail
 /// # async fn f(conn: &mut redis::aio::MultiplexedConnection, permit: nolock::semaphore::Permit) -> nolock::Result<()> {
@@ -226,48 +230,21 @@ pub struct Permit {
     deadline: Instant,
     /// When the acquire was built (single calls: sent).
     sent: Instant,
+    /// When the extension behind the deadline was built (`sent` until one
+    /// is applied): an older answer is not taken.
+    answered: Instant,
 }
 
 impl Permit {
-    /// A permit known only by its key, id and weight (stored by a process
-    /// that has since restarted), to release or extend it: the escape hatch
-    /// for a permit that crossed a process boundary. The server checks what
-    /// it says (a release or extension of permits this id does not hold
-    /// answers [`PermitRelease::Lost`] / [`PermitExtend::Lost`]). Its local
-    /// deadline is unknown, so it is set to now: [`Permit::extend`] it to
-    /// learn whether it still holds.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::EmptyKey`]; [`Error::ZeroLimit`] / [`Error::OutOfRange`] for
-    /// a weight of 0 or above [`MAX_PERMITS`]; the ttl as
-    /// [`Semaphore::new`] checks it.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use nolock::semaphore::{Permit, PermitId};
-    ///
-    /// let id = PermitId::parse("0123456789abcdef0123456789abcdef")?;
-    /// let permit = Permit::restore("exports:running", id.clone(), 2, Duration::from_secs(30))?;
-    /// assert_eq!((permit.key(), permit.weight()), ("exports:running", 2));
-    /// assert!(Permit::restore("exports:running", id, 0, Duration::from_secs(30)).is_err());
-    /// # Ok::<(), nolock::Error>(())
-    /// ```
-    pub fn restore(key: &str, id: PermitId, weight: u64, ttl: Duration) -> Result<Permit> {
-        validate::key(key)?;
-        check_permits(MAX_PERMITS, weight)?;
-        let ttl = Duration::from_millis(ttl_millis(ttl)?);
-        let now = Instant::now();
-        Ok(Permit {
-            holding: Holding {
-                key: key.to_owned(),
-                id,
-                weight,
-                ttl,
-            },
-            deadline: now,
-            sent: now,
-        })
+    /// The permits of `holding`, granted (or restored) by a request built
+    /// at `sent`, valid until `deadline`.
+    pub(super) fn granted(holding: Holding, sent: Instant, deadline: Instant) -> Permit {
+        Permit {
+            holding,
+            deadline,
+            sent,
+            answered: sent,
+        }
     }
 
     /// The semaphore's key.
@@ -276,7 +253,7 @@ impl Permit {
     }
 
     /// The holder's id: store it (with the key and weight) to
-    /// [`Permit::restore`] the permit elsewhere.
+    /// [`Semaphore::restore`] the permit elsewhere.
     pub fn id(&self) -> &PermitId {
         &self.holding.id
     }
@@ -302,13 +279,67 @@ impl Permit {
         self.deadline.saturating_duration_since(Instant::now())
     }
 
-    /// Take in an extension's answer ([`ExtendPermit`] run yourself):
-    /// [`Permit::extend`] does it. A lost permit's deadline is now.
-    pub fn apply(&mut self, extend: &PermitExtend) {
-        self.deadline = match extend {
-            PermitExtend::Extended { deadline } => *deadline,
+    /// Take in the answer of an [`ExtendPermit`] of this permit, run
+    /// yourself (in a [`crate::Batch`], or with an operation id):
+    /// [`Permit::extend`] does it. An extension moves [`Permit::deadline`]
+    /// to its own; a lost permit's deadline is now.
+    ///
+    /// Only answers about this permit are taken: its key, id, weight and
+    /// TTL. An answer to an extension built before the one this permit's
+    /// deadline comes from (or before it was acquired or restored) is older
+    /// news and changes nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ForeignAnswer`] for an answer about another permit (another
+    /// key or id, or the same id with another weight or TTL): nothing
+    /// changes.
+    pub fn apply(&mut self, answer: &PermitExtension) -> Result<()> {
+        if answer.about != self.holding {
+            return Err(Error::ForeignAnswer { receipt: "permit" });
+        }
+        if answer.built < self.answered {
+            return Ok(());
+        }
+        self.answered = answer.built;
+        self.deadline = match answer.outcome {
+            PermitExtend::Extended { deadline } => deadline,
             PermitExtend::Lost => Instant::now(),
         };
+        Ok(())
+    }
+}
+
+/// What an [`ExtendPermit`] answers: the outcome of one extension, with the
+/// permit it is about. Only that permit takes it ([`Permit::apply`]), and
+/// only an extension makes one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use = "a lost permit means the work must stop"]
+pub struct PermitExtension {
+    about: Holding,
+    /// When the extension was built: its deadline counts from then.
+    built: Instant,
+    outcome: PermitExtend,
+}
+
+impl PermitExtension {
+    pub(super) fn answer(about: Holding, built: Instant, outcome: PermitExtend) -> Self {
+        PermitExtension {
+            about,
+            built,
+            outcome,
+        }
+    }
+
+    /// What the server answered (an extension's deadline counts from when
+    /// the [`ExtendPermit`] was built).
+    pub fn outcome(&self) -> PermitExtend {
+        self.outcome
+    }
+
+    /// True when the permits were still held and were extended.
+    pub fn is_extended(&self) -> bool {
+        matches!(self.outcome, PermitExtend::Extended { .. })
     }
 }
 
@@ -362,7 +393,8 @@ pub enum PermitRelease {
     Lost,
 }
 
-/// The outcome of [`Permit::extend`].
+/// The outcome of [`Permit::extend`] (and of an [`ExtendPermit`], in its
+/// [`PermitExtension`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[must_use = "a lost permit means the work must stop"]
 pub enum PermitExtend {
@@ -472,7 +504,19 @@ mod tests {
         ));
         assert!(Semaphore::new(1, MAX_PERMIT_TTL).is_ok());
         assert!(matches!(PeekSemaphore::new(""), Err(Error::EmptyKey)));
-        assert!(Permit::restore("", PermitId::random().unwrap(), 1, S).is_err());
+        let two = sem(2).unwrap();
+        assert!(matches!(
+            two.restore("", PermitId::random().unwrap(), 1),
+            Err(Error::EmptyKey)
+        ));
+        assert!(matches!(
+            two.restore("k", PermitId::random().unwrap(), 0),
+            Err(Error::ZeroLimit { what: "weight" })
+        ));
+        assert!(matches!(
+            two.restore("k", PermitId::random().unwrap(), 3),
+            Err(Error::InsufficientCapacity { .. })
+        ));
     }
 
     #[test]
@@ -493,7 +537,7 @@ mod tests {
                 "1500"
             ]
         );
-        let permit = Permit::restore("k", id.clone(), 2, S).unwrap();
+        let permit = sem(5).unwrap().restore("k", id.clone(), 2).unwrap();
         let op = ReleasePermit::new(&permit);
         assert_eq!(
             words(op.invocation().command()),
@@ -538,6 +582,44 @@ mod tests {
         );
         assert_eq!(usage.free(10), 7);
         assert_eq!(usage.free(2), 0);
+    }
+
+    fn answer(permit: &Permit, extended: bool) -> PermitExtension {
+        ExtendPermit::new(permit)
+            .decode(Array(vec![Int(extended.into())]))
+            .unwrap()
+    }
+
+    #[test]
+    fn a_permit_takes_only_answers_about_itself() {
+        let id = PermitId::random().unwrap();
+        let five = sem(5).unwrap();
+        let mut p = five.restore("k", id.clone(), 2).unwrap();
+        let before = p.deadline();
+        let others = [
+            five.restore("k", PermitId::random().unwrap(), 2).unwrap(),
+            five.restore("j", id.clone(), 2).unwrap(),
+            five.restore("k", id.clone(), 1).unwrap(),
+            Semaphore::new(5, 30 * S)
+                .unwrap()
+                .restore("k", id.clone(), 2)
+                .unwrap(),
+        ];
+        for other in &others {
+            let err = p.apply(&answer(other, true)).unwrap_err();
+            assert!(
+                matches!(err, Error::ForeignAnswer { receipt: "permit" }),
+                "{err}"
+            );
+            assert_eq!(p.deadline(), before);
+        }
+        let extended = answer(&p, true);
+        p.apply(&extended).unwrap();
+        assert!(p.deadline() > before);
+        p.apply(&answer(&p, false)).unwrap();
+        assert!(p.deadline() <= Instant::now());
+        p.apply(&extended).unwrap();
+        assert!(p.deadline() <= Instant::now(), "older news changes nothing");
     }
 
     #[test]
