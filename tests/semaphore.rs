@@ -11,10 +11,10 @@ use std::time::{Duration, Instant};
 
 use nolock::semaphore::{
     self, AcquirePermit, ExtendPermit, Permit, PermitAttempt, PermitExtend, PermitLease,
-    PermitRelease, Semaphore,
+    PermitRelease, ReleasePermit, Semaphore,
 };
 use nolock::Backoff;
-use nolock::{Batch, Error};
+use nolock::{Batch, Error, Operation};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence, TestRunner};
 use redis::aio::MultiplexedConnection;
@@ -491,7 +491,116 @@ async fn a_retry_with_the_same_id_gets_the_same_permit_not_a_second() {
     .await
     .remove(0)
     .unwrap_err();
-    assert!(matches!(err, Error::Redis(_)), "{err}");
+    assert!(
+        matches!(err, Error::PermitWeightMismatch { .. }) && err.is_definite(),
+        "{err}"
+    );
+    assert_eq!(semaphore::peek(&mut conn, &key).await.unwrap().in_use, 2);
+}
+
+/// The semaphore as stored (members with their scores) and when the key
+/// expires: equal before and after a call means the call wrote nothing.
+async fn stored(conn: &mut MultiplexedConnection, key: &str) -> (Vec<String>, i64) {
+    let members: Vec<String> = raw(conn, &["ZRANGE", key, "0", "-1", "WITHSCORES"]).await;
+    let expires: i64 = raw(conn, &["PEXPIRETIME", key]).await;
+    (members, expires)
+}
+
+/// Issue 33, item 5: a holder of 3 permits whose permit is rebuilt as 1
+/// (or 2, or 4) cannot extend or release part of it. Each call is a
+/// definite `PermitWeightMismatch` with nothing written, the real holder
+/// keeps its 3 permits (and extends and releases them), and another caller
+/// gets only what is free.
+#[tokio::test]
+async fn a_permit_restored_with_another_weight_is_neither_extended_nor_released() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let key = format!("{}s", prefix("restored_weight"));
+    let ttl = Duration::from_millis(400);
+    let sem = Semaphore::new(5, ttl).unwrap();
+    let mut holder = permit(sem.acquire_weighted(&mut conn, &key, 3).await.unwrap());
+    let before = stored(&mut conn, &key).await;
+    assert_eq!(before.0.len(), 6, "3 members with their scores");
+
+    for weight in [1, 2, 4] {
+        // The reporter's run: six extensions of the wrong weight.
+        let mut wrong = sem.restore(&key, holder.id().clone(), weight).unwrap();
+        for _ in 0..6 {
+            let err = wrong.extend(&mut conn).await.unwrap_err();
+            assert!(
+                matches!(err, Error::PermitWeightMismatch { .. }) && err.is_definite(),
+                "weight {weight}: {err}"
+            );
+            assert!(!err.is_invalid_input(), "the server decided");
+            assert!(err.to_string().contains(&key), "{err}");
+        }
+        assert!(wrong.remaining().is_zero(), "no deadline from a refusal");
+        let err = wrong.release(&mut conn).await.unwrap_err();
+        assert!(
+            matches!(err, Error::PermitWeightMismatch { .. }),
+            "weight {weight}: {err}"
+        );
+        assert_eq!(stored(&mut conn, &key).await, before, "weight {weight}");
+    }
+    // Through a batch and with an operation id: the same refusal, and the
+    // refusal is not recorded (an error reply never is).
+    let wrong = sem.restore(&key, holder.id().clone(), 1).unwrap();
+    let release = ReleasePermit::new(&wrong).idempotent("restored-1").unwrap();
+    for _ in 0..2 {
+        let err = Batch::from_iter([release.clone()])
+            .run(&mut conn)
+            .await
+            .remove(0)
+            .unwrap_err();
+        assert!(matches!(err, Error::PermitWeightMismatch { .. }), "{err}");
+    }
+    assert_eq!(stored(&mut conn, &key).await, before);
+    let other = Semaphore::new(5, ttl).unwrap();
+    let full = other.acquire_weighted(&mut conn, &key, 3).await.unwrap();
+    assert!(
+        matches!(full, PermitAttempt::Full { in_use: 3, .. }),
+        "{full:?}"
+    );
+    // The real holder keeps all 3: its extension moves them together.
+    assert!(matches!(
+        holder.extend(&mut conn).await.unwrap(),
+        PermitExtend::Extended { .. }
+    ));
+    let (members, _) = stored(&mut conn, &key).await;
+    let scores: Vec<&String> = members.iter().skip(1).step_by(2).collect();
+    assert_eq!(scores.len(), 3);
+    assert!(scores.iter().all(|s| *s == scores[0]), "{members:?}");
+
+    // The permits' TTL passes: all 3 expire together (none was kept alive
+    // by a partial extension), so at no point are more than 5 held.
+    tokio::time::sleep(ttl + 50 * MS).await;
+    let usage = semaphore::peek(&mut conn, &key).await.unwrap();
+    assert_eq!((usage.in_use, usage.holders), (0, 0));
+    let mut two = permit(other.acquire_weighted(&mut conn, &key, 2).await.unwrap());
+    assert_eq!(holder.extend(&mut conn).await.unwrap(), PermitExtend::Lost);
+    let mut three = permit(other.acquire_weighted(&mut conn, &key, 3).await.unwrap());
+    let full = other.acquire(&mut conn, &key).await.unwrap();
+    assert!(
+        matches!(full, PermitAttempt::Full { in_use: 5, .. }),
+        "{full:?}"
+    );
+    // Holders of the right weight still extend and release.
+    assert!(matches!(
+        three.extend(&mut conn).await.unwrap(),
+        PermitExtend::Extended { .. }
+    ));
+    assert!(matches!(
+        two.extend(&mut conn).await.unwrap(),
+        PermitExtend::Extended { .. }
+    ));
+    for p in [two, three] {
+        assert_eq!(p.release(&mut conn).await.unwrap(), PermitRelease::Released);
+    }
+    assert_eq!(
+        holder.release(&mut conn).await.unwrap(),
+        PermitRelease::Lost
+    );
+    assert_eq!(keys(&mut conn, &key).await, Vec::<String>::new());
 }
 
 /// Issue 33, item 9: a permit rebuilt by `Semaphore::restore` has the
@@ -675,11 +784,21 @@ async fn every_call_recovers_a_script_flush() {
     ));
     flush().await;
     assert_eq!(semaphore::peek(&mut conn, &key).await.unwrap().in_use, 1);
+    // A permit restored with another weight: the typed refusal, after the
+    // fallback as before it.
+    let sem = Semaphore::new(2, MINUTE).unwrap();
+    let mut wrong = sem.restore(&key, p.id().clone(), 2).unwrap();
+    flush().await;
+    let err = wrong.extend(&mut conn).await.unwrap_err();
+    assert!(matches!(err, Error::PermitWeightMismatch { .. }), "{err}");
+    flush().await;
+    let err = wrong.release(&mut conn).await.unwrap_err();
+    assert!(matches!(err, Error::PermitWeightMismatch { .. }), "{err}");
     flush().await;
     assert_eq!(p.release(&mut conn).await.unwrap(), PermitRelease::Released);
     // Each flushed script came back through SCRIPT LOAD + EVALSHA, never
     // EVAL / EVAL_RO (which the EVAL LRU of Redis >= 7.4 could evict).
-    assert_eq!(command_calls(&mut conn, "script|load").await, 4);
+    assert_eq!(command_calls(&mut conn, "script|load").await, 6);
     assert_eq!(command_calls(&mut conn, "eval").await, 0);
     assert_eq!(command_calls(&mut conn, "eval_ro").await, 0);
 }
@@ -731,6 +850,20 @@ async fn release_and_extend_still_work_on_a_full_server() {
     );
     let card: u64 = raw(&mut conn, &["ZCARD", &key]).await;
     assert_eq!(card, 1);
+
+    // A permit restored with another weight is refused as such (allow-oom:
+    // not OOM), with nothing written.
+    let before: Vec<String> = raw(&mut conn, &["ZRANGE", &key, "0", "-1", "WITHSCORES"]).await;
+    let mut wrong = Semaphore::new(3, MINUTE)
+        .unwrap()
+        .restore(&key, held.id().clone(), 2)
+        .unwrap();
+    let err = wrong.extend(&mut conn).await.unwrap_err();
+    assert!(matches!(err, Error::PermitWeightMismatch { .. }), "{err}");
+    let err = wrong.release(&mut conn).await.unwrap_err();
+    assert!(matches!(err, Error::PermitWeightMismatch { .. }), "{err}");
+    let after: Vec<String> = raw(&mut conn, &["ZRANGE", &key, "0", "-1", "WITHSCORES"]).await;
+    assert_eq!(after, before);
 
     // The holder keeps and gives back its permit (allow-oom), also through EVAL.
     let _: () = raw(&mut conn, &["SCRIPT", "FLUSH"]).await;
@@ -906,6 +1039,11 @@ enum Step {
     Expire {
         slot: usize,
     },
+    /// The holder's permit rebuilt with `weight`, extended and released.
+    Restore {
+        slot: usize,
+        weight: u64,
+    },
     Peek,
 }
 
@@ -916,6 +1054,7 @@ fn steps() -> impl Strategy<Value = (u64, Vec<Step>)> {
             2 => (0usize..4).prop_map(|slot| Step::Release { slot }),
             1 => (0usize..4).prop_map(|slot| Step::Extend { slot }),
             1 => (0usize..4).prop_map(|slot| Step::Expire { slot }),
+            1 => (0usize..4, 1..=permits).prop_map(|(slot, weight)| Step::Restore { slot, weight }),
             1 => Just(Step::Peek),
         ];
         (Just(permits), prop::collection::vec(step, 1..30))
@@ -1026,6 +1165,60 @@ fn the_semaphore_conforms_to_a_model() {
                                     .await;
                                 }
                                 s.expired = true;
+                            }
+                        }
+                        Step::Restore { slot, weight } => {
+                            let Some(p) = &held[slot] else { continue };
+                            let sem = Semaphore::new(permits, MINUTE).unwrap();
+                            let mut restored = sem.restore(&key, p.id().clone(), weight).unwrap();
+                            let extended = restored.extend(&mut conn).await;
+                            let released = restored.release(&mut conn).await;
+                            let live_slot = model[slot].is_some_and(|s| !s.expired);
+                            match (live_slot, weight == p.weight()) {
+                                // Another weight: refused, nothing written.
+                                (true, false) => {
+                                    prop_assert!(
+                                        matches!(extended, Err(Error::PermitWeightMismatch { .. }))
+                                            && matches!(
+                                                released,
+                                                Err(Error::PermitWeightMismatch { .. })
+                                            ),
+                                        "step {}: {:?} {:?}",
+                                        i,
+                                        extended,
+                                        released
+                                    );
+                                }
+                                // Its own weight: the holding, extended then given back.
+                                (true, true) => {
+                                    prop_assert!(
+                                        matches!(extended, Ok(PermitExtend::Extended { .. })),
+                                        "step {}",
+                                        i
+                                    );
+                                    prop_assert_eq!(
+                                        released.unwrap(),
+                                        PermitRelease::Released,
+                                        "step {}",
+                                        i
+                                    );
+                                    model[slot] = None;
+                                }
+                                // Expired: lost, whatever the weight.
+                                (false, _) => {
+                                    prop_assert_eq!(
+                                        extended.unwrap(),
+                                        PermitExtend::Lost,
+                                        "step {}",
+                                        i
+                                    );
+                                    prop_assert_eq!(
+                                        released.unwrap(),
+                                        PermitRelease::Lost,
+                                        "step {}",
+                                        i
+                                    );
+                                }
                             }
                         }
                         Step::Peek => {

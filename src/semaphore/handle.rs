@@ -271,8 +271,11 @@ impl Semaphore {
     ///
     /// The server checks what it says: a release or extension of permits
     /// this id does not hold answers [`PermitRelease::Lost`] /
-    /// [`PermitExtend::Lost`]. Its local deadline is unknown, so it is set
-    /// to now: [`Permit::extend`] it to learn whether it still holds.
+    /// [`PermitExtend::Lost`], and one whose weight is not the one the id
+    /// was granted is refused ([`Error::PermitWeightMismatch`]; nothing is
+    /// written, and the holding keeps all its permits). Its local deadline
+    /// is unknown, so it is set to now: [`Permit::extend`] it to learn
+    /// whether it still holds.
     ///
     /// # Errors
     ///

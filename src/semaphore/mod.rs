@@ -30,6 +30,18 @@
 //! An extension's answer ([`PermitExtension`]) names the permit it is
 //! about, and only that permit takes it ([`Permit::apply`]).
 //!
+//! # Weights
+//!
+//! A holder's weight is checked by the server on every write of its id
+//! (acquire, extend, release): when `"<id>:1"` is unexpired, the id's
+//! members must be exactly `"<id>:1"`..`"<id>:<weight>"`, all unexpired,
+//! with `"<id>:<weight+1>"` absent or expired. Otherwise the id was granted
+//! another weight, and the call is refused with
+//! [`Error::PermitWeightMismatch`], nothing written: a permit restored with
+//! a smaller weight can neither keep part of a holding alive (the rest
+//! would expire and be granted again while both holders think they hold)
+//! nor give part of it back.
+//!
 //! # State
 //!
 //! One key per semaphore, a sorted set, so it works unchanged on Redis
@@ -120,6 +132,10 @@ pub use release::{ExtendPermit, ReleasePermit};
 /// The largest semaphore (and so the largest weight): each permit held is
 /// one sorted-set member, and a weighted acquire writes `weight` of them.
 pub const MAX_PERMITS: u64 = 10_000;
+
+/// The error code of `lib/permits`' `permit_weight_error`: a permit asked
+/// with a weight its id does not hold ([`Error::PermitWeightMismatch`]).
+pub(crate) const WEIGHT_MISMATCH: &str = "NOLOCK_WEIGHT";
 
 /// The longest permit TTL: 2^52 ms (about 142,000 years), so that the
 /// server's clock plus the TTL stays an exact integer in a Lua double.
