@@ -316,7 +316,8 @@ pub enum Error {
     /// distinct operation its own id.
     #[error("operation id reused for a different operation: {detail}")]
     IdReused {
-        /// The server's message: the script and the record key.
+        /// The server's message: the script and the operation's first key
+        /// (never the id, nor the record key derived from it).
         detail: String,
     },
 

@@ -32,7 +32,7 @@ fn fence_of(resource: &str, number: u64) -> Fence {
 
 /// The lock value of a grant: its fence, then its token.
 fn held_by(grant: &fence::Grant) -> String {
-    format!("{}:{}", grant.fence().number(), grant.token())
+    format!("{}:{}", grant.fence().number(), grant.token().as_str())
 }
 
 fn grant(outcome: LockAttempt) -> fence::Grant {
@@ -72,7 +72,7 @@ async fn acquire_grants_increasing_fences_and_reports_a_held_lock() {
     let holder: String = raw(&mut conn, &["GET", &lock_key(&resource)]).await;
     assert_eq!(
         holder,
-        format!("1:{}", first.token()),
+        format!("1:{}", first.token().as_str()),
         "the fence, then the token"
     );
     let pttl: i64 = raw(&mut conn, &["PTTL", &lock_key(&resource)]).await;
@@ -311,7 +311,12 @@ async fn a_lease_outlives_three_ttls_and_stops_renewing_once_released() {
         let holder: Option<String> = raw(&mut conn, &["GET", &lock_key(&resource)]).await;
         assert_eq!(
             holder.as_deref(),
-            Some(format!("{}:{}", lease.fence().number(), lease.token())).as_deref(),
+            Some(format!(
+                "{}:{}",
+                lease.fence().number(),
+                lease.token().as_str()
+            ))
+            .as_deref(),
             "lapsed after {:?}",
             start.elapsed()
         );
@@ -459,7 +464,12 @@ async fn a_lease_survives_a_busy_server() {
     let held: Option<String> = raw(&mut conn, &["GET", &lock_key(&resource)]).await;
     assert_eq!(
         held.as_deref(),
-        Some(format!("{}:{}", lease.fence().number(), lease.token())).as_deref()
+        Some(format!(
+            "{}:{}",
+            lease.fence().number(),
+            lease.token().as_str()
+        ))
+        .as_deref()
     );
     assert_eq!(lease.release().await.unwrap(), LockRelease::Released);
 }
@@ -1607,7 +1617,12 @@ async fn a_lease_renews_through_a_connection_manager() {
     let holder: Option<String> = raw(&mut check, &["GET", &lock_key(&resource)]).await;
     assert_eq!(
         holder.as_deref(),
-        Some(format!("{}:{}", lease.fence().number(), lease.token())).as_deref()
+        Some(format!(
+            "{}:{}",
+            lease.fence().number(),
+            lease.token().as_str()
+        ))
+        .as_deref()
     );
     assert_eq!(lease.release().await.unwrap(), LockRelease::Released);
 }

@@ -240,7 +240,7 @@ async fn a_crashed_holder_frees_exactly_its_own_permit_after_its_ttl() {
     let members: Vec<String> = raw(&mut conn, &["ZRANGE", &key, "0", "-1"]).await;
     let mut want: Vec<String> = [&b, &c, &d]
         .iter()
-        .map(|p| format!("{}:1", p.id()))
+        .map(|p| format!("{}:1", p.id().as_str()))
         .collect();
     let mut got = members.clone();
     want.sort();
@@ -1160,7 +1160,13 @@ fn the_semaphore_conforms_to_a_model() {
                                 for n in 1..=p.weight() {
                                     let _: redis::Value = raw(
                                         &mut conn,
-                                        &["ZADD", &key, "XX", "1000", &format!("{}:{n}", p.id())],
+                                        &[
+                                            "ZADD",
+                                            &key,
+                                            "XX",
+                                            "1000",
+                                            &format!("{}:{n}", p.id().as_str()),
+                                        ],
                                     )
                                     .await;
                                 }
@@ -1336,7 +1342,10 @@ async fn a_permit_lease_survives_a_busy_server_and_a_restored_permit_releases() 
     assert!(lease.deadline() > Instant::now() + ttl / 3, "renewed since");
 
     // A process that kept only the id and weight can still give it back.
-    let stored = (lease.permit().id().to_string(), lease.permit().weight());
+    let stored = (
+        lease.permit().id().as_str().to_owned(),
+        lease.permit().weight(),
+    );
     let mut restored = Semaphore::new(1, ttl)
         .unwrap()
         .restore(

@@ -2,6 +2,7 @@
 //! [`Fence`] (the number that goes with every protected write), and the
 //! calls on a grant as values: [`ReleaseLock`], [`ExtendLock`].
 
+use std::fmt;
 use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionLike;
@@ -166,7 +167,8 @@ impl Grant {
     }
 
     /// The owner token (to take the lock again with
-    /// [`super::Lock::acquire_as`] while it is held).
+    /// [`super::Lock::acquire_as`] while it is held). A secret: the grant's
+    /// `Debug` leaves it out.
     pub fn token(&self) -> &Token {
         &self.token
     }
@@ -202,7 +204,7 @@ impl Grant {
     pub(super) fn holder(&self) -> Holder {
         Holder {
             keys: self.keys.clone(),
-            value: format!("{}:{}", self.fence.number, self.token),
+            value: format!("{}:{}", self.fence.number, self.token.as_str()),
             ttl: self.ttl,
         }
     }
@@ -357,12 +359,22 @@ impl LockExtension {
 
 /// The lock value of a grant, and what extending and releasing it send:
 /// also what an extension's answer is about.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub(super) struct Holder {
     keys: Keys,
     /// `"<fence>:<token>"`, as the acquire script stored it.
     value: String,
     ttl: Duration,
+}
+
+impl fmt::Debug for Holder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Holder")
+            .field("lock", &self.keys.lock)
+            .field("value", &crate::observe::Redacted)
+            .field("ttl", &self.ttl)
+            .finish()
+    }
 }
 
 impl Holder {
@@ -571,6 +583,19 @@ mod tests {
         );
         assert!(g.apply(&answer(&longer, true)).is_err(), "another TTL");
         assert!(g.apply(&answer(&g, true)).is_ok());
+    }
+
+    #[test]
+    fn debug_shows_no_token() {
+        let g = grant("r", 7);
+        for text in [
+            format!("{g:?}"),
+            format!("{:?}", ReleaseLock::new(&g)),
+            format!("{:?}", ExtendLock::new(&g)),
+            format!("{:?}", answer(&g, true)),
+        ] {
+            assert!(!text.contains("t0k"), "{text}");
+        }
     }
 
     #[test]

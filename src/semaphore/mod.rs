@@ -14,6 +14,7 @@
 //! so releasing or extending it takes no key, and it is neither `Copy` nor
 //! `Clone`. A permit that crossed a process boundary is rebuilt with
 //! [`Semaphore::restore`] (key, id and weight; the TTL is the semaphore's).
+//! The id is a secret: no `Debug`, `Display` or error message shows it.
 //!
 //! | call | script | what it does |
 //! |---|---|---|
@@ -142,8 +143,16 @@ pub(crate) const WEIGHT_MISMATCH: &str = "NOLOCK_WEIGHT";
 pub const MAX_PERMIT_TTL: Duration = Duration::from_millis(1 << 52);
 
 /// A permit holder's id: 128 bits from the OS CSPRNG, as 32 lowercase hex
-/// digits. Whoever has it can extend and release that holder's permits.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+/// digits. Whoever has it can extend and release that holder's permits, so
+/// it is a secret: its `Debug` shows `PermitId(<redacted>)` and it has no
+/// `Display`; [`PermitId::as_str`] is the one way to read it.
+///
+/// ```
+/// let id = nolock::semaphore::PermitId::random()?;
+/// assert_eq!(format!("{id:?}"), "PermitId(<redacted>)");
+/// # Ok::<(), nolock::Error>(())
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash)]
 pub struct PermitId(String);
 
 impl PermitId {
@@ -169,7 +178,9 @@ impl PermitId {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] for anything else.
+    /// [`Error::InvalidArgument`] for anything else; its message gives the
+    /// length of what was passed, never the text (a near-miss may be a
+    /// real id with a stray character).
     ///
     /// ```
     /// use nolock::semaphore::PermitId;
@@ -183,20 +194,22 @@ impl PermitId {
         } else {
             Err(Error::InvalidArgument {
                 what: "permit id",
-                reason: format!("{id:?} is not 32 lowercase hex digits"),
+                reason: format!("{} bytes that are not 32 lowercase hex digits", id.len()),
             })
         }
     }
 
-    /// The id as stored in Redis.
+    /// The id as stored in Redis: keep it out of logs.
     pub fn as_str(&self) -> &str {
         &self.0
     }
 }
 
-impl fmt::Display for PermitId {
+impl fmt::Debug for PermitId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.debug_tuple("PermitId")
+            .field(&crate::observe::Redacted)
+            .finish()
     }
 }
 
@@ -218,7 +231,7 @@ pub(crate) struct Holding {
 /// [`Permit::extend`]): neither takes a key, so a permit of one semaphore
 /// can never touch another. It is neither `Copy` nor `Clone`; releasing it
 /// consumes it. A permit that crossed a process boundary is rebuilt with
-/// [`Semaphore::restore`].
+/// [`Semaphore::restore`]. Its `Debug` leaves out the id.
 ///
 /// ```compile_fail
 /// # async fn f(conn: &mut redis::aio::MultiplexedConnection, permit: nolock::semaphore::Permit) -> nolock::Result<()> {
@@ -269,7 +282,8 @@ impl Permit {
     }
 
     /// The holder's id: store it (with the key and weight) to
-    /// [`Semaphore::restore`] the permit elsewhere.
+    /// [`Semaphore::restore`] the permit elsewhere. A secret: the permit's
+    /// `Debug` leaves it out.
     pub fn id(&self) -> &PermitId {
         &self.holding.id
     }
@@ -636,6 +650,28 @@ mod tests {
         assert!(p.deadline() <= Instant::now());
         p.apply(&extended).unwrap();
         assert!(p.deadline() <= Instant::now(), "older news changes nothing");
+    }
+
+    #[test]
+    fn debug_shows_no_permit_id() {
+        let id = PermitId::random().unwrap();
+        let p = sem(5).unwrap().restore("k", id.clone(), 2).unwrap();
+        for text in [
+            format!("{id:?}"),
+            format!("{p:?}"),
+            format!("{:?}", ReleasePermit::new(&p)),
+            format!("{:?}", ExtendPermit::new(&p)),
+            format!("{:?}", answer(&p, true)),
+            format!(
+                "{:?}",
+                AcquirePermit::with_id(&sem(5).unwrap(), "k", &id, 1).unwrap()
+            ),
+        ] {
+            assert!(!text.contains(id.as_str()), "{text}");
+        }
+        let near_miss = id.as_str().to_uppercase();
+        let err = PermitId::parse(&near_miss).unwrap_err().to_string();
+        assert!(!err.to_lowercase().contains(id.as_str()), "{err}");
     }
 
     #[test]
