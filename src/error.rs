@@ -316,8 +316,34 @@ pub enum Error {
     /// distinct operation its own id.
     #[error("operation id reused for a different operation: {detail}")]
     IdReused {
-        /// The server's message: the script and the record key.
+        /// The server's message: the script and the operation's first key
+        /// (never the id, nor the record key derived from it).
         detail: String,
+    },
+
+    /// A permit was acquired, extended or released with a weight other
+    /// than the one its id holds unexpired on the server (a permit rebuilt
+    /// with [`crate::semaphore::Semaphore::restore`] and the wrong weight,
+    /// or one id acquired with two weights). Definite: nothing was written,
+    /// and the holding keeps all its permits. Not retried: the same call
+    /// fails the same way; restore the permit with the weight it was
+    /// granted ([`crate::semaphore::Permit::weight`]).
+    #[error("permit weight does not match the holding: {detail}")]
+    PermitWeightMismatch {
+        /// The server's message: the script and the semaphore's key (never
+        /// the permit id).
+        detail: String,
+    },
+
+    /// A receipt was given an answer about another receipt:
+    /// [`crate::fence::Grant::apply`] an extension of another grant (or
+    /// the same resource under another token), or
+    /// [`crate::semaphore::Permit::apply`] one of another permit (or the
+    /// same id with another weight or TTL). Nothing changed; no I/O.
+    #[error("an extension's answer about another {receipt} was not applied to this one")]
+    ForeignAnswer {
+        /// What refused it: `"grant"` or `"permit"`.
+        receipt: &'static str,
     },
 
     /// A script's reply does not decode into the type asked for
@@ -345,6 +371,11 @@ impl Error {
     pub(crate) fn from_redis(err: RedisError) -> Self {
         if err.code() == Some(crate::script::ID_REUSED) {
             return Error::IdReused {
+                detail: err.detail().unwrap_or_default().to_owned(),
+            };
+        }
+        if err.code() == Some(crate::semaphore::WEIGHT_MISMATCH) {
+            return Error::PermitWeightMismatch {
                 detail: err.detail().unwrap_or_default().to_owned(),
             };
         }
@@ -407,6 +438,7 @@ impl Error {
                 | Error::Encode(_)
                 | Error::UnknownScript { .. }
                 | Error::ScriptSource { .. }
+                | Error::ForeignAnswer { .. }
         )
     }
 }
@@ -488,6 +520,25 @@ mod tests {
             "{err}"
         );
         assert!(err.is_definite() && !err.is_invalid_input());
+    }
+
+    #[test]
+    fn a_weight_mismatch_is_definite_and_named_by_its_code() {
+        let reply = redis::parse_redis_value(
+            b"-NOLOCK_WEIGHT nolock semaphore/extend: k holds this permit id with another weight\r\n",
+        )
+        .unwrap();
+        let redis::Value::ServerError(err) = reply else {
+            panic!("{reply:?}")
+        };
+        let err = Error::from_redis(err.into());
+        assert!(
+            matches!(&err, Error::PermitWeightMismatch { detail } if detail.contains("semaphore/extend: k ")),
+            "{err}"
+        );
+        assert!(err.is_definite() && !err.is_invalid_input());
+        let foreign = Error::ForeignAnswer { receipt: "grant" };
+        assert!(foreign.is_definite() && foreign.is_invalid_input());
     }
 
     #[test]

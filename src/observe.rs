@@ -26,6 +26,12 @@
 //! | `nolock_lease_losses_total` | counter | |
 //! | `nolock_fallback_decisions_total` | counter | `policy` (`fail_open`/`fail_closed`/`local`) |
 //! | `nolock_operation_duration_seconds` | histogram | `script` |
+//!
+//! **Never recorded**: what grants power over a holding or a record (lock
+//! tokens, permit ids, charge ids, operation ids, and the keys derived from
+//! them). Their `Debug` shows [`Redacted`], error messages leave them out,
+//! and no span field or label carries them; the values stay reachable
+//! through explicit accessors (`as_str()`, `id()`).
 // Each hook uses its arguments under one feature or the other: with only
 // one of them (or none), some go unused.
 #![cfg_attr(
@@ -52,6 +58,17 @@ static RECORD_KEYS: AtomicBool = AtomicBool::new(false);
 #[cfg(feature = "tracing")]
 pub fn record_keys_in_spans(on: bool) {
     RECORD_KEYS.store(on, Relaxed);
+}
+
+/// What `Debug` shows in place of a secret (a token, an id, a key derived
+/// from one): `<redacted>`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Redacted;
+
+impl std::fmt::Debug for Redacted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
 }
 
 /// One script call, from its first send to its result.

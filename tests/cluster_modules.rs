@@ -444,7 +444,7 @@ async fn fence_acquire_extend_release_and_fences_rise(d: &Deployment) {
 
         let extended = g.extend(&mut conn).await;
         assert!(matches!(extended.unwrap(), LockExtend::Extended { .. }));
-        let held_by = format!("{}:{}", g.fence().number(), g.token());
+        let held_by = format!("{}:{}", g.fence().number(), g.token().as_str());
         assert_eq!(d.get(&lock).await.as_deref(), Some(held_by.as_str()));
 
         // The grant's calls as values, so that they can be sent again.
@@ -458,7 +458,7 @@ async fn fence_acquire_extend_release_and_fences_rise(d: &Deployment) {
         let mut lost = nolock::Batch::new();
         lost.push(extend);
         let lost = lost.run(&mut conn).await.pop().unwrap();
-        assert_eq!(lost.unwrap(), LockExtend::Lost);
+        assert_eq!(lost.unwrap().outcome(), LockExtend::Lost);
         assert!(!d.exists(&lock).await);
     }
     assert_eq!(last, 3);
@@ -542,7 +542,11 @@ async fn a_lease_renews_on_the_deployment_connection(d: &Deployment) {
         let holder: Option<String> = raw(&mut owner, &["GET", &lock]).await;
         assert_eq!(
             holder,
-            Some(format!("{}:{}", lease.fence().number(), lease.token())),
+            Some(format!(
+                "{}:{}",
+                lease.fence().number(),
+                lease.token().as_str()
+            )),
             "lapsed after {:?}",
             start.elapsed()
         );

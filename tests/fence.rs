@@ -32,7 +32,7 @@ fn fence_of(resource: &str, number: u64) -> Fence {
 
 /// The lock value of a grant: its fence, then its token.
 fn held_by(grant: &fence::Grant) -> String {
-    format!("{}:{}", grant.fence().number(), grant.token())
+    format!("{}:{}", grant.fence().number(), grant.token().as_str())
 }
 
 fn grant(outcome: LockAttempt) -> fence::Grant {
@@ -72,7 +72,7 @@ async fn acquire_grants_increasing_fences_and_reports_a_held_lock() {
     let holder: String = raw(&mut conn, &["GET", &lock_key(&resource)]).await;
     assert_eq!(
         holder,
-        format!("1:{}", first.token()),
+        format!("1:{}", first.token().as_str()),
         "the fence, then the token"
     );
     let pttl: i64 = raw(&mut conn, &["PTTL", &lock_key(&resource)]).await;
@@ -311,7 +311,12 @@ async fn a_lease_outlives_three_ttls_and_stops_renewing_once_released() {
         let holder: Option<String> = raw(&mut conn, &["GET", &lock_key(&resource)]).await;
         assert_eq!(
             holder.as_deref(),
-            Some(format!("{}:{}", lease.fence().number(), lease.token())).as_deref(),
+            Some(format!(
+                "{}:{}",
+                lease.fence().number(),
+                lease.token().as_str()
+            ))
+            .as_deref(),
             "lapsed after {:?}",
             start.elapsed()
         );
@@ -459,7 +464,12 @@ async fn a_lease_survives_a_busy_server() {
     let held: Option<String> = raw(&mut conn, &["GET", &lock_key(&resource)]).await;
     assert_eq!(
         held.as_deref(),
-        Some(format!("{}:{}", lease.fence().number(), lease.token())).as_deref()
+        Some(format!(
+            "{}:{}",
+            lease.fence().number(),
+            lease.token().as_str()
+        ))
+        .as_deref()
     );
     assert_eq!(lease.release().await.unwrap(), LockRelease::Released);
 }
@@ -962,6 +972,63 @@ async fn re_entry_after_advance_keeps_the_grants_own_stale_fence() {
 
 /// The calls on a grant or fence of resource A touch only A: B's lock,
 /// value and counter are left alone.
+/// Issue 33, item 9, as reported: another grant's extension (30 s) applied
+/// to a grant whose 200 ms had run out moved its deadline to 29.7 s, and
+/// its own extension then answered `Lost`. Now it is refused, and the
+/// deadline stays as it was.
+#[tokio::test]
+async fn applying_another_grants_extension_is_refused_and_leaves_the_deadline() {
+    let redis = support::redis();
+    let mut conn = redis.conn().await;
+    let p = prefix("foreign_answer");
+    let (ra, rb) = (format!("{p}a"), format!("{p}b"));
+    let mut a = grant(
+        lock(Duration::from_millis(200))
+            .acquire(&mut conn, &ra)
+            .await
+            .unwrap(),
+    );
+    let b = grant(lock(MINUTE / 2).acquire(&mut conn, &rb).await.unwrap());
+    wait_gone(&mut conn, &lock_key(&ra)).await; // a's TTL has run out
+    let deadline = a.deadline();
+    assert!(deadline <= Instant::now());
+    let mut answers = nolock::Batch::from_iter([fence::ExtendLock::new(&b)])
+        .run(&mut conn)
+        .await;
+    let of_b = answers.remove(0).unwrap();
+    assert!(of_b.is_extended());
+    let err = a.apply(&of_b).unwrap_err();
+    assert!(
+        matches!(err, Error::ForeignAnswer { receipt: "grant" }),
+        "{err}"
+    );
+    assert!(err.is_invalid_input() && err.is_definite());
+    assert_eq!(a.deadline(), deadline, "the deadline is as it was");
+    assert_eq!(a.extend(&mut conn).await.unwrap(), LockExtend::Lost);
+
+    // The same resource under another token (the next holder's grant) is
+    // another grant too.
+    let mut c = grant(lock(MINUTE).acquire(&mut conn, &ra).await.unwrap());
+    let of_c = nolock::Batch::from_iter([fence::ExtendLock::new(&c)])
+        .run(&mut conn)
+        .await
+        .remove(0)
+        .unwrap();
+    let deadline = a.deadline();
+    assert!(a.apply(&of_c).is_err());
+    assert_eq!(a.deadline(), deadline);
+    c.apply(&of_c).unwrap();
+    assert_eq!(
+        Some(c.deadline()),
+        match of_c.outcome() {
+            LockExtend::Extended { deadline } => Some(deadline),
+            LockExtend::Lost => None,
+        }
+    );
+    assert_eq!(c.release(&mut conn).await.unwrap(), LockRelease::Released);
+    assert_eq!(b.release(&mut conn).await.unwrap(), LockRelease::Released);
+}
+
 #[tokio::test]
 async fn a_grant_of_one_resource_never_touches_another() {
     let redis = support::redis();
@@ -1550,7 +1617,12 @@ async fn a_lease_renews_through_a_connection_manager() {
     let holder: Option<String> = raw(&mut check, &["GET", &lock_key(&resource)]).await;
     assert_eq!(
         holder.as_deref(),
-        Some(format!("{}:{}", lease.fence().number(), lease.token())).as_deref()
+        Some(format!(
+            "{}:{}",
+            lease.fence().number(),
+            lease.token().as_str()
+        ))
+        .as_deref()
     );
     assert_eq!(lease.release().await.unwrap(), LockRelease::Released);
 }

@@ -81,7 +81,11 @@ async fn acknowledged_grants_survive_a_forced_failover() {
     let on_replica: Option<String> = raw(&mut r, &["GET", &lock_key(&resource)]).await;
     assert_eq!(
         on_replica,
-        Some(format!("{}:{}", granted.fence().number(), granted.token()))
+        Some(format!(
+            "{}:{}",
+            granted.fence().number(),
+            granted.token().as_str()
+        ))
     );
     assert_eq!(
         granted.release(&mut pair.p).await.unwrap(),
@@ -119,7 +123,11 @@ async fn acknowledged_grants_survive_a_forced_failover() {
     let on_replica: Option<String> = raw(&mut r, &["GET", &lock_key(&resource)]).await;
     assert_eq!(
         on_replica,
-        Some(format!("{}:{}", held.fence().number(), held.token())),
+        Some(format!(
+            "{}:{}",
+            held.fence().number(),
+            held.token().as_str()
+        )),
         "the acknowledged grant survived the failover"
     );
     match Lock::new(MINUTE)

@@ -282,8 +282,8 @@ async fn fence_and_permit_values_in_batches_answer_as_single_calls() {
     }
     for (g, e) in grants.iter_mut().zip(extends.run(&mut conn).await) {
         let e = e.unwrap();
-        assert!(matches!(e, LockExtend::Extended { .. }), "{e:?}");
-        g.apply(&e);
+        assert!(matches!(e.outcome(), LockExtend::Extended { .. }), "{e:?}");
+        g.apply(&e).unwrap();
     }
     let mut writes = nolock::Batch::new();
     for g in &grants {
@@ -329,8 +329,10 @@ async fn fence_and_permit_values_in_batches_answer_as_single_calls() {
     for permit in &permits {
         extends.push(ExtendPermit::new(permit));
     }
-    for e in extends.run(&mut conn).await {
-        assert!(matches!(e.unwrap(), PermitExtend::Extended { .. }));
+    for (permit, e) in permits.iter_mut().zip(extends.run(&mut conn).await) {
+        let e = e.unwrap();
+        assert!(matches!(e.outcome(), PermitExtend::Extended { .. }));
+        permit.apply(&e).unwrap();
     }
     let extended = lost_then_retried(
         &proxy,
@@ -340,9 +342,10 @@ async fn fence_and_permit_values_in_batches_answer_as_single_calls() {
     )
     .await;
     assert!(
-        matches!(extended, PermitExtend::Extended { .. }),
+        matches!(extended.outcome(), PermitExtend::Extended { .. }),
         "{extended:?}"
     );
+    permits[0].apply(&extended).unwrap();
 }
 
 /// Every write of the fence and cas modules, its reply lost and sent again
@@ -368,8 +371,8 @@ async fn lost_fence_and_cas_writes_are_applied_once() {
     .await;
     assert_eq!(counter, "1", "one grant");
     let extended = lost_then_retried(&proxy, &mut conn, ExtendLock::new(&grant), "extend").await;
-    grant.apply(&extended);
-    assert!(matches!(extended, LockExtend::Extended { .. }));
+    grant.apply(&extended).unwrap();
+    assert!(matches!(extended.outcome(), LockExtend::Extended { .. }));
     let write = WriteFenced::new(grant.fence(), "v1").unwrap();
     assert!(lost_then_retried(&proxy, &mut conn, write, "write")
         .await

@@ -10,10 +10,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use nolock::semaphore::{
-    self, AcquirePermit, Permit, PermitAttempt, PermitExtend, PermitLease, PermitRelease, Semaphore,
+    self, AcquirePermit, ExtendPermit, Permit, PermitAttempt, PermitExtend, PermitLease,
+    PermitRelease, ReleasePermit, Semaphore,
 };
 use nolock::Backoff;
-use nolock::{Batch, Error};
+use nolock::{Batch, Error, Operation};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence, TestRunner};
 use redis::aio::MultiplexedConnection;
@@ -239,7 +240,7 @@ async fn a_crashed_holder_frees_exactly_its_own_permit_after_its_ttl() {
     let members: Vec<String> = raw(&mut conn, &["ZRANGE", &key, "0", "-1"]).await;
     let mut want: Vec<String> = [&b, &c, &d]
         .iter()
-        .map(|p| format!("{}:1", p.id()))
+        .map(|p| format!("{}:1", p.id().as_str()))
         .collect();
     let mut got = members.clone();
     want.sort();
@@ -490,7 +491,187 @@ async fn a_retry_with_the_same_id_gets_the_same_permit_not_a_second() {
     .await
     .remove(0)
     .unwrap_err();
-    assert!(matches!(err, Error::Redis(_)), "{err}");
+    assert!(
+        matches!(err, Error::PermitWeightMismatch { .. }) && err.is_definite(),
+        "{err}"
+    );
+    assert_eq!(semaphore::peek(&mut conn, &key).await.unwrap().in_use, 2);
+}
+
+/// The semaphore as stored (members with their scores) and when the key
+/// expires: equal before and after a call means the call wrote nothing.
+async fn stored(conn: &mut MultiplexedConnection, key: &str) -> (Vec<String>, i64) {
+    let members: Vec<String> = raw(conn, &["ZRANGE", key, "0", "-1", "WITHSCORES"]).await;
+    let expires: i64 = raw(conn, &["PEXPIRETIME", key]).await;
+    (members, expires)
+}
+
+/// Issue 33, item 5: a holder of 3 permits whose permit is rebuilt as 1
+/// (or 2, or 4) cannot extend or release part of it. Each call is a
+/// definite `PermitWeightMismatch` with nothing written, the real holder
+/// keeps its 3 permits (and extends and releases them), and another caller
+/// gets only what is free.
+#[tokio::test]
+async fn a_permit_restored_with_another_weight_is_neither_extended_nor_released() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let key = format!("{}s", prefix("restored_weight"));
+    let ttl = Duration::from_millis(400);
+    let sem = Semaphore::new(5, ttl).unwrap();
+    let mut holder = permit(sem.acquire_weighted(&mut conn, &key, 3).await.unwrap());
+    let before = stored(&mut conn, &key).await;
+    assert_eq!(before.0.len(), 6, "3 members with their scores");
+
+    for weight in [1, 2, 4] {
+        // The reporter's run: six extensions of the wrong weight.
+        let mut wrong = sem.restore(&key, holder.id().clone(), weight).unwrap();
+        for _ in 0..6 {
+            let err = wrong.extend(&mut conn).await.unwrap_err();
+            assert!(
+                matches!(err, Error::PermitWeightMismatch { .. }) && err.is_definite(),
+                "weight {weight}: {err}"
+            );
+            assert!(!err.is_invalid_input(), "the server decided");
+            assert!(err.to_string().contains(&key), "{err}");
+        }
+        assert!(wrong.remaining().is_zero(), "no deadline from a refusal");
+        let err = wrong.release(&mut conn).await.unwrap_err();
+        assert!(
+            matches!(err, Error::PermitWeightMismatch { .. }),
+            "weight {weight}: {err}"
+        );
+        assert_eq!(stored(&mut conn, &key).await, before, "weight {weight}");
+    }
+    // Through a batch and with an operation id: the same refusal, and the
+    // refusal is not recorded (an error reply never is).
+    let wrong = sem.restore(&key, holder.id().clone(), 1).unwrap();
+    let release = ReleasePermit::new(&wrong).idempotent("restored-1").unwrap();
+    for _ in 0..2 {
+        let err = Batch::from_iter([release.clone()])
+            .run(&mut conn)
+            .await
+            .remove(0)
+            .unwrap_err();
+        assert!(matches!(err, Error::PermitWeightMismatch { .. }), "{err}");
+    }
+    assert_eq!(stored(&mut conn, &key).await, before);
+    let other = Semaphore::new(5, ttl).unwrap();
+    let full = other.acquire_weighted(&mut conn, &key, 3).await.unwrap();
+    assert!(
+        matches!(full, PermitAttempt::Full { in_use: 3, .. }),
+        "{full:?}"
+    );
+    // The real holder keeps all 3: its extension moves them together.
+    assert!(matches!(
+        holder.extend(&mut conn).await.unwrap(),
+        PermitExtend::Extended { .. }
+    ));
+    let (members, _) = stored(&mut conn, &key).await;
+    let scores: Vec<&String> = members.iter().skip(1).step_by(2).collect();
+    assert_eq!(scores.len(), 3);
+    assert!(scores.iter().all(|s| *s == scores[0]), "{members:?}");
+
+    // The permits' TTL passes: all 3 expire together (none was kept alive
+    // by a partial extension), so at no point are more than 5 held.
+    tokio::time::sleep(ttl + 50 * MS).await;
+    let usage = semaphore::peek(&mut conn, &key).await.unwrap();
+    assert_eq!((usage.in_use, usage.holders), (0, 0));
+    let mut two = permit(other.acquire_weighted(&mut conn, &key, 2).await.unwrap());
+    assert_eq!(holder.extend(&mut conn).await.unwrap(), PermitExtend::Lost);
+    let mut three = permit(other.acquire_weighted(&mut conn, &key, 3).await.unwrap());
+    let full = other.acquire(&mut conn, &key).await.unwrap();
+    assert!(
+        matches!(full, PermitAttempt::Full { in_use: 5, .. }),
+        "{full:?}"
+    );
+    // Holders of the right weight still extend and release.
+    assert!(matches!(
+        three.extend(&mut conn).await.unwrap(),
+        PermitExtend::Extended { .. }
+    ));
+    assert!(matches!(
+        two.extend(&mut conn).await.unwrap(),
+        PermitExtend::Extended { .. }
+    ));
+    for p in [two, three] {
+        assert_eq!(p.release(&mut conn).await.unwrap(), PermitRelease::Released);
+    }
+    assert_eq!(
+        holder.release(&mut conn).await.unwrap(),
+        PermitRelease::Lost
+    );
+    assert_eq!(keys(&mut conn, &key).await, Vec::<String>::new());
+}
+
+/// Issue 33, item 9: a permit rebuilt by `Semaphore::restore` has the
+/// semaphore's TTL, and its extension sets that TTL on the server.
+#[tokio::test]
+async fn a_restored_permits_ttl_is_the_semaphores() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let key = format!("{}s", prefix("restored_ttl"));
+    let ttl = Duration::from_millis(1500);
+    let sem = Semaphore::new(2, ttl).unwrap();
+    let taken = permit(sem.acquire(&mut conn, &key).await.unwrap());
+    let mut restored = sem.restore(&key, taken.id().clone(), 1).unwrap();
+    assert_eq!(restored.ttl(), sem.ttl());
+    assert!(matches!(
+        restored.extend(&mut conn).await.unwrap(),
+        PermitExtend::Extended { .. }
+    ));
+    assert!(restored.remaining() <= ttl);
+    let (now_s, now_us): (u64, u64) = raw(&mut conn, &["TIME"]).await;
+    let now_ms = now_s * 1000 + now_us / 1000;
+    let member = format!("{}:1", restored.id().as_str());
+    let score: u64 = raw(&mut conn, &["ZSCORE", &key, &member]).await;
+    assert!(
+        score <= now_ms + 1500 && score + 200 >= now_ms + 1500,
+        "expiry {score} is not about {now_ms} + 1500"
+    );
+    assert_eq!(
+        restored.release(&mut conn).await.unwrap(),
+        PermitRelease::Released
+    );
+    assert_eq!(taken.release(&mut conn).await.unwrap(), PermitRelease::Lost);
+}
+
+/// Issue 33, item 9: an extension's answer is taken only by the permit it
+/// is about; another permit's is refused and the deadline stays.
+#[tokio::test]
+async fn applying_another_permits_extension_is_refused_and_leaves_the_deadline() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let key = format!("{}s", prefix("foreign_answer"));
+    let short = Semaphore::new(3, Duration::from_millis(200)).unwrap();
+    let long = Semaphore::new(3, Duration::from_secs(30)).unwrap();
+    let mut a = permit(short.acquire(&mut conn, &key).await.unwrap());
+    let b = permit(long.acquire(&mut conn, &key).await.unwrap());
+    tokio::time::sleep(250 * MS).await; // a's permit has expired
+    let answers = Batch::from_iter([ExtendPermit::new(&b), ExtendPermit::new(&a)])
+        .run(&mut conn)
+        .await;
+    let [of_b, of_a] = [&answers[0], &answers[1]].map(|r| r.as_ref().unwrap());
+    assert!(of_b.is_extended() && !of_a.is_extended());
+    let deadline = a.deadline();
+    let err = a.apply(of_b).unwrap_err();
+    assert!(
+        matches!(err, Error::ForeignAnswer { receipt: "permit" }),
+        "{err}"
+    );
+    assert_eq!(a.deadline(), deadline, "the deadline is as it was");
+    // The same id restored with another TTL is another receipt too.
+    let stretched = long.restore(&key, a.id().clone(), 1).unwrap();
+    let answer = Batch::from_iter([ExtendPermit::new(&stretched)])
+        .run(&mut conn)
+        .await
+        .remove(0)
+        .unwrap();
+    assert!(a.apply(&answer).is_err());
+    assert_eq!(a.deadline(), deadline);
+    a.apply(of_a).unwrap();
+    assert!(a.remaining().is_zero());
+    assert_eq!(a.extend(&mut conn).await.unwrap(), PermitExtend::Lost);
+    assert_eq!(b.release(&mut conn).await.unwrap(), PermitRelease::Released);
 }
 
 #[tokio::test]
@@ -541,18 +722,18 @@ async fn bad_input_is_rejected_before_anything_is_sent() {
         ),
         (Semaphore::new(0, s).unwrap_err(), "ZeroLimit"),
         (
-            Permit::restore("", semaphore::PermitId::random().unwrap(), 1, s).unwrap_err(),
+            Semaphore::new(1, s)
+                .unwrap()
+                .restore("", semaphore::PermitId::random().unwrap(), 1)
+                .unwrap_err(),
             "EmptyKey",
         ),
         (
-            Permit::restore(
-                "k",
-                semaphore::PermitId::random().unwrap(),
-                1,
-                Duration::ZERO,
-            )
-            .unwrap_err(),
-            "ZeroDuration",
+            Semaphore::new(1, s)
+                .unwrap()
+                .restore("k", semaphore::PermitId::random().unwrap(), 2)
+                .unwrap_err(),
+            "InsufficientCapacity",
         ),
     ];
     for (err, kind) in cases {
@@ -603,11 +784,21 @@ async fn every_call_recovers_a_script_flush() {
     ));
     flush().await;
     assert_eq!(semaphore::peek(&mut conn, &key).await.unwrap().in_use, 1);
+    // A permit restored with another weight: the typed refusal, after the
+    // fallback as before it.
+    let sem = Semaphore::new(2, MINUTE).unwrap();
+    let mut wrong = sem.restore(&key, p.id().clone(), 2).unwrap();
+    flush().await;
+    let err = wrong.extend(&mut conn).await.unwrap_err();
+    assert!(matches!(err, Error::PermitWeightMismatch { .. }), "{err}");
+    flush().await;
+    let err = wrong.release(&mut conn).await.unwrap_err();
+    assert!(matches!(err, Error::PermitWeightMismatch { .. }), "{err}");
     flush().await;
     assert_eq!(p.release(&mut conn).await.unwrap(), PermitRelease::Released);
     // Each flushed script came back through SCRIPT LOAD + EVALSHA, never
     // EVAL / EVAL_RO (which the EVAL LRU of Redis >= 7.4 could evict).
-    assert_eq!(command_calls(&mut conn, "script|load").await, 4);
+    assert_eq!(command_calls(&mut conn, "script|load").await, 6);
     assert_eq!(command_calls(&mut conn, "eval").await, 0);
     assert_eq!(command_calls(&mut conn, "eval_ro").await, 0);
 }
@@ -659,6 +850,20 @@ async fn release_and_extend_still_work_on_a_full_server() {
     );
     let card: u64 = raw(&mut conn, &["ZCARD", &key]).await;
     assert_eq!(card, 1);
+
+    // A permit restored with another weight is refused as such (allow-oom:
+    // not OOM), with nothing written.
+    let before: Vec<String> = raw(&mut conn, &["ZRANGE", &key, "0", "-1", "WITHSCORES"]).await;
+    let mut wrong = Semaphore::new(3, MINUTE)
+        .unwrap()
+        .restore(&key, held.id().clone(), 2)
+        .unwrap();
+    let err = wrong.extend(&mut conn).await.unwrap_err();
+    assert!(matches!(err, Error::PermitWeightMismatch { .. }), "{err}");
+    let err = wrong.release(&mut conn).await.unwrap_err();
+    assert!(matches!(err, Error::PermitWeightMismatch { .. }), "{err}");
+    let after: Vec<String> = raw(&mut conn, &["ZRANGE", &key, "0", "-1", "WITHSCORES"]).await;
+    assert_eq!(after, before);
 
     // The holder keeps and gives back its permit (allow-oom), also through EVAL.
     let _: () = raw(&mut conn, &["SCRIPT", "FLUSH"]).await;
@@ -778,8 +983,9 @@ async fn foreign_data_is_refused_with_nothing_written() {
 
         // Another holder's permit, as a process that kept only its id would
         // rebuild it, pointed at the foreign key.
-        let mut stranger = Permit::restore(&key, other.clone(), 1, MINUTE).unwrap();
-        let stranger_again = Permit::restore(&key, other.clone(), 1, MINUTE).unwrap();
+        let five = Semaphore::new(5, MINUTE).unwrap();
+        let mut stranger = five.restore(&key, other.clone(), 1).unwrap();
+        let stranger_again = five.restore(&key, other.clone(), 1).unwrap();
         let results = [
             Semaphore::new(5, MINUTE)
                 .unwrap()
@@ -833,6 +1039,11 @@ enum Step {
     Expire {
         slot: usize,
     },
+    /// The holder's permit rebuilt with `weight`, extended and released.
+    Restore {
+        slot: usize,
+        weight: u64,
+    },
     Peek,
 }
 
@@ -843,6 +1054,7 @@ fn steps() -> impl Strategy<Value = (u64, Vec<Step>)> {
             2 => (0usize..4).prop_map(|slot| Step::Release { slot }),
             1 => (0usize..4).prop_map(|slot| Step::Extend { slot }),
             1 => (0usize..4).prop_map(|slot| Step::Expire { slot }),
+            1 => (0usize..4, 1..=permits).prop_map(|(slot, weight)| Step::Restore { slot, weight }),
             1 => Just(Step::Peek),
         ];
         (Just(permits), prop::collection::vec(step, 1..30))
@@ -948,11 +1160,71 @@ fn the_semaphore_conforms_to_a_model() {
                                 for n in 1..=p.weight() {
                                     let _: redis::Value = raw(
                                         &mut conn,
-                                        &["ZADD", &key, "XX", "1000", &format!("{}:{n}", p.id())],
+                                        &[
+                                            "ZADD",
+                                            &key,
+                                            "XX",
+                                            "1000",
+                                            &format!("{}:{n}", p.id().as_str()),
+                                        ],
                                     )
                                     .await;
                                 }
                                 s.expired = true;
+                            }
+                        }
+                        Step::Restore { slot, weight } => {
+                            let Some(p) = &held[slot] else { continue };
+                            let sem = Semaphore::new(permits, MINUTE).unwrap();
+                            let mut restored = sem.restore(&key, p.id().clone(), weight).unwrap();
+                            let extended = restored.extend(&mut conn).await;
+                            let released = restored.release(&mut conn).await;
+                            let live_slot = model[slot].is_some_and(|s| !s.expired);
+                            match (live_slot, weight == p.weight()) {
+                                // Another weight: refused, nothing written.
+                                (true, false) => {
+                                    prop_assert!(
+                                        matches!(extended, Err(Error::PermitWeightMismatch { .. }))
+                                            && matches!(
+                                                released,
+                                                Err(Error::PermitWeightMismatch { .. })
+                                            ),
+                                        "step {}: {:?} {:?}",
+                                        i,
+                                        extended,
+                                        released
+                                    );
+                                }
+                                // Its own weight: the holding, extended then given back.
+                                (true, true) => {
+                                    prop_assert!(
+                                        matches!(extended, Ok(PermitExtend::Extended { .. })),
+                                        "step {}",
+                                        i
+                                    );
+                                    prop_assert_eq!(
+                                        released.unwrap(),
+                                        PermitRelease::Released,
+                                        "step {}",
+                                        i
+                                    );
+                                    model[slot] = None;
+                                }
+                                // Expired: lost, whatever the weight.
+                                (false, _) => {
+                                    prop_assert_eq!(
+                                        extended.unwrap(),
+                                        PermitExtend::Lost,
+                                        "step {}",
+                                        i
+                                    );
+                                    prop_assert_eq!(
+                                        released.unwrap(),
+                                        PermitRelease::Lost,
+                                        "step {}",
+                                        i
+                                    );
+                                }
                             }
                         }
                         Step::Peek => {
@@ -1070,14 +1342,18 @@ async fn a_permit_lease_survives_a_busy_server_and_a_restored_permit_releases() 
     assert!(lease.deadline() > Instant::now() + ttl / 3, "renewed since");
 
     // A process that kept only the id and weight can still give it back.
-    let stored = (lease.permit().id().to_string(), lease.permit().weight());
-    let mut restored = Permit::restore(
-        &key,
-        semaphore::PermitId::parse(&stored.0).unwrap(),
-        stored.1,
-        ttl,
-    )
-    .unwrap();
+    let stored = (
+        lease.permit().id().as_str().to_owned(),
+        lease.permit().weight(),
+    );
+    let mut restored = Semaphore::new(1, ttl)
+        .unwrap()
+        .restore(
+            &key,
+            semaphore::PermitId::parse(&stored.0).unwrap(),
+            stored.1,
+        )
+        .unwrap();
     assert!(matches!(
         restored.extend(&mut conn).await.unwrap(),
         PermitExtend::Extended { .. }

@@ -5,8 +5,21 @@
 -- canonical integer 1..10000 (the holder's i-th permit). Anything else
 -- (another program's member, an uppercase id, "id:0", "id:01") -> false.
 --
+-- permit_holding(key, id, weight, now) -> how the id holds permits at `key`
+-- against `weight` (unexpired: score > now, server ms):
+--   'held'    "<id>:1".."<id>:<weight>" are all unexpired, and
+--             "<id>:<weight+1>" is absent or expired
+--   'none'    "<id>:1" is absent or expired: the id holds nothing (nolock
+--             gives all of an id's permits one expiry)
+--   'weight'  "<id>:1" is unexpired but the rest does not match: the id was
+--             granted another weight (more, or fewer, than `weight`)
+-- Reads 1 member when the id holds nothing, at most weight + 1 otherwise.
+-- permit_weight_error() -> the error reply for 'weight': code NOLOCK_WEIGHT
+-- (Error::PermitWeightMismatch), naming the key and never the id.
+--
 -- Example: permit_member('0123456789abcdef0123456789abcdef:2') -> true;
--- permit_member('worker-1') -> false.
+-- permit_member('worker-1') -> false. Id "ab.." holding 3 unexpired:
+-- permit_holding(k, "ab..", 3, now) -> 'held'; with weight 1 or 4 -> 'weight'.
 
 local function permit_id(s)
   return type(s) == 'string' and #s == 32 and string.find(s, '^[0-9a-f]+$') ~= nil
@@ -16,4 +29,22 @@ local function permit_member(m)
   if type(m) ~= 'string' then return false end
   local id, i = string.match(m, '^(.*):([1-9]%d?%d?%d?%d?)$')
   return id ~= nil and permit_id(id) and tonumber(i) <= 10000
+end
+
+local function permit_holding(key, id, weight, now)
+  local function live(i)
+    local s = redis.call('ZSCORE', key, id .. ':' .. i)
+    return s and tonumber(s) > now
+  end
+  if not live(1) then return 'none' end
+  for i = 2, weight do
+    if not live(i) then return 'weight' end
+  end
+  if live(weight + 1) then return 'weight' end
+  return 'held'
+end
+
+local function permit_weight_error()
+  return redis.error_reply('NOLOCK_WEIGHT nolock ' .. SCRIPT_NAME .. ': ' .. KEYS[1]
+    .. ' holds this permit id with another weight; nothing was written')
 end

@@ -14,16 +14,25 @@
 --        {0, retry_after, in_use} full; retry_after = ms until enough of the
 --                                 current permits expire for `weight` to fit
 --                                 (if none is released or extended first)
+--        error NOLOCK_WEIGHT      the id holds unexpired permits of another
+--                                 weight (below); nothing written
+--
+-- Weight (as semaphore/extend and semaphore/release decide it,
+-- lib/permits permit_holding): when "<id>:1" is unexpired the id holds
+-- permits, and they must be exactly "<id>:1".."<id>:<weight>", all
+-- unexpired, with "<id>:<weight+1>" absent or expired; otherwise they were
+-- granted with another weight and the call is refused (NOLOCK_WEIGHT, which
+-- names the key, never the id).
 --
 -- Guarantees: expired permits are reclaimed (each one removed by its score;
 -- only those whose expiry is at or before now) before counting, at every
 -- call. Never more than `permits` unexpired members after an admission. A
--- holder whose id already holds unexpired permits (a retry after a lost
--- reply) gets them again with a fresh expiry, no second set. Before the
--- first write: the key must be a sorted set (or absent); its lowest and
--- highest members (which bound every score), every expired member and this
--- id's own members must have nolock's exact form, else a definite error and
--- nothing written.
+-- holder whose id already holds unexpired permits of this weight (a retry
+-- after a lost reply) gets them again with a fresh expiry, no second set.
+-- Before the first write: the key must be a sorted set (or absent); its
+-- lowest and highest members (which bound every score), every expired
+-- member and this id's own members must have nolock's exact form, else a
+-- definite error and nothing written.
 --
 -- Example: empty key, permits 2, weight 1, ttl 1000 at server time T:
 --   {1, 1} and ZSCORE key "<id>:1" = T+1000; two more other ids: {1, 2},
@@ -78,19 +87,9 @@ end
 local in_use = redis.call('ZCARD', key) - #expired
 
 -- This id's own unexpired permits (a retry of an acquire whose reply was lost).
-local first = redis.call('ZSCORE', key, id .. ':1')
-local mine = first and tonumber(first) > now
-if mine then
-  for i = 2, weight do
-    local s = redis.call('ZSCORE', key, id .. ':' .. i)
-    if not s or tonumber(s) <= now then
-      return fail('permit ' .. id .. ' is held with another weight')
-    end
-  end
-  if redis.call('ZSCORE', key, id .. ':' .. (weight + 1)) then
-    return fail('permit ' .. id .. ' is held with another weight')
-  end
-end
+local holding = permit_holding(key, id, weight, now)
+if holding == 'weight' then return permit_weight_error() end
+local mine = holding == 'held'
 
 -- Writes start here. A grant adds its permits before it clears the expired
 -- ones, so the set is never emptied and then touched again: Redis deletes an

@@ -11,8 +11,14 @@
 -- Reply: {extended}
 --   1  the id held all `weight` permits unexpired; they now expire at
 --      now + ttl, and the key no earlier than that
---   0  some were gone or expired; nothing was written (an expired permit is
+--   0  they were gone or expired; nothing was written (an expired permit is
 --      never brought back: its place may already be someone else's)
+--   error NOLOCK_WEIGHT  the id holds unexpired permits of another weight:
+--      "<id>:1" is unexpired but "<id>:1".."<id>:<weight>" are not all
+--      unexpired, or "<id>:<weight+1>" is (the rule of semaphore/acquire,
+--      lib/permits permit_holding); nothing was written. A permit restored
+--      with a smaller weight would otherwise keep only part of a holding
+--      alive, and the rest would be reclaimed and granted again.
 --
 -- Guarantees: touches only this id's members. Declared allow-oom: updating
 -- scores and the key's expiry allocates nothing, and a holder must keep its
@@ -20,7 +26,8 @@
 -- set (or absent) whose lowest and highest members have nolock's form, else
 -- a definite error and nothing written.
 --
--- Example: id "ab.." with 100 ms left: extend 1000 gives {1}, ZSCORE = now+1000.
+-- Example: id "ab.." with 100 ms left: extend 1000 gives {1}, ZSCORE = now+1000;
+-- the same id held with weight 3, extended with weight 1: NOLOCK_WEIGHT.
 
 --@include lib/fail
 --@include lib/stored
@@ -52,10 +59,9 @@ for _, rank in ipairs({0, -1}) do
 end
 
 local now = math.floor(now_us() / 1000)
-for i = 1, weight do
-  local s = redis.call('ZSCORE', key, id .. ':' .. i)
-  if not s or tonumber(s) <= now then return {0} end
-end
+local holding = permit_holding(key, id, weight, now)
+if holding == 'weight' then return permit_weight_error() end
+if holding == 'none' then return {0} end
 
 local expiry = now + ttl
 local args = {}

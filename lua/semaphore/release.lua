@@ -7,8 +7,13 @@
 --
 -- Reply: {released}
 --   1  all `weight` permits of the id were there and unexpired; now removed
---   0  some were gone or expired (the holder lost them: another holder may
---      have taken their place); whatever was left of this id is removed
+--   0  they were gone or expired (the holder lost them: another holder may
+--      have taken their place); what was left of "<id>:1".."<id>:<weight>"
+--      is removed
+--   error NOLOCK_WEIGHT  the id holds unexpired permits of another weight
+--      (the rule of semaphore/extend); nothing was removed. A release with
+--      a smaller weight would otherwise free part of a holding that its
+--      holder still counts on.
 --
 -- Guarantees: removes only members "<id>:1".."<id>:<weight>", never another
 -- holder's. The key then expires with its latest remaining member (it is
@@ -17,7 +22,8 @@
 -- set (or absent) whose lowest and highest members have nolock's form, else
 -- a definite error and nothing written.
 --
--- Example: id "ab..", weight 1, unexpired: {1}; again: {0}.
+-- Example: id "ab..", weight 1, unexpired: {1}; again: {0}. The same id
+-- held with weight 3, released with weight 1: NOLOCK_WEIGHT, nothing removed.
 
 --@include lib/fail
 --@include lib/stored
@@ -45,12 +51,13 @@ for _, rank in ipairs({0, -1}) do
 end
 
 local now = math.floor(now_us() / 1000)
+local holding = permit_holding(key, id, weight, now)
+if holding == 'weight' then return permit_weight_error() end
+local held = 0
+if holding == 'held' then held = 1 end
 local members = {}
-local held = 1
 for i = 1, weight do
   members[i] = id .. ':' .. i
-  local s = redis.call('ZSCORE', key, members[i])
-  if not s or tonumber(s) <= now then held = 0 end
 end
 
 -- The set is read again only if the removal left it non-empty: Redis

@@ -2,6 +2,7 @@
 //! [`Fence`] (the number that goes with every protected write), and the
 //! calls on a grant as values: [`ReleaseLock`], [`ExtendLock`].
 
+use std::fmt;
 use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionLike;
@@ -55,6 +56,9 @@ pub struct Grant {
     fence: Fence,
     deadline: Instant,
     sent: Instant,
+    /// When the extension behind the deadline was built (the acquire's
+    /// `sent` until one is applied): an older answer is not taken.
+    answered: Instant,
 }
 
 /// The number that orders a lock's grants, with the resource it was granted
@@ -153,6 +157,7 @@ impl Grant {
             fence,
             deadline: deadline(sent, ttl),
             sent,
+            answered: sent,
         }
     }
 
@@ -162,7 +167,8 @@ impl Grant {
     }
 
     /// The owner token (to take the lock again with
-    /// [`super::Lock::acquire_as`] while it is held).
+    /// [`super::Lock::acquire_as`] while it is held). A secret: the grant's
+    /// `Debug` leaves it out.
     pub fn token(&self) -> &Token {
         &self.token
     }
@@ -198,7 +204,7 @@ impl Grant {
     pub(super) fn holder(&self) -> Holder {
         Holder {
             keys: self.keys.clone(),
-            value: format!("{}:{}", self.fence.number, self.token),
+            value: format!("{}:{}", self.fence.number, self.token.as_str()),
             ttl: self.ttl,
         }
     }
@@ -268,28 +274,107 @@ impl Grant {
     where
         C: ConnectionLike + Send,
     {
-        let outcome = run_one(&ExtendLock::new(self), conn).await?;
-        self.apply(&outcome);
-        Ok(outcome)
+        let answer = run_one(&ExtendLock::new(self), conn).await?;
+        self.apply(&answer)?;
+        Ok(answer.outcome())
     }
 
-    /// Take in an extension's answer ([`ExtendLock`] run yourself):
-    /// [`Grant::extend`] does it. A lost grant's deadline is now.
-    pub fn apply(&mut self, extend: &LockExtend) {
-        self.deadline = match extend {
-            LockExtend::Extended { deadline } => *deadline,
+    /// Take in the answer of an [`ExtendLock`] of this grant, run yourself
+    /// (in a [`crate::Batch`], or with an operation id through
+    /// [`crate::retry()`]): [`Grant::extend`] does it. An extension moves
+    /// [`Grant::deadline`] to its own; a lost grant's deadline is now.
+    ///
+    /// Only answers about this grant are taken: its lock, owner token, fence
+    /// and TTL. An answer to an extension built before the one this
+    /// grant's deadline comes from (or before the acquire) is older news and
+    /// changes nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ForeignAnswer`] for an answer about another grant (another
+    /// resource, or the same one under another token or fence): nothing
+    /// changes. Without this check, another holder's extension would move
+    /// this grant's deadline past an expiry the server has already reached.
+    ///
+    /// ```no_run
+    /// # async fn run(conn: &mut redis::aio::MultiplexedConnection, mut a: nolock::fence::Grant,
+    /// #     b: nolock::fence::Grant) -> nolock::Result<()> {
+    /// use nolock::fence::ExtendLock;
+    /// use nolock::Batch;
+    ///
+    /// let batch = Batch::from_iter([ExtendLock::new(&a), ExtendLock::new(&b)]);
+    /// let mut answers = batch.run(conn).await.into_iter();
+    /// let (of_a, of_b) = (answers.next().expect("2 answers")?, answers.next().expect("2 answers")?);
+    /// a.apply(&of_a)?;
+    /// assert!(matches!(a.apply(&of_b), Err(nolock::Error::ForeignAnswer { .. }))); // b's, not a's
+    /// # Ok(()) }
+    /// ```
+    pub fn apply(&mut self, answer: &LockExtension) -> Result<()> {
+        if answer.about != self.holder() {
+            return Err(Error::ForeignAnswer { receipt: "grant" });
+        }
+        if answer.built < self.answered {
+            return Ok(());
+        }
+        self.answered = answer.built;
+        self.deadline = match answer.outcome {
+            LockExtend::Extended { deadline } => deadline,
             LockExtend::Lost => Instant::now(),
         };
+        Ok(())
     }
 }
 
-/// The lock value of a grant, and what extending and releasing it send.
-#[derive(Debug, Clone)]
+/// What an [`ExtendLock`] answers: the outcome of one extension, with the
+/// grant it is about. Only that grant takes it ([`Grant::apply`]), and only
+/// an extension makes one.
+///
+/// ```compile_fail
+/// # fn f(grant: &mut nolock::fence::Grant) {
+/// // An answer is not built by hand: a deadline cannot be handed to a grant.
+/// let forged = nolock::fence::LockExtension { outcome: nolock::fence::LockExtend::Lost };
+/// # }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use = "a lost grant means the work must stop"]
+pub struct LockExtension {
+    about: Holder,
+    /// When the extension was built: its deadline counts from then.
+    built: Instant,
+    outcome: LockExtend,
+}
+
+impl LockExtension {
+    /// What the server answered (an extension's deadline counts from when
+    /// the [`ExtendLock`] was built).
+    pub fn outcome(&self) -> LockExtend {
+        self.outcome
+    }
+
+    /// True when the grant still held the lock and was extended.
+    pub fn is_extended(&self) -> bool {
+        matches!(self.outcome, LockExtend::Extended { .. })
+    }
+}
+
+/// The lock value of a grant, and what extending and releasing it send:
+/// also what an extension's answer is about.
+#[derive(Clone, PartialEq, Eq)]
 pub(super) struct Holder {
     keys: Keys,
     /// `"<fence>:<token>"`, as the acquire script stored it.
     value: String,
     ttl: Duration,
+}
+
+impl fmt::Debug for Holder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Holder")
+            .field("lock", &self.keys.lock)
+            .field("value", &crate::observe::Redacted)
+            .field("ttl", &self.ttl)
+            .finish()
+    }
 }
 
 impl Holder {
@@ -310,7 +395,7 @@ impl Holder {
     where
         C: ConnectionLike + Send,
     {
-        run_one(&ExtendLock::of(self), conn).await
+        Ok(run_one(&ExtendLock::of(self), conn).await?.outcome())
     }
 
     /// The renewal task's release.
@@ -364,12 +449,13 @@ impl Operation for ReleaseLock {
     }
 }
 
-/// [`Grant::extend`] as a value; apply its answer with [`Grant::apply`].
-/// The local deadline it answers counts from when the value was built.
+/// [`Grant::extend`] as a value; its answer, a [`LockExtension`], is
+/// applied with [`Grant::apply`] (to this grant only). The local deadline
+/// it answers counts from when the value was built.
 #[derive(Debug, Clone)]
 pub struct ExtendLock {
     call: Invocation,
-    ttl: Duration,
+    about: Holder,
     built: Instant,
 }
 
@@ -382,29 +468,34 @@ impl ExtendLock {
     fn of(holder: &Holder) -> Self {
         ExtendLock {
             call: holder.extend_call(),
-            ttl: holder.ttl,
+            about: holder.clone(),
             built: Instant::now(),
         }
     }
 }
 
 impl Operation for ExtendLock {
-    type Output = LockExtend;
+    type Output = LockExtension;
 
     fn invocation(&self) -> &Invocation {
         &self.call
     }
 
-    fn decode(&self, reply: redis::Value) -> Result<LockExtend> {
+    fn decode(&self, reply: redis::Value) -> Result<LockExtension> {
         let mut reply = Reply::new(EXTEND.name(), reply)?;
         let extended = reply.flag()?;
         reply.finish()?;
-        Ok(if extended {
+        let outcome = if extended {
             LockExtend::Extended {
-                deadline: deadline(self.built, self.ttl),
+                deadline: deadline(self.built, self.about.ttl),
             }
         } else {
             LockExtend::Lost
+        };
+        Ok(LockExtension {
+            about: self.about.clone(),
+            built: self.built,
+            outcome,
         })
     }
 }
@@ -444,14 +535,67 @@ mod tests {
         );
     }
 
+    fn answer(g: &Grant, extended: bool) -> LockExtension {
+        let reply = redis::Value::Array(vec![redis::Value::Int(extended.into())]);
+        ExtendLock::new(g).decode(reply).unwrap()
+    }
+
     #[test]
     fn an_applied_extension_moves_the_deadline() {
         let mut g = grant("r", 1);
-        let later = g.deadline() + Duration::from_secs(1);
-        g.apply(&LockExtend::Extended { deadline: later });
-        assert_eq!(g.deadline(), later);
-        g.apply(&LockExtend::Lost);
+        let before = g.deadline();
+        let extended = answer(&g, true);
+        g.apply(&extended).unwrap();
+        assert!(g.deadline() >= before);
+        assert_eq!(
+            Some(g.deadline()),
+            match extended.outcome() {
+                LockExtend::Extended { deadline } => Some(deadline),
+                LockExtend::Lost => None,
+            }
+        );
+        let lost = answer(&g, false);
+        g.apply(&lost).unwrap();
         assert!(g.deadline() <= Instant::now());
+        // Older news: the earlier extension does not undo the loss.
+        g.apply(&extended).unwrap();
+        assert!(g.deadline() <= Instant::now());
+    }
+
+    #[test]
+    fn a_grant_takes_no_answer_about_another_grant() {
+        let mut g = grant("r", 1);
+        let before = g.deadline();
+        for other in [grant("r", 2), grant("s", 1)] {
+            let err = g.apply(&answer(&other, true)).unwrap_err();
+            assert!(
+                matches!(err, Error::ForeignAnswer { receipt: "grant" }),
+                "{err}"
+            );
+            assert_eq!(g.deadline(), before);
+        }
+        let longer = Grant::granted(
+            Keys::of("r").unwrap(),
+            Token("t0k".into()),
+            Duration::from_secs(30),
+            Fence::granted("r", 1),
+            Instant::now(),
+        );
+        assert!(g.apply(&answer(&longer, true)).is_err(), "another TTL");
+        assert!(g.apply(&answer(&g, true)).is_ok());
+    }
+
+    #[test]
+    fn debug_shows_no_token() {
+        let g = grant("r", 7);
+        for text in [
+            format!("{g:?}"),
+            format!("{:?}", ReleaseLock::new(&g)),
+            format!("{:?}", ExtendLock::new(&g)),
+            format!("{:?}", answer(&g, true)),
+        ] {
+            assert!(!text.contains("t0k"), "{text}");
+        }
     }
 
     #[test]

@@ -230,7 +230,7 @@ mod write;
 
 pub use advance::{advance, Advance, AdvanceFence};
 pub use durability::{cluster_durability, durability, ConfigSource, Durability, Restart};
-pub use grant::{ExtendLock, Fence, Grant, ReleaseLock};
+pub use grant::{ExtendLock, Fence, Grant, LockExtension, ReleaseLock};
 pub use lease::Lease;
 pub use lock::{AcquireLock, Lock};
 pub use waiters::Waiters;
@@ -238,8 +238,16 @@ pub use write::{read, read_unbound, Fenced, ReadFenced, Write, WriteFenced};
 
 /// A random owner token: 128 bits from the OS CSPRNG, as 32 lowercase hex
 /// digits. Whoever has it can take the lock again while it is held under it
-/// ([`Lock::acquire_as`]); extending and releasing go through the [`Grant`].
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+/// ([`Lock::acquire_as`]), with the grant's fence, and so extend and release
+/// it: it is a secret. Its `Debug` shows `Token(<redacted>)` and it has no
+/// `Display`; [`Token::as_str`] is the one way to read it.
+///
+/// ```
+/// let token = nolock::fence::Token::random()?;
+/// assert_eq!(format!("{token:?}"), "Token(<redacted>)");
+/// # Ok::<(), nolock::Error>(())
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash)]
 pub struct Token(String);
 
 impl Token {
@@ -264,15 +272,17 @@ impl Token {
         Ok(Token(format!("{:032x}", u128::from_be_bytes(bytes))))
     }
 
-    /// The token as sent to Redis.
+    /// The token as sent to Redis: keep it out of logs.
     pub fn as_str(&self) -> &str {
         &self.0
     }
 }
 
-impl fmt::Display for Token {
+impl fmt::Debug for Token {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.debug_tuple("Token")
+            .field(&crate::observe::Redacted)
+            .finish()
     }
 }
 
@@ -413,7 +423,7 @@ mod tests {
                 .bytes()
                 .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()));
         }
-        assert_eq!(a.to_string(), a.as_str());
+        assert!(!format!("{a:?}").contains(a.as_str()));
     }
 
     #[test]

@@ -236,7 +236,10 @@ where
     async fn enter(&self, key: &str) -> Result<(Held, DecidedBy), StatusCode> {
         let internal = |_| StatusCode::INTERNAL_SERVER_ERROR;
         let id = PermitId::random().map_err(internal)?;
-        let permit = Permit::restore(key, id.clone(), 1, self.semaphore.ttl()).map_err(internal)?;
+        let permit = self
+            .semaphore
+            .restore(key, id.clone(), 1)
+            .map_err(internal)?;
         let mut pending = Pending {
             conn: self.conn.clone(),
             permit: Some(permit),

@@ -144,7 +144,6 @@ impl Eq for Receipt {}
 impl fmt::Debug for Receipt {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Charge")
-            .field("id", &self.id)
             .field("algorithm", &self.algorithm)
             .field("keys", &self.keys)
             .field("at", &self.at())
@@ -193,7 +192,6 @@ pub(super) struct Issuer {
 impl fmt::Debug for Issuer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Issuer")
-            .field("id", &self.id)
             .field("keys", &self.keys)
             .field("cost", &self.cost)
             .finish_non_exhaustive()

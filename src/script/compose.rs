@@ -180,7 +180,8 @@ pub(crate) fn once(name: &str, composed: &str) -> Option<String> {
 --
 -- Reply: the reply of {name}. When the record exists with the same fingerprint,
 -- the reply recorded by the first run, and nothing is written; with another
--- fingerprint, the error {ID_REUSED} and nothing is written. Error replies are
+-- fingerprint, the error {ID_REUSED} (naming the first key, never the record
+-- key: it holds the id) and nothing is written. Error replies are
 -- not recorded (the body wrote nothing), so a retry runs the body again.
 --
 -- Record: fingerprint .. cmsgpack.pack(reply), SET with PX horizon: one string
@@ -197,7 +198,7 @@ end
 local once_recorded = redis.call('GET', once_key)
 if once_recorded then
   if string.sub(once_recorded, 1, {FINGERPRINT_LEN}) ~= once_fingerprint then
-    return redis.error_reply('{ID_REUSED} nolock {name}: the operation id was used for another operation or other arguments (' .. once_key .. ')')
+    return redis.error_reply('{ID_REUSED} nolock {name}: the operation id was used for another operation or other arguments (on ' .. tostring(KEYS[1]) .. ')')
   end
   return cmsgpack.unpack(string.sub(once_recorded, {next}))
 end

@@ -99,8 +99,9 @@ pub fn stats() -> Stats {
 /// the script.
 ///
 /// It is public only so that [`crate::Operation`] can name it; nothing
-/// outside the crate can build or use one.
-#[derive(Debug, Clone)]
+/// outside the crate can build or use one. Its `Debug` names the script and
+/// the slot only: keys and arguments may carry a token or an id.
+#[derive(Clone)]
 #[allow(
     unnameable_types,
     reason = "the seal of Operation: reachable, never nameable"
@@ -113,6 +114,15 @@ pub struct Invocation {
     /// Set when the keys span several slots: the first key and slot, and the
     /// first key of another slot. The call is refused before I/O.
     cross_slot: Option<[(String, u16); 2]>,
+}
+
+impl std::fmt::Debug for Invocation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Invocation")
+            .field("script", &self.script.name())
+            .field("slot", &self.slot)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Invocation {

@@ -151,12 +151,13 @@ impl<O: Operation> Idempotent<O> {
         Ok(self)
     }
 
-    /// The operation id.
+    /// The operation id (its `Debug` shows `<redacted>`: keep it out of
+    /// logs too).
     pub fn id(&self) -> &str {
         &self.id
     }
 
-    /// The key of the record (see the type docs).
+    /// The key of the record (see the type docs); it holds the id.
     pub fn record_key(&self) -> &str {
         &self.record
     }
@@ -206,10 +207,11 @@ impl<O: Operation> Operation for Idempotent<O> {
 
 impl<O: fmt::Debug> fmt::Debug for Idempotent<O> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The id, and the record key derived from it, are left out: an id
+        // known to others could be claimed by them first (crate::observe).
         f.debug_struct("Idempotent")
             .field("op", &self.op)
-            .field("id", &self.id)
-            .field("record", &self.record)
+            .field("id", &crate::observe::Redacted)
             .field("horizon", &self.horizon)
             .finish_non_exhaustive()
     }

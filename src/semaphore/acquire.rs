@@ -119,11 +119,11 @@ impl Operation for AcquirePermit {
         let mut reply = Reply::new(ACQUIRE.name(), reply)?;
         let outcome = if reply.flag()? {
             let _in_use = reply.uint()?;
-            PermitAttempt::Acquired(Permit {
-                holding: self.holding.clone(),
-                deadline: crate::fence::deadline(self.built, self.holding.ttl),
-                sent: self.built,
-            })
+            PermitAttempt::Acquired(Permit::granted(
+                self.holding.clone(),
+                self.built,
+                crate::fence::deadline(self.built, self.holding.ttl),
+            ))
         } else {
             PermitAttempt::Full {
                 retry_after: Duration::from_millis(reply.uint()?),

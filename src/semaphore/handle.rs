@@ -1,13 +1,16 @@
 //! [`Semaphore`]: one semaphore's configuration, and the calls on it.
 
 use std::future::Future;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionLike;
 
-use super::{acquire, retry, AcquirePermit, PermitAttempt, PermitId, PermitLease, SemaphoreUsage};
+use super::{
+    acquire, retry, AcquirePermit, Holding, Permit, PermitAttempt, PermitId, PermitLease,
+    SemaphoreUsage,
+};
 #[cfg(doc)]
-use super::{MAX_PERMITS, MAX_PERMIT_TTL};
+use super::{PermitExtend, PermitRelease, MAX_PERMITS, MAX_PERMIT_TTL};
 use crate::ack::Ack;
 use crate::script::{run_one, Operation};
 use crate::{Backoff, Error, Result, Work};
@@ -257,6 +260,50 @@ impl Semaphore {
         C: ConnectionLike + Send,
     {
         retry::acquire_waiting(self, conn, key, weight, Some(id)).await
+    }
+
+    /// A permit of this semaphore known only by its key, id and weight
+    /// (stored by a process that has since restarted), to release or extend
+    /// it: the escape hatch for a permit that crossed a process boundary.
+    /// Its TTL is this semaphore's, never the caller's, so an extension sets
+    /// what every holder of the key is configured with; build it from the
+    /// same configuration as the semaphore that acquired it.
+    ///
+    /// The server checks what it says: a release or extension of permits
+    /// this id does not hold answers [`PermitRelease::Lost`] /
+    /// [`PermitExtend::Lost`], and one whose weight is not the one the id
+    /// was granted is refused ([`Error::PermitWeightMismatch`]; nothing is
+    /// written, and the holding keeps all its permits). Its local deadline
+    /// is unknown, so it is set to now: [`Permit::extend`] it to learn
+    /// whether it still holds.
+    ///
+    /// # Errors
+    ///
+    /// Before any I/O: [`Error::EmptyKey`]; [`Error::ZeroLimit`] /
+    /// [`Error::InsufficientCapacity`] for a weight of 0 or above the
+    /// semaphore's size (no acquire of it could have granted that).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use nolock::semaphore::{PermitId, Semaphore};
+    ///
+    /// let exports = Semaphore::new(10, Duration::from_secs(30))?;
+    /// let id = PermitId::parse("0123456789abcdef0123456789abcdef")?;
+    /// let permit = exports.restore("exports:running", id.clone(), 2)?;
+    /// assert_eq!((permit.key(), permit.weight(), permit.ttl()), ("exports:running", 2, exports.ttl()));
+    /// assert!(exports.restore("exports:running", id, 11).is_err());
+    /// # Ok::<(), nolock::Error>(())
+    /// ```
+    pub fn restore(&self, key: &str, id: PermitId, weight: u64) -> Result<Permit> {
+        let ttl_ms = self.check(key, weight)?;
+        let now = Instant::now();
+        let holding = Holding {
+            key: key.to_owned(),
+            id,
+            weight,
+            ttl: Duration::from_millis(ttl_ms),
+        };
+        Ok(Permit::granted(holding, now, now))
     }
 
     /// Permits in use, holders and the next expiry at `key`; writes nothing

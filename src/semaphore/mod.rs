@@ -12,19 +12,36 @@
 //! for one), then call it with the key of whatever is limited. The permits it
 //! hands out are receipts: a [`Permit`] carries its key, id, weight and TTL,
 //! so releasing or extending it takes no key, and it is neither `Copy` nor
-//! `Clone`.
+//! `Clone`. A permit that crossed a process boundary is rebuilt with
+//! [`Semaphore::restore`] (key, id and weight; the TTL is the semaphore's).
+//! The id is a secret: no `Debug`, `Display` or error message shows it.
 //!
 //! | call | script | what it does |
 //! |---|---|---|
 //! | [`Semaphore::acquire`], [`Semaphore::acquire_weighted`] | `lua/semaphore/acquire.lua` | take 1 (or `weight`) permits if they fit, all or nothing; else when they will; waiting up to the semaphore's [`Backoff`] |
 //! | [`Permit::extend`] | `lua/semaphore/extend.lua` | reset this permit's expiry, only if it has not expired |
 //! | [`Permit::release`] | `lua/semaphore/release.lua` | give back this permit, and only this one |
+//! | [`Semaphore::restore`] | none | rebuild a permit from its key, id and weight, with the semaphore's TTL |
 //! | [`Semaphore::lease`], [`Semaphore::with_permit`] | extend + release | renew every `ttl / 3` in a background task, signal loss |
 //! | [`Semaphore::peek`] | `lua/semaphore/peek.lua` | permits in use, holders, next expiry; writes nothing |
 //!
 //! Every call is also an operation value ([`AcquirePermit`],
 //! [`ReleasePermit`], [`ExtendPermit`], [`PeekSemaphore`]) for a
 //! [`crate::Batch`] or an operation id ([`crate::Operation::idempotent`]).
+//! An extension's answer ([`PermitExtension`]) names the permit it is
+//! about, and only that permit takes it ([`Permit::apply`]).
+//!
+//! # Weights
+//!
+//! A holder's weight is checked by the server on every write of its id
+//! (acquire, extend, release): when `"<id>:1"` is unexpired, the id's
+//! members must be exactly `"<id>:1"`..`"<id>:<weight>"`, all unexpired,
+//! with `"<id>:<weight+1>"` absent or expired. Otherwise the id was granted
+//! another weight, and the call is refused with
+//! [`Error::PermitWeightMismatch`], nothing written: a permit restored with
+//! a smaller weight can neither keep part of a holding alive (the rest
+//! would expire and be granted again while both holders think they hold)
+//! nor give part of it back.
 //!
 //! # State
 //!
@@ -117,13 +134,25 @@ pub use release::{ExtendPermit, ReleasePermit};
 /// one sorted-set member, and a weighted acquire writes `weight` of them.
 pub const MAX_PERMITS: u64 = 10_000;
 
+/// The error code of `lib/permits`' `permit_weight_error`: a permit asked
+/// with a weight its id does not hold ([`Error::PermitWeightMismatch`]).
+pub(crate) const WEIGHT_MISMATCH: &str = "NOLOCK_WEIGHT";
+
 /// The longest permit TTL: 2^52 ms (about 142,000 years), so that the
 /// server's clock plus the TTL stays an exact integer in a Lua double.
 pub const MAX_PERMIT_TTL: Duration = Duration::from_millis(1 << 52);
 
 /// A permit holder's id: 128 bits from the OS CSPRNG, as 32 lowercase hex
-/// digits. Whoever has it can extend and release that holder's permits.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+/// digits. Whoever has it can extend and release that holder's permits, so
+/// it is a secret: its `Debug` shows `PermitId(<redacted>)` and it has no
+/// `Display`; [`PermitId::as_str`] is the one way to read it.
+///
+/// ```
+/// let id = nolock::semaphore::PermitId::random()?;
+/// assert_eq!(format!("{id:?}"), "PermitId(<redacted>)");
+/// # Ok::<(), nolock::Error>(())
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash)]
 pub struct PermitId(String);
 
 impl PermitId {
@@ -149,7 +178,9 @@ impl PermitId {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] for anything else.
+    /// [`Error::InvalidArgument`] for anything else; its message gives the
+    /// length of what was passed, never the text (a near-miss may be a
+    /// real id with a stray character).
     ///
     /// ```
     /// use nolock::semaphore::PermitId;
@@ -163,20 +194,22 @@ impl PermitId {
         } else {
             Err(Error::InvalidArgument {
                 what: "permit id",
-                reason: format!("{id:?} is not 32 lowercase hex digits"),
+                reason: format!("{} bytes that are not 32 lowercase hex digits", id.len()),
             })
         }
     }
 
-    /// The id as stored in Redis.
+    /// The id as stored in Redis: keep it out of logs.
     pub fn as_str(&self) -> &str {
         &self.0
     }
 }
 
-impl fmt::Display for PermitId {
+impl fmt::Debug for PermitId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.debug_tuple("PermitId")
+            .field(&crate::observe::Redacted)
+            .finish()
     }
 }
 
@@ -198,7 +231,7 @@ pub(crate) struct Holding {
 /// [`Permit::extend`]): neither takes a key, so a permit of one semaphore
 /// can never touch another. It is neither `Copy` nor `Clone`; releasing it
 /// consumes it. A permit that crossed a process boundary is rebuilt with
-/// [`Permit::restore`].
+/// [`Semaphore::restore`]. Its `Debug` leaves out the id.
 ///
 /// ```compile_fail
 /// # async fn f(conn: &mut redis::aio::MultiplexedConnection, permit: nolock::semaphore::Permit) -> nolock::Result<()> {
@@ -226,48 +259,21 @@ pub struct Permit {
     deadline: Instant,
     /// When the acquire was built (single calls: sent).
     sent: Instant,
+    /// When the extension behind the deadline was built (`sent` until one
+    /// is applied): an older answer is not taken.
+    answered: Instant,
 }
 
 impl Permit {
-    /// A permit known only by its key, id and weight (stored by a process
-    /// that has since restarted), to release or extend it: the escape hatch
-    /// for a permit that crossed a process boundary. The server checks what
-    /// it says (a release or extension of permits this id does not hold
-    /// answers [`PermitRelease::Lost`] / [`PermitExtend::Lost`]). Its local
-    /// deadline is unknown, so it is set to now: [`Permit::extend`] it to
-    /// learn whether it still holds.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::EmptyKey`]; [`Error::ZeroLimit`] / [`Error::OutOfRange`] for
-    /// a weight of 0 or above [`MAX_PERMITS`]; the ttl as
-    /// [`Semaphore::new`] checks it.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use nolock::semaphore::{Permit, PermitId};
-    ///
-    /// let id = PermitId::parse("0123456789abcdef0123456789abcdef")?;
-    /// let permit = Permit::restore("exports:running", id.clone(), 2, Duration::from_secs(30))?;
-    /// assert_eq!((permit.key(), permit.weight()), ("exports:running", 2));
-    /// assert!(Permit::restore("exports:running", id, 0, Duration::from_secs(30)).is_err());
-    /// # Ok::<(), nolock::Error>(())
-    /// ```
-    pub fn restore(key: &str, id: PermitId, weight: u64, ttl: Duration) -> Result<Permit> {
-        validate::key(key)?;
-        check_permits(MAX_PERMITS, weight)?;
-        let ttl = Duration::from_millis(ttl_millis(ttl)?);
-        let now = Instant::now();
-        Ok(Permit {
-            holding: Holding {
-                key: key.to_owned(),
-                id,
-                weight,
-                ttl,
-            },
-            deadline: now,
-            sent: now,
-        })
+    /// The permits of `holding`, granted (or restored) by a request built
+    /// at `sent`, valid until `deadline`.
+    pub(super) fn granted(holding: Holding, sent: Instant, deadline: Instant) -> Permit {
+        Permit {
+            holding,
+            deadline,
+            sent,
+            answered: sent,
+        }
     }
 
     /// The semaphore's key.
@@ -276,7 +282,8 @@ impl Permit {
     }
 
     /// The holder's id: store it (with the key and weight) to
-    /// [`Permit::restore`] the permit elsewhere.
+    /// [`Semaphore::restore`] the permit elsewhere. A secret: the permit's
+    /// `Debug` leaves it out.
     pub fn id(&self) -> &PermitId {
         &self.holding.id
     }
@@ -302,13 +309,67 @@ impl Permit {
         self.deadline.saturating_duration_since(Instant::now())
     }
 
-    /// Take in an extension's answer ([`ExtendPermit`] run yourself):
-    /// [`Permit::extend`] does it. A lost permit's deadline is now.
-    pub fn apply(&mut self, extend: &PermitExtend) {
-        self.deadline = match extend {
-            PermitExtend::Extended { deadline } => *deadline,
+    /// Take in the answer of an [`ExtendPermit`] of this permit, run
+    /// yourself (in a [`crate::Batch`], or with an operation id):
+    /// [`Permit::extend`] does it. An extension moves [`Permit::deadline`]
+    /// to its own; a lost permit's deadline is now.
+    ///
+    /// Only answers about this permit are taken: its key, id, weight and
+    /// TTL. An answer to an extension built before the one this permit's
+    /// deadline comes from (or before it was acquired or restored) is older
+    /// news and changes nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ForeignAnswer`] for an answer about another permit (another
+    /// key or id, or the same id with another weight or TTL): nothing
+    /// changes.
+    pub fn apply(&mut self, answer: &PermitExtension) -> Result<()> {
+        if answer.about != self.holding {
+            return Err(Error::ForeignAnswer { receipt: "permit" });
+        }
+        if answer.built < self.answered {
+            return Ok(());
+        }
+        self.answered = answer.built;
+        self.deadline = match answer.outcome {
+            PermitExtend::Extended { deadline } => deadline,
             PermitExtend::Lost => Instant::now(),
         };
+        Ok(())
+    }
+}
+
+/// What an [`ExtendPermit`] answers: the outcome of one extension, with the
+/// permit it is about. Only that permit takes it ([`Permit::apply`]), and
+/// only an extension makes one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use = "a lost permit means the work must stop"]
+pub struct PermitExtension {
+    about: Holding,
+    /// When the extension was built: its deadline counts from then.
+    built: Instant,
+    outcome: PermitExtend,
+}
+
+impl PermitExtension {
+    pub(super) fn answer(about: Holding, built: Instant, outcome: PermitExtend) -> Self {
+        PermitExtension {
+            about,
+            built,
+            outcome,
+        }
+    }
+
+    /// What the server answered (an extension's deadline counts from when
+    /// the [`ExtendPermit`] was built).
+    pub fn outcome(&self) -> PermitExtend {
+        self.outcome
+    }
+
+    /// True when the permits were still held and were extended.
+    pub fn is_extended(&self) -> bool {
+        matches!(self.outcome, PermitExtend::Extended { .. })
     }
 }
 
@@ -362,7 +423,8 @@ pub enum PermitRelease {
     Lost,
 }
 
-/// The outcome of [`Permit::extend`].
+/// The outcome of [`Permit::extend`] (and of an [`ExtendPermit`], in its
+/// [`PermitExtension`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[must_use = "a lost permit means the work must stop"]
 pub enum PermitExtend {
@@ -472,7 +534,19 @@ mod tests {
         ));
         assert!(Semaphore::new(1, MAX_PERMIT_TTL).is_ok());
         assert!(matches!(PeekSemaphore::new(""), Err(Error::EmptyKey)));
-        assert!(Permit::restore("", PermitId::random().unwrap(), 1, S).is_err());
+        let two = sem(2).unwrap();
+        assert!(matches!(
+            two.restore("", PermitId::random().unwrap(), 1),
+            Err(Error::EmptyKey)
+        ));
+        assert!(matches!(
+            two.restore("k", PermitId::random().unwrap(), 0),
+            Err(Error::ZeroLimit { what: "weight" })
+        ));
+        assert!(matches!(
+            two.restore("k", PermitId::random().unwrap(), 3),
+            Err(Error::InsufficientCapacity { .. })
+        ));
     }
 
     #[test]
@@ -493,7 +567,7 @@ mod tests {
                 "1500"
             ]
         );
-        let permit = Permit::restore("k", id.clone(), 2, S).unwrap();
+        let permit = sem(5).unwrap().restore("k", id.clone(), 2).unwrap();
         let op = ReleasePermit::new(&permit);
         assert_eq!(
             words(op.invocation().command()),
@@ -538,6 +612,66 @@ mod tests {
         );
         assert_eq!(usage.free(10), 7);
         assert_eq!(usage.free(2), 0);
+    }
+
+    fn answer(permit: &Permit, extended: bool) -> PermitExtension {
+        ExtendPermit::new(permit)
+            .decode(Array(vec![Int(extended.into())]))
+            .unwrap()
+    }
+
+    #[test]
+    fn a_permit_takes_only_answers_about_itself() {
+        let id = PermitId::random().unwrap();
+        let five = sem(5).unwrap();
+        let mut p = five.restore("k", id.clone(), 2).unwrap();
+        let before = p.deadline();
+        let others = [
+            five.restore("k", PermitId::random().unwrap(), 2).unwrap(),
+            five.restore("j", id.clone(), 2).unwrap(),
+            five.restore("k", id.clone(), 1).unwrap(),
+            Semaphore::new(5, 30 * S)
+                .unwrap()
+                .restore("k", id.clone(), 2)
+                .unwrap(),
+        ];
+        for other in &others {
+            let err = p.apply(&answer(other, true)).unwrap_err();
+            assert!(
+                matches!(err, Error::ForeignAnswer { receipt: "permit" }),
+                "{err}"
+            );
+            assert_eq!(p.deadline(), before);
+        }
+        let extended = answer(&p, true);
+        p.apply(&extended).unwrap();
+        assert!(p.deadline() > before);
+        p.apply(&answer(&p, false)).unwrap();
+        assert!(p.deadline() <= Instant::now());
+        p.apply(&extended).unwrap();
+        assert!(p.deadline() <= Instant::now(), "older news changes nothing");
+    }
+
+    #[test]
+    fn debug_shows_no_permit_id() {
+        let id = PermitId::random().unwrap();
+        let p = sem(5).unwrap().restore("k", id.clone(), 2).unwrap();
+        for text in [
+            format!("{id:?}"),
+            format!("{p:?}"),
+            format!("{:?}", ReleasePermit::new(&p)),
+            format!("{:?}", ExtendPermit::new(&p)),
+            format!("{:?}", answer(&p, true)),
+            format!(
+                "{:?}",
+                AcquirePermit::with_id(&sem(5).unwrap(), "k", &id, 1).unwrap()
+            ),
+        ] {
+            assert!(!text.contains(id.as_str()), "{text}");
+        }
+        let near_miss = id.as_str().to_uppercase();
+        let err = PermitId::parse(&near_miss).unwrap_err().to_string();
+        assert!(!err.to_lowercase().contains(id.as_str()), "{err}");
     }
 
     #[test]

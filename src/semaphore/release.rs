@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use redis::aio::ConnectionLike;
 
-use super::{Holding, Permit, PermitExtend, PermitRelease};
+use super::{Holding, Permit, PermitExtend, PermitExtension, PermitRelease};
 use crate::script::{embedded, run_one, Invocation, Operation, Reply, Script};
 #[cfg(doc)]
 use crate::Error;
@@ -58,9 +58,9 @@ impl Permit {
     where
         C: ConnectionLike + Send,
     {
-        let outcome = run_one(&ExtendPermit::new(self), conn).await?;
-        self.apply(&outcome);
-        Ok(outcome)
+        let answer = run_one(&ExtendPermit::new(self), conn).await?;
+        self.apply(&answer)?;
+        Ok(answer.outcome())
     }
 }
 
@@ -106,8 +106,9 @@ impl Operation for ReleasePermit {
     }
 }
 
-/// [`Permit::extend`] as a value; apply its answer with [`Permit::apply`].
-/// The local deadline it answers counts from when the value was built.
+/// [`Permit::extend`] as a value; its answer, a [`PermitExtension`], is
+/// applied with [`Permit::apply`] (to this permit only). The local deadline
+/// it answers counts from when the value was built.
 #[derive(Debug, Clone)]
 pub struct ExtendPermit {
     call: Invocation,
@@ -134,23 +135,28 @@ fn extend_call(holding: &Holding) -> Invocation {
 }
 
 impl Operation for ExtendPermit {
-    type Output = PermitExtend;
+    type Output = PermitExtension;
 
     fn invocation(&self) -> &Invocation {
         &self.call
     }
 
-    fn decode(&self, reply: redis::Value) -> Result<PermitExtend> {
+    fn decode(&self, reply: redis::Value) -> Result<PermitExtension> {
         let mut reply = Reply::new(EXTEND.name(), reply)?;
         let extended = reply.flag()?;
         reply.finish()?;
-        Ok(if extended {
+        let outcome = if extended {
             PermitExtend::Extended {
                 deadline: crate::fence::deadline(self.built, self.holding.ttl),
             }
         } else {
             PermitExtend::Lost
-        })
+        };
+        Ok(PermitExtension::answer(
+            self.holding.clone(),
+            self.built,
+            outcome,
+        ))
     }
 }
 
@@ -165,7 +171,7 @@ where
         holding: holding.clone(),
         built: Instant::now(),
     };
-    run_one(&op, conn).await
+    Ok(run_one(&op, conn).await?.outcome())
 }
 
 pub(super) async fn release_holding<C>(conn: &mut C, holding: &Holding) -> Result<PermitRelease>
