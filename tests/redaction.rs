@@ -157,9 +157,27 @@ async fn no_token_or_id_shows_in_debug_display_errors_spans_or_metrics() {
         .await
         .unwrap();
     shown.debug("Decision", &decision);
-    let charge = decision.into_charge().expect("admitted");
+    let mut charge = decision.into_charge().expect("admitted");
     let single_id = charge_id(&charge);
     shown.debug("Charge", &charge);
+    // A refund that finds foreign data at the charge's record (whose key
+    // holds the charge id) names the limit's key in its error.
+    let record = nolock::keys::derive(&format!("{p}rl"), &format!("charge#{single_id}"));
+    let _: () = redis::cmd("SET")
+        .arg(&record)
+        .arg("foreign")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    shown.error(
+        "a refund over a foreign record",
+        &charge.refund(&mut conn, 1).await.unwrap_err(),
+    );
+    let _: () = redis::cmd("DEL")
+        .arg(&record)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
     let refund = RefundCharge::new(&charge, 1).unwrap();
     shown.debug("RefundCharge", &refund);
     shown.debug(

@@ -99,7 +99,9 @@ local function refund_begin(now_ms)
       pos = stop + 1
     end
     if not ok or i ~= n then
-      return nil, 'key ' .. KEYS[n + 1] .. ' does not hold a refund record of this charge'
+      -- Named by its limit's key: the record's own key holds the charge id.
+      return nil, 'the refund record of this charge beside key ' .. KEYS[1]
+        .. ' holds data nolock did not write'
     end
   end
   for i = 1, n do
