@@ -9,6 +9,12 @@
 //! have every write made so far on that connection; `WAITAOF 1 replicas
 //! timeout` (Redis 7.2 and later, Valkey 8) answers how many have written
 //! it to their append-only file with `fsync`, the primary's own included.
+//!
+//! A grant costs at most one `timeout` of waiting: where the script must be
+//! sent again (`NOSCRIPT`), the wait of the first pipeline has run anyway,
+//! so the second gets only what is left (at least 1 ms: `0` means forever).
+//! The server enforces a wait's timeout at its cron tick (`1000 / hz` ms),
+//! so an idle server at the default `hz 10` answers up to 100 ms late.
 
 use std::time::Duration;
 
@@ -73,7 +79,11 @@ impl Ack {
         self.disk
     }
 
-    fn command(&self) -> Cmd {
+    /// The wait, given what is left of the timeout after `spent`: never
+    /// 0, which `WAIT` and `WAITAOF` read as "forever", so at least 1 ms.
+    fn command(&self, spent: Duration) -> Cmd {
+        let spent_ms = u64::try_from(spent.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX);
+        let left_ms = self.timeout_ms.saturating_sub(spent_ms).max(1);
         let mut cmd;
         if self.disk {
             cmd = redis::cmd("WAITAOF");
@@ -81,17 +91,20 @@ impl Ack {
         } else {
             cmd = redis::cmd("WAIT");
         }
-        cmd.arg(self.replicas).arg(self.timeout_ms);
+        cmd.arg(self.replicas).arg(left_ms);
         cmd
     }
 
     /// Runs `call`, then the wait in the same round trip: the script's reply
-    /// and what the wait confirmed.
+    /// and what the wait confirmed. Where the script must be sent again
+    /// (`NOSCRIPT`: the first wait ran anyway, for its whole timeout
+    /// without a replica), the second wait gets only what is left of the
+    /// timeout, counted from the first send: one timeout in all, not two.
     pub(crate) async fn run<C>(&self, conn: &mut C, call: &Invocation) -> Result<(Value, Confirmed)>
     where
         C: redis::aio::ConnectionLike + Send,
     {
-        let (reply, waited) = call.run_then(conn, &self.command()).await?;
+        let (reply, waited) = call.run_then(conn, |spent| self.command(spent)).await?;
         Ok((reply, self.judge(waited)))
     }
 
@@ -193,6 +206,54 @@ mod tests {
         assert!(matches!(ack.judge(Err(lost)), Confirmed::Short(0)));
         let denied = server_error("NOPERM User app has no permissions to run the 'wait' command");
         assert!(matches!(ack.judge(Err(denied)), Confirmed::Refused(_)));
+    }
+
+    #[test]
+    fn the_wait_gets_what_is_left_of_the_timeout_and_never_0() {
+        let ms = Duration::from_millis;
+        let ack = Ack::replicas(1, ms(150)).unwrap();
+        let words = |spent| crate::script::words(&ack.command(spent));
+        assert_eq!(words(Duration::ZERO), ["WAIT", "1", "150"]);
+        assert_eq!(words(ms(100)), ["WAIT", "1", "50"]);
+        // Rounded up: never past the caller's timeout.
+        assert_eq!(
+            words(ms(100) + Duration::from_micros(1)),
+            ["WAIT", "1", "49"]
+        );
+        assert_eq!(words(ms(150)), ["WAIT", "1", "1"], "0 would wait forever");
+        assert_eq!(words(Duration::from_secs(60)), ["WAIT", "1", "1"]);
+        let disk = Ack::on_disk(0, ms(300)).unwrap();
+        assert_eq!(
+            crate::script::words(&disk.command(ms(120))),
+            ["WAITAOF", "1", "0", "180"]
+        );
+    }
+
+    /// The first acquire after a `SCRIPT FLUSH`: the first pipeline's wait
+    /// ran its whole timeout (the script did not run), so the wait after
+    /// the fallback gets what is left of it: 1 ms here.
+    #[tokio::test]
+    async fn after_noscript_the_second_wait_gets_only_what_is_left() {
+        use crate::script::tests_support::{Scripted, SlowFirst, NOSCRIPT};
+        static ECHO: crate::script::Script =
+            crate::script::Script::embedded("test/ack", "return 1");
+        let call = Invocation::new(&ECHO, &["k"]);
+        let ack = Ack::replicas(1, Duration::from_millis(50)).unwrap();
+        let mut conn = SlowFirst {
+            inner: Scripted::new(vec![
+                Ok(vec![NOSCRIPT, ":0"]),
+                Ok(vec![NOSCRIPT]),
+                Ok(vec!["+sha", ":1"]),
+                Ok(vec![":1", ":0"]),
+            ]),
+            first: Some(Duration::from_millis(50)),
+        };
+        let (reply, confirmed) = ack.run(&mut conn, &call).await.unwrap();
+        assert_eq!(reply, Value::Int(1));
+        assert!(matches!(confirmed, Confirmed::Short(0)));
+        let sent = &conn.inner.sent;
+        assert_eq!(sent[0][5..], ["WAIT", "1", "50", "|"]);
+        assert_eq!(sent[3], ["EXISTS", "k", "|", "WAIT", "1", "1", "|"]);
     }
 
     #[test]

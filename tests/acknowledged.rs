@@ -308,3 +308,77 @@ async fn on_disk_without_appendonly_is_refused_and_releases() {
         other => panic!("the refused grant was left held: {other:?}"),
     }
 }
+
+/// The first acknowledged acquire on a server that has not loaded the
+/// scripts (`SCRIPT FLUSH`, a restart, a failover) costs one wait, not two:
+/// the `WAIT` in the first pipeline runs its whole timeout although the
+/// script did not (`NOSCRIPT`), so the wait after the fallback gets only
+/// what is left of the timeout. With no replica, every wait times out:
+/// the acquire answers "unacknowledged" within the timeout and a round
+/// trip or two, and leaves nothing held.
+///
+/// The server enforces a wait's timeout at its cron tick (`1000 / hz` ms):
+/// at the default `hz 10` an idle server answers `WAIT 1 150` after about
+/// 190 ms and `WAIT 1 1` after about 90 ms. At `hz 100` the tick is 10 ms,
+/// so what is measured is the library's waits, not the server's clock.
+#[tokio::test]
+async fn the_first_acknowledged_acquire_after_a_script_flush_costs_one_wait() {
+    let server = RedisServer::start_with(&["--hz", "100"]);
+    let mut conn = server.conn().await;
+    let timeout = Duration::from_millis(150);
+    // A round trip or two of a loaded machine, not a second wait.
+    let slack = Duration::from_millis(120);
+    let resource = format!("{}ledger", prefix("flushed_lock"));
+    let key = format!("{}exports", prefix("flushed_permit"));
+
+    let lock = Lock::new(MINUTE).unwrap().acknowledged(1, timeout).unwrap();
+    let _: () = raw(&mut conn, &["SCRIPT", "FLUSH"]).await;
+    let start = Instant::now();
+    let err = lock.acquire(&mut conn, &resource).await.unwrap_err();
+    let took = start.elapsed();
+    match &err {
+        Error::Unacknowledged {
+            asked,
+            acknowledged,
+            on_disk,
+            ..
+        } => assert_eq!((*asked, *acknowledged, *on_disk), (1, 0, false)),
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        took < timeout + slack,
+        "the lock's first acquire took {took:?} for a timeout of {timeout:?}"
+    );
+    match Lock::new(MINUTE)
+        .unwrap()
+        .acquire(&mut conn, &resource)
+        .await
+        .unwrap()
+    {
+        LockAttempt::Acquired(_) => {}
+        other => panic!("the unacknowledged grant was left held: {other:?}"),
+    }
+
+    let semaphore = one_permit().acknowledged(1, timeout).unwrap();
+    let _: () = raw(&mut conn, &["SCRIPT", "FLUSH"]).await;
+    let start = Instant::now();
+    let err = semaphore.acquire(&mut conn, &key).await.unwrap_err();
+    let took = start.elapsed();
+    assert!(
+        matches!(
+            &err,
+            Error::PermitUnacknowledged {
+                asked: 1,
+                acknowledged: 0,
+                on_disk: false,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(
+        took < timeout + slack,
+        "the semaphore's first acquire took {took:?} for a timeout of {timeout:?}"
+    );
+    assert_eq!(semaphore.peek(&mut conn, &key).await.unwrap().in_use, 0);
+}

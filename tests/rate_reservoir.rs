@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nolock::rate::{Algorithm, Limiter, Quota, Reservoir};
+use nolock::rate::{Algorithm, Limiter, Quota, Reservoir, ReservoirStats};
 use nolock::Error;
 use support::proxy::FaultProxy;
 use support::{prefix, RedisServer};
@@ -268,4 +268,197 @@ async fn bad_input_is_refused_before_anything_is_sent() {
         Err(Error::InsufficientCapacity { .. })
     ));
     assert_eq!(r.stats().batch_calls, 0);
+}
+
+/// Takes a batch of `batch` units from a full limit into `r`, using one of
+/// them: a first call of `first` units (no local rate yet: a batch of just
+/// that), a pause of `pause`, then a call of one unit whose batch the local
+/// rate sizes to `batch` (the largest allowed). Answers when that call
+/// began (its batch was sent a little later).
+async fn take_a_batch(r: &Reservoir<Conn>, first: u64, pause: Duration, batch: u64) -> Instant {
+    assert!(r.check(first).await.unwrap().allowed);
+    tokio::time::sleep(pause).await;
+    let began = Instant::now();
+    let d = r.check(1).await.unwrap();
+    assert!(d.allowed && !d.local, "{d:?}");
+    let s = r.stats();
+    assert_eq!((s.batch_calls, s.granted), (2, first + batch), "{s:?}");
+    assert_eq!(r.held() + r.stats().decayed, batch - 1);
+    began
+}
+
+/// Waits until the limit at `key` is full again by the server: every unit
+/// taken so far has refilled there.
+async fn until_full(limiter: &Limiter, conn: &mut Conn, key: &str, every: Duration) {
+    let burst = limiter.quota().burst();
+    let begin = Instant::now();
+    while limiter.peek(conn, key, 1).await.unwrap().remaining < burst {
+        assert!(begin.elapsed() < Duration::from_secs(10), "never refilled");
+        tokio::time::sleep(every).await;
+    }
+}
+
+/// Once the limit is full again on the server, another client takes a whole
+/// burst; then the reservoir, which must hold none of its unused units any
+/// more (all decayed), is asked for as many. Answers the units the
+/// reservoir admitted without a call and its stats before it was asked;
+/// checks the window's bound by the server clock over everything admitted.
+async fn a_full_burst_then_the_reservoir(
+    limiter: &Limiter,
+    r: &Reservoir<Conn>,
+    key: &str,
+    server: &RedisServer,
+) -> (u64, ReservoirStats) {
+    let mut other = server.conn().await;
+    let burst = limiter.quota().burst();
+    let t_us = limiter.quota().emission_interval().as_micros() as u64;
+    let start_us = server_micros(&mut other).await;
+    let fresh = limiter.check(&mut other, key, burst).await.unwrap();
+    assert!(fresh.allowed, "the server had refilled: {fresh:?}");
+    let held = r.held();
+    let s = r.stats();
+    assert_eq!(
+        held, 0,
+        "the reservoir still holds {held} units that refilled on the server: {s:?}"
+    );
+    assert_eq!(s.admitted + s.returned + s.decayed, s.granted, "{s:?}");
+    let unused = s.granted - s.admitted;
+    let (mut local, mut by_server) = (0, 0);
+    for _ in 0..unused {
+        let d = r.check(1).await.unwrap();
+        match (d.allowed, d.local) {
+            (true, true) => local += 1,
+            (true, false) => by_server += 1,
+            _ => {}
+        }
+    }
+    let end_us = server_micros(&mut other).await;
+    let bound = burst + (end_us - start_us) / t_us;
+    assert!(
+        burst + local + by_server <= bound,
+        "{burst} fresh + {local} local + {by_server} granted by the server in {} us > bound {bound}",
+        end_us - start_us
+    );
+    (local, s)
+}
+
+#[tokio::test]
+async fn a_reservoir_never_serves_units_that_refilled_on_the_server() {
+    let server = RedisServer::start();
+    let mut probe = server.conn().await;
+    // 10 per second, burst 10 (T = 100 ms), held 5 s: far longer than the
+    // second in which a batch of 10 refills on the server.
+    let limiter = Limiter::new(Algorithm::Gcra, Quota::per_second(10).unwrap()).unwrap();
+    let key = prefix("refilled");
+    let r = Reservoir::new(
+        server.conn().await,
+        limiter.clone(),
+        &key,
+        10,
+        Duration::from_secs(5),
+    )
+    .unwrap();
+    // After the first unit has refilled: a rate of about 9 per second, a
+    // batch of 45 capped at 10.
+    take_a_batch(&r, 1, Duration::from_millis(110), 10).await;
+    assert!(
+        r.check(1).await.unwrap().local,
+        "a second unit of the batch"
+    );
+    assert_eq!(r.held(), 8);
+    until_full(&limiter, &mut probe, &key, Duration::from_millis(20)).await;
+    let (local, s) = a_full_burst_then_the_reservoir(&limiter, &r, &key, &server).await;
+    assert_eq!(
+        (s.granted, s.admitted, s.decayed, s.returned),
+        (11, 3, 8, 0)
+    );
+    // A new batch needs 100 ms of refill: every decision here went to the
+    // server, which had nothing.
+    assert_eq!(
+        local, 0,
+        "the reservoir served {local} units locally that had refilled on the server"
+    );
+}
+
+#[tokio::test]
+async fn a_reservoir_with_compare_settings_never_serves_refilled_units() {
+    let server = RedisServer::start();
+    let mut probe = server.conn().await;
+    // compare's settings: 2 000 per second, burst 100 (T = 500 us), batches
+    // of at most 50, held 50 ms; a batch of 50 refills in 25 ms.
+    let limiter = Limiter::new(
+        Algorithm::Gcra,
+        Quota::per_second(2_000).unwrap().with_burst(100).unwrap(),
+    )
+    .unwrap();
+    let key = prefix("refilled_compare");
+    let r = Reservoir::new(
+        server.conn().await,
+        limiter.clone(),
+        &key,
+        50,
+        Duration::from_millis(50),
+    )
+    .unwrap();
+    // The second call follows the first at once: a high local rate, the
+    // largest batch.
+    take_a_batch(&r, 5, Duration::ZERO, 50).await;
+    // A second unit of the batch, if the machine let this task run within
+    // the 500 us before the second slot began.
+    let _ = r.check(1).await.unwrap();
+    until_full(&limiter, &mut probe, &key, Duration::from_millis(1)).await;
+    // Here a unit refills every 500 us: the reservoir's next batch call
+    // may get a few, which it may serve locally; the window's bound holds
+    // over all of them.
+    let (_, s) = a_full_burst_then_the_reservoir(&limiter, &r, &key, &server).await;
+    assert!(s.decayed >= 48, "{s:?}");
+}
+
+#[tokio::test]
+async fn a_refund_never_frees_the_slots_of_units_served_late() {
+    let server = RedisServer::start();
+    let mut other = server.conn().await;
+    // 5 per second, burst 10 (T = 200 ms): a batch of 10 refills in 2 s.
+    let limiter = Limiter::new(
+        Algorithm::Gcra,
+        Quota::per_second(5).unwrap().with_burst(10).unwrap(),
+    )
+    .unwrap();
+    let t_us = 200_000;
+    let key = prefix("late");
+    let r = Reservoir::new(
+        server.conn().await,
+        limiter.clone(),
+        &key,
+        10,
+        Duration::from_secs(5),
+    )
+    .unwrap();
+    let began = take_a_batch(&r, 1, Duration::from_millis(250), 10).await;
+    // 1.1 s after the send, 6 of the batch's slots have begun: 4 of its 9
+    // unused units may still be served, late (from slots 7 to 10).
+    tokio::time::sleep_until((began + Duration::from_millis(1_100)).into()).await;
+    let start_us = server_micros(&mut other).await;
+    let late = r.held();
+    assert!(late > 0, "units left to serve late");
+    for _ in 0..late {
+        let d = r.check(1).await.unwrap();
+        assert!(d.allowed && d.local, "{d:?}");
+    }
+    // Given back 200 ms later: the server must keep the slots of those
+    // units, so the unused units that had decayed by then do not go back.
+    tokio::time::sleep_until((began + Duration::from_millis(1_300)).into()).await;
+    let credited = r.flush().await.unwrap();
+    let fresh = limiter
+        .check_at_most(&mut other, &key, 10)
+        .await
+        .unwrap()
+        .granted;
+    let end_us = server_micros(&mut other).await;
+    let bound = 10 + (end_us - start_us) / t_us;
+    assert!(
+        late + fresh <= bound,
+        "{late} served late + {fresh} fresh (the refund credited {credited}) in {} us > bound {bound}",
+        end_us - start_us
+    );
 }

@@ -219,6 +219,15 @@ impl<C: ConnectionLike + Clone + Send + 'static> Drop for Pending<C> {
             return;
         };
         let mut conn = self.conn.clone();
+        // Nothing resends the acquire after this release, cluster included:
+        // the guard drops only after the acquire's future was answered or
+        // dropped (`enter`'s `select!`), and that future holds nolock's own
+        // resends (`Invocation::run`); a cluster client built with
+        // `retries(0)` resends nothing itself, and redis-rs never sends a
+        // queued request whose caller is gone. One already handed to the
+        // node's connection goes out ahead of this release on it; only bytes
+        // of a connection the client gave up on, still in the network, could
+        // land after it (that permit then lives out its TTL).
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
                 // Harmless when nothing was granted; a failure leaves it to its TTL.

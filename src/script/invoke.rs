@@ -5,7 +5,7 @@
 //! Over 700 lines only with its unit tests (the code is about 570).
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::{aio::ConnectionLike, Arg, Cmd, ErrorKind, ServerErrorKind, ToRedisArgs, Value};
 
@@ -312,9 +312,15 @@ impl Invocation {
         }
     }
 
-    /// Run the script and then `after` (a `WAIT`, say) on the same node, in
-    /// one pipeline: one round trip. Answers the script's reply and
-    /// `after`'s.
+    /// Run the script and then the command `after` builds (a `WAIT`, say)
+    /// on the same node, in one pipeline: one round trip. Answers the
+    /// script's reply and `after`'s.
+    ///
+    /// `after` is given the time spent since the first pipeline was sent:
+    /// nothing for that pipeline, and, for a command sent again after a
+    /// fallback, the time the first one took (a `WAIT` in it ran its whole
+    /// timeout even though the script did not run), so that a wait can be
+    /// given only what is left of its caller's budget.
     ///
     /// On a cluster connection the pipeline is routed by its one keyed
     /// command, the script (as [`Invocation::run`]'s `SCRIPT LOAD` pipeline
@@ -328,18 +334,20 @@ impl Invocation {
     /// call's error: the script has run by then (a `WAIT` that the server
     /// cuts short, `UNBLOCKED` when a failover demotes it, does not undo a
     /// grant), so only the caller knows what it means.
-    pub(crate) async fn run_then<C>(
+    pub(crate) async fn run_then<C, F>(
         &self,
         conn: &mut C,
-        after: &Cmd,
+        after: F,
     ) -> Result<(Value, redis::RedisResult<Value>)>
     where
         C: ConnectionLike + Send,
+        F: Fn(Duration) -> Cmd,
     {
         self.check()?;
+        let started = Instant::now();
         let mut pipe = redis::pipe();
         pipe.add_command(self.cmd.clone())
-            .add_command(after.clone());
+            .add_command(after(Duration::ZERO));
         let replies = conn.req_packed_commands(&pipe, 0, 2).await;
         let mut replies = match replies {
             Ok(replies) if replies.len() == 2 => replies,
@@ -376,7 +384,7 @@ impl Invocation {
                 if let Some(key) = self.first_key() {
                     pipe.cmd("EXISTS").arg(key);
                 }
-                pipe.add_command(after.clone());
+                pipe.add_command(after(started.elapsed()));
                 let count = pipe.cmd_iter().count();
                 let after_reply =
                     conn.req_packed_commands(&pipe, 0, count)
@@ -864,6 +872,84 @@ pub(crate) mod tests {
         let waited: Duration = RESEND_DELAYS.iter().sum();
         assert!(started.elapsed() >= waited);
         assert!(waited < Duration::from_millis(1500));
+    }
+
+    /// A [`Scripted`] connection whose first answer comes only after
+    /// `first`: a `WAIT` that ran its whole timeout.
+    pub(crate) struct SlowFirst {
+        pub(crate) inner: Scripted,
+        pub(crate) first: Option<Duration>,
+    }
+
+    impl ConnectionLike for SlowFirst {
+        fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> redis::RedisFuture<'a, Value> {
+            let delay = self.first.take().unwrap_or_default();
+            let reply = self.inner.req_packed_command(cmd);
+            Box::pin(async move {
+                tokio::time::sleep(delay).await;
+                reply.await
+            })
+        }
+
+        fn req_packed_commands<'a>(
+            &'a mut self,
+            pipe: &'a redis::Pipeline,
+            offset: usize,
+            count: usize,
+        ) -> redis::RedisFuture<'a, Vec<Value>> {
+            let delay = self.first.take().unwrap_or_default();
+            let reply = self.inner.req_packed_commands(pipe, offset, count);
+            Box::pin(async move {
+                tokio::time::sleep(delay).await;
+                reply.await
+            })
+        }
+
+        fn get_db(&self) -> i64 {
+            0
+        }
+    }
+
+    /// After `NOSCRIPT` the command after the script is built again from
+    /// the time spent since the first pipeline was sent, and routed with a
+    /// read of the first key; the first pipeline's is built from nothing.
+    #[tokio::test]
+    async fn after_a_fallback_the_command_after_is_built_from_the_time_spent() {
+        let call = Invocation::new(&ECHO, &["k"]).arg(7u64);
+        let sha = ECHO.sha1().to_owned();
+        let mut conn = SlowFirst {
+            inner: Scripted::new(vec![
+                Ok(vec![NOSCRIPT, ":0"]),
+                Ok(vec![NOSCRIPT]),
+                Ok(vec![&format!("+{sha}"), ":1"]),
+                Ok(vec![":1", "+after"]),
+            ]),
+            first: Some(Duration::from_millis(60)),
+        };
+        let spent = std::sync::Mutex::new(Vec::new());
+        let (value, after) = call
+            .run_then(&mut conn, |d| {
+                spent.lock().unwrap().push(d);
+                let mut cmd = redis::cmd("AFTER");
+                cmd.arg(d.as_millis() as u64);
+                cmd
+            })
+            .await
+            .unwrap();
+        assert_eq!(value, Value::Int(1));
+        assert_eq!(after.unwrap(), Value::SimpleString("after".into()));
+        let spent = spent.into_inner().unwrap();
+        assert_eq!(spent.len(), 2, "{spent:?}");
+        assert_eq!(spent[0], Duration::ZERO);
+        assert!(spent[1] >= Duration::from_millis(60), "{spent:?}");
+        let sent = &conn.inner.sent;
+        assert_eq!(sent.len(), 4, "{sent:?}");
+        assert_eq!(sent[0][..5], ["EVALSHA", &sha, "1", "k", "7"]);
+        assert_eq!(sent[0][6..], ["AFTER", "0", "|"]);
+        let last: Vec<&str> = sent[3].iter().map(String::as_str).collect();
+        assert_eq!(last[..4], ["EXISTS", "k", "|", "AFTER"]);
+        let waited: u64 = last[4].parse().unwrap();
+        assert!(waited >= 60, "{last:?}");
     }
 
     #[test]
