@@ -79,19 +79,27 @@ impl Ack {
         self.disk
     }
 
-    /// The wait, given what is left of the timeout after `spent`: never
-    /// 0, which `WAIT` and `WAITAOF` read as "forever", so at least 1 ms.
+    /// The wait, given what is left of the timeout after `spent`. With
+    /// nothing left it asks without waiting (`WAIT 0 0`, `WAITAOF 0 0 0`:
+    /// met at once, they answer the confirmations known now), since a
+    /// timeout of 0 means "forever" to both, and even 1 ms costs up to one
+    /// server tick (`1000 / hz` ms: Redis checks timeouts in its cron).
     fn command(&self, spent: Duration) -> Cmd {
         let spent_ms = u64::try_from(spent.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX);
-        let left_ms = self.timeout_ms.saturating_sub(spent_ms).max(1);
+        let left_ms = self.timeout_ms.saturating_sub(spent_ms);
+        let (local, replicas) = if left_ms == 0 {
+            (0, 0)
+        } else {
+            (1, self.replicas)
+        };
         let mut cmd;
         if self.disk {
             cmd = redis::cmd("WAITAOF");
-            cmd.arg(1);
+            cmd.arg(local);
         } else {
             cmd = redis::cmd("WAIT");
         }
-        cmd.arg(self.replicas).arg(left_ms);
+        cmd.arg(replicas).arg(left_ms);
         cmd
     }
 
@@ -209,7 +217,7 @@ mod tests {
     }
 
     #[test]
-    fn the_wait_gets_what_is_left_of_the_timeout_and_never_0() {
+    fn the_wait_gets_what_is_left_of_the_timeout_and_never_blocks_past_it() {
         let ms = Duration::from_millis;
         let ack = Ack::replicas(1, ms(150)).unwrap();
         let words = |spent| crate::script::words(&ack.command(spent));
@@ -220,18 +228,19 @@ mod tests {
             words(ms(100) + Duration::from_micros(1)),
             ["WAIT", "1", "49"]
         );
-        assert_eq!(words(ms(150)), ["WAIT", "1", "1"], "0 would wait forever");
-        assert_eq!(words(Duration::from_secs(60)), ["WAIT", "1", "1"]);
-        let disk = Ack::on_disk(0, ms(300)).unwrap();
-        assert_eq!(
-            crate::script::words(&disk.command(ms(120))),
-            ["WAITAOF", "1", "0", "180"]
-        );
+        // Nothing left: ask what is confirmed now, without blocking (a
+        // timeout of 0 with 1 replica asked would wait forever).
+        assert_eq!(words(ms(150)), ["WAIT", "0", "0"]);
+        assert_eq!(words(Duration::from_secs(60)), ["WAIT", "0", "0"]);
+        let disk = Ack::on_disk(1, ms(300)).unwrap();
+        let disk_words = |spent| crate::script::words(&disk.command(spent));
+        assert_eq!(disk_words(ms(120)), ["WAITAOF", "1", "1", "180"]);
+        assert_eq!(disk_words(ms(300)), ["WAITAOF", "0", "0", "0"]);
     }
 
     /// The first acquire after a `SCRIPT FLUSH`: the first pipeline's wait
     /// ran its whole timeout (the script did not run), so the wait after
-    /// the fallback gets what is left of it: 1 ms here.
+    /// the fallback gets what is left of it: nothing here, so it only asks.
     #[tokio::test]
     async fn after_noscript_the_second_wait_gets_only_what_is_left() {
         use crate::script::tests_support::{Scripted, SlowFirst, NOSCRIPT};
@@ -253,7 +262,7 @@ mod tests {
         assert!(matches!(confirmed, Confirmed::Short(0)));
         let sent = &conn.inner.sent;
         assert_eq!(sent[0][5..], ["WAIT", "1", "50", "|"]);
-        assert_eq!(sent[3], ["EXISTS", "k", "|", "WAIT", "1", "1", "|"]);
+        assert_eq!(sent[3], ["EXISTS", "k", "|", "WAIT", "0", "0", "|"]);
     }
 
     #[test]
