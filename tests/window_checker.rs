@@ -24,7 +24,7 @@ fn caught(h: &History, bound: Bound) -> String {
         Ok(verdict) => panic!("not caught: {verdict}; {:?}", h.events()),
         Err(e) => {
             eprintln!("caught: {e}");
-            e
+            e.message
         }
     }
 }

@@ -58,6 +58,7 @@
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::time::Duration;
 
 /// An admission of a [`History`], for the credits that undo part of it.
@@ -242,9 +243,26 @@ impl Bound {
     }
 }
 
+/// A window over the bound: the one most over it (the earliest of those),
+/// with the events in it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    /// Its first and last instants, µs (one instant for the windows bound:
+    /// the admission that went over).
+    pub from: u64,
+    pub to: u64,
+    pub message: String,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
 /// Holds `history` to `bound` in every window: a one-line summary, or the
-/// first window over the bound with the events in it.
-pub fn check(history: &History, bound: Bound) -> Result<String, String> {
+/// window most over the bound.
+pub fn check(history: &History, bound: Bound) -> Result<String, Violation> {
     match bound {
         Bound::Rate {
             burst,
@@ -310,7 +328,7 @@ impl Loose {
     }
 }
 
-fn check_rate(history: &History, burst: u64, t: u64, horizon: u64) -> Result<String, String> {
+fn check_rate(history: &History, burst: u64, t: u64, horizon: u64) -> Result<String, Violation> {
     let events = &history.events;
     let mut spans = Vec::new();
     let mut epoch = 0;
@@ -341,7 +359,7 @@ fn check_rate(history: &History, burst: u64, t: u64, horizon: u64) -> Result<Str
     let mut tightest = i128::MIN;
     // The window most over the bound (in units; ties: the earliest end,
     // then the earliest start) and how many were over.
-    let mut worst: Option<(u64, String)> = None;
+    let mut worst: Option<(u64, Violation)> = None;
     let mut over_windows = 0u64;
     for end in &spans {
         if matches!(events[end.index], Event::Excess { .. }) {
@@ -392,30 +410,35 @@ fn check_rate(history: &History, burst: u64, t: u64, horizon: u64) -> Result<Str
                 let t1 = inside[k].0;
                 let span = t2 - t1;
                 let units: u64 = inside[..=k].iter().map(|i| i.1).sum();
+                let message = format!(
+                    "{units} units{} in [{t1}, {t2}] us (epoch {}): more than burst \
+                         {burst} + floor({span} us / {t} us) = {}; in the window: {}",
+                    if loose > 0 {
+                        format!(" less {loose} of loose credits")
+                    } else {
+                        String::new()
+                    },
+                    end.epoch,
+                    burst + span / t,
+                    describe(history, &inside[..=k])
+                );
                 worst = Some((
                     past,
-                    format!(
-                        "{units} units{} in [{t1}, {t2}] us (epoch {}): more than burst \
-                         {burst} + floor({span} us / {t} us) = {}; in the window: {}",
-                        if loose > 0 {
-                            format!(" less {loose} of loose credits")
-                        } else {
-                            String::new()
-                        },
-                        end.epoch,
-                        burst + span / t,
-                        describe(history, &inside[..=k])
-                    ),
+                    Violation {
+                        from: t1,
+                        to: t2,
+                        message,
+                    },
                 ));
             }
         }
     }
-    if let Some((_, message)) = worst {
-        return Err(if over_windows > 1 {
-            format!("{message} ({over_windows} windows over the bound, this one the most)")
-        } else {
-            message
-        });
+    if let Some((_, mut violation)) = worst {
+        if over_windows > 1 {
+            violation.message +=
+                &format!(" ({over_windows} windows over the bound, this one the most)");
+        }
+        return Err(violation);
     }
     Ok(format!(
         "every window ok: {windows} windows of {} events, closest approach to the bound {}",
@@ -452,7 +475,7 @@ fn describe(history: &History, inside: &[(u64, u64, usize)]) -> String {
     format!("[{}]", parts.join(", "))
 }
 
-fn check_windows(history: &History, limit: u64) -> Result<String, String> {
+fn check_windows(history: &History, limit: u64) -> Result<String, Violation> {
     let mut sums: BTreeMap<(usize, u64), u64> = BTreeMap::new();
     let mut counted: BTreeMap<usize, (usize, u64)> = BTreeMap::new();
     let mut epoch = 0;
@@ -466,11 +489,16 @@ fn check_windows(history: &History, limit: u64) -> Result<String, String> {
                 counted.insert(i, (epoch, window));
                 fullest = fullest.max(*sum);
                 if *sum > limit {
-                    return Err(format!(
+                    let message = format!(
                         "{sum} units (net of credits, with excess) in window {window} of epoch \
                          {epoch} at {at} us: more than the limit {limit}; in it: [{}]",
                         window_events(history, i, (epoch, window)).join(", ")
-                    ));
+                    );
+                    return Err(Violation {
+                        from: at,
+                        to: at,
+                        message,
+                    });
                 }
             }
             Event::Credit { admission, units } => {
