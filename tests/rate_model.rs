@@ -15,7 +15,8 @@
 //! window across a reset), and each refund and settlement to the direct
 //! rules of `run_receipts`. Four hand-written histories go through the same
 //! code: a refund in debt, a copy settling after a refund and the drain, a
-//! refund after a reset, a refund after the deadline.
+//! refund after a reset, a refund after the deadline; and a fifth, a
+//! reservoir's draws after the server refilled, through the same checker.
 //! Failing cases are kept in `tests/rate_model.proptest-regressions`.
 //!
 //! Why one file of about 1000 lines: both halves are random histories
@@ -27,8 +28,8 @@ mod support;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use nolock::rate::{
-    Algorithm, Charge, Limiter, MultiCharge, MultiKey, MultiLimiter, Quota, RateLimit, Settle,
-    Settlement,
+    Algorithm, Charge, Limiter, MultiCharge, MultiKey, MultiLimiter, Quota, RateLimit, Reservoir,
+    Settle, Settlement,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestRunner};
@@ -1055,4 +1056,48 @@ fn a_refund_after_the_settle_deadline_gives_nothing_back() {
         Duration::from_millis(40),
         &ops,
     );
+}
+
+/// A Reservoir on 10 per second, burst 10 (T = 100 ms), batches of up to
+/// 10 held 5 s: it takes the whole burst from the server and serves 2.
+/// After a second the server has refilled; a direct check takes 10, and
+/// the reservoir may not serve the 8 it still holds (they refilled on the
+/// server). Its draws (each known to lie within the call) and the direct
+/// admission go through the window checker.
+#[test]
+fn a_reservoir_serves_no_unit_the_server_has_refilled() {
+    let (_server, rt, mut conn, other) = setup();
+    rt.block_on(async {
+        let limiter = Limiter::new(Algorithm::Gcra, Quota::per_second(10).unwrap()).unwrap();
+        let key = prefix("reservoir_refilled");
+        let r = Reservoir::new(other, limiter.clone(), &key, 10, Duration::from_secs(5)).unwrap();
+        let mut history = History::new();
+        let mut draws = 0;
+        for _ in 0..2 {
+            let from = now_us();
+            if r.check(1).await.unwrap().allowed {
+                history.draw(from, now_us(), 1);
+                draws += 1;
+            }
+        }
+        let (held, granted) = (r.held(), r.stats().granted);
+        tokio::time::sleep(Duration::from_millis(1_050)).await;
+        let direct = limiter.check(&mut conn, &key, 10).await.unwrap();
+        assert!(direct.allowed, "the server refilled: {:?}", *direct);
+        history.admit(micros(direct.at), 10);
+        for _ in 0..8 {
+            let from = now_us();
+            if r.check(1).await.unwrap().allowed {
+                history.draw(from, now_us(), 1);
+                draws += 1;
+            }
+        }
+        let bound = Bound::rate(10, limiter.quota().emission_interval());
+        if let Err(e) = window::check(&history, bound) {
+            panic!(
+                "{e} (the reservoir was granted {granted} and held {held} after its first 2 \
+                 draws; {draws} draws in all)"
+            );
+        }
+    });
 }
