@@ -52,7 +52,12 @@
 //! (epoch, window), the net units admitted so far plus the excess charged
 //! so far are at most `L`. A window is named by the caller: the fixed
 //! window by its end (`at + reset_after` in ms), the sliding window by
-//! `at_ms / period_ms`.
+//! `at_ms / period_ms`. (Draws and loose credits need the rate bound.)
+//!
+//! A sequential test lists events as its calls return. A concurrent one
+//! sorts them: each admission at its server time, each credit at the
+//! earliest instant it may have run (after its own admission), credits
+//! first at one instant, so that a credit counts wherever it might have.
 //!
 //! O(n × w log w) for `n` events and at most `w` of them in one horizon.
 #![allow(dead_code)]
@@ -150,25 +155,6 @@ impl History {
     pub fn loose_credit(&mut self, from: u64, to: u64, units: u64) {
         self.push(Event::LooseCredit { from, to, units });
     }
-
-    /// The units of `admission` still counted once the first `before`
-    /// events took effect.
-    fn net(&self, admission: usize, before: usize) -> u64 {
-        let Event::Admission { units, .. } = self.events[admission] else {
-            unreachable!("checked when pushed")
-        };
-        let credited: u64 = self.events[admission..before]
-            .iter()
-            .filter_map(|e| match *e {
-                Event::Credit {
-                    admission: a,
-                    units,
-                } if a.0 == admission => Some(units),
-                _ => None,
-            })
-            .sum();
-        units.saturating_sub(credited)
-    }
 }
 
 /// Every admission's credits: the index of each and the units credited up
@@ -218,8 +204,9 @@ pub enum Bound {
 }
 
 impl Bound {
-    /// The rate bound over windows up to `(burst + 400) × T` long: enough
-    /// for any burst to refill 400 times over.
+    /// The rate bound over windows up to `(burst + 400) × T` long: the
+    /// burst's refill time and 400 intervals more (long runs need a
+    /// horizon; a short history can take [`Bound::rate_everywhere`]).
     pub fn rate(burst: u64, interval: Duration) -> Bound {
         let t = interval.as_micros() as u64;
         Bound::Rate {
@@ -524,13 +511,14 @@ fn check_windows(history: &History, limit: u64) -> Result<String, Violation> {
 /// The admissions (with what was credited of them) and excess of one
 /// (epoch, window) among the first `last + 1` events.
 fn window_events(history: &History, last: usize, of: (usize, u64)) -> Vec<String> {
+    let credits = Credits::new(history);
     let mut epoch = 0;
     let mut seen = Vec::new();
     for (j, e) in history.events[..=last].iter().enumerate() {
         match *e {
             Event::Reset => epoch += 1,
             Event::Admission { at, units, window } if (epoch, window) == of => {
-                let net = history.net(j, last + 1);
+                let net = credits.net(j, units, last + 1);
                 seen.push(if net == units {
                     format!("admitted@{at}:{units}")
                 } else {
