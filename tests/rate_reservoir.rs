@@ -44,20 +44,42 @@ async fn four_processes_and_64_tasks_never_admit_more_than_the_limit() {
     }
     let start_us = server_micros(&mut probe).await;
     let admitted = Arc::new(AtomicU64::new(0));
+    let draws = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let begin = Instant::now();
     let mut tasks = Vec::new();
     for t in 0..64 {
         let r = Arc::clone(&reservoirs[t % 4]);
         let admitted = Arc::clone(&admitted);
+        let draws = Arc::clone(&draws);
         tasks.push(tokio::spawn(async move {
-            let begin = Instant::now();
             while begin.elapsed() < Duration::from_millis(600) {
+                // Every 100 ms: for 5 ms one task of the first reservoir
+                // draws now and then (its reservoir takes a batch and keeps
+                // most of it); all rest until 40 ms (the server refills
+                // meanwhile); all draw for 10 ms; all rest past the hold.
+                let phase = begin.elapsed().as_millis() as u64 % 100;
+                let (rest, slowly) = match phase {
+                    0..5 if t == 0 => (0, true),
+                    0..40 => (40 - phase, false),
+                    40..50 => (0, false),
+                    _ => (100 - phase, false),
+                };
+                if rest > 0 {
+                    tokio::time::sleep(Duration::from_millis(rest)).await;
+                    continue;
+                }
                 let cost = 1 + fastrand::u64(0..3);
+                // The draw happened somewhere between these two instants.
+                let from = now_us();
                 if r.check(cost).await.unwrap().allowed {
+                    let to = now_us();
                     admitted.fetch_add(cost, Ordering::Relaxed);
+                    draws.lock().unwrap().push((from, to, cost));
                 }
                 match fastrand::u16(0..200) {
+                    _ if slowly => tokio::time::sleep(Duration::from_millis(1)).await,
                     0..=9 => tokio::time::sleep(Duration::from_millis(fastrand::u64(1..20))).await,
-                    10 => break, // a request dropped: the task ends early
+                    10 if t != 0 => break, // a request dropped: the task ends early
                     _ => tokio::task::yield_now().await,
                 }
             }
@@ -107,6 +129,35 @@ async fn four_processes_and_64_tasks_never_admit_more_than_the_limit() {
     assert!(total > bound / 4, "the limit was used: {total} of {bound}");
     let by_stats: u64 = reservoirs.iter().map(|r| r.stats().admitted).sum();
     assert_eq!(by_stats, total);
+    // And in every window of the run, not only from its start.
+    let draws = draws.lock().unwrap();
+    match hold_every_window(&draws, limiter.quota()) {
+        Ok(verdict) => eprintln!("{verdict}"),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// Holds reservoir draws, each `(from, to, units)` on the wall clock in µs,
+/// to the quota's bound in every window up to `(burst + 400) × T` long that
+/// holds their whole intervals (`support::window`). The test's server runs
+/// on this machine, so the wall clock is the server's.
+fn hold_every_window(draws: &[(u64, u64, u64)], quota: &Quota) -> Result<String, String> {
+    use support::window::{check, Bound, History};
+    let mut history = History::new();
+    for &(from, to, units) in draws {
+        history.draw(from, to, units);
+    }
+    check(
+        &history,
+        Bound::rate(quota.burst(), quota.emission_interval()),
+    )
+    .map(|verdict| format!("{} draws: {verdict}", draws.len()))
+    .map_err(|v| format!("reservoir draws over the bound: {v}"))
+}
+
+/// The wall clock in µs since the epoch.
+fn now_us() -> u64 {
+    support::history::micros(std::time::SystemTime::now())
 }
 
 #[tokio::test]

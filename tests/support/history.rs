@@ -23,6 +23,8 @@ use std::fmt::Debug;
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use super::window;
+
 /// How one call ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome<T> {
@@ -411,108 +413,131 @@ impl ServerClock {
 }
 
 /// **Rate invariant** (GCRA / token bucket with burst `b` and emission
-/// interval `T`): for any two admitted decisions at server times
-/// `t1 <= t2` (checked for every window up to `(b + 400) * T` long), the
-/// units admitted at server times in `[t1, t2]`, minus the
-/// units refunded by refunds that may have run in that span, are at most
-/// `b + (t2 - t1) / T`. Exact in microseconds: the script's theoretical
-/// arrival time rises by `cost * T` per admission, falls by at most
-/// `credited * T` per refund (never below the server clock), and admits
-/// only while it is at most `b * T` ahead of the server clock. An
-/// indeterminate refund counts as possibly run, for its full amount, from
-/// its invocation on. A refund's span is taken to server time by `clock`
-/// (the decisions' times are the server's).
+/// interval `T`), held by the shared window checker
+/// ([`super::window`], whose doc states it in full): for any two instants
+/// `t1 <= t2` of server time, `t2` an admission's (checked for every window
+/// up to `(b + 400) * T` long), the units admitted at server times in
+/// `[t1, t2]`, less the units credited back of those admissions by refunds
+/// that may have run by `t2`, are at most `b + (t2 - t1) / T`. Exact in
+/// microseconds: the script's theoretical arrival time rises by `cost * T`
+/// per admission, falls by at most `credited * T` per refund (never below
+/// the server clock, and only by the part of its charge not yet drained),
+/// and admits only while it is at most `b * T` ahead of the server clock.
+///
+/// A refund undoes the latest check of its process (the torture refunds a
+/// check right after it). An answered refund credits what it answered, an
+/// indeterminate one may have credited its whole amount; either counts for
+/// the windows that end at or after the earliest server time its invocation
+/// may have had (`clock` takes client times to server times: the
+/// decisions' times are the server's). A refund whose check is not in the
+/// history as an admission (its answer was forgotten by a failover) is
+/// counted in every window its span may meet.
 pub fn check_rate(
     events: &[Event<RateOp, RateReply>],
     burst: u64,
     interval: Duration,
     clock: &ServerClock,
 ) -> Result<String, String> {
-    let t = interval.as_micros() as i128;
-    let mut admitted: Vec<(u64, u64, u64, u64)> = events
-        .iter()
-        .filter_map(|e| match (&e.op, &e.outcome) {
-            (RateOp::Check { cost }, Outcome::Ok(RateReply::Decision(d))) if d.allowed => {
-                Some((micros(d.at), *cost, e.invoked_us, e.completed_us))
-            }
-            _ => None,
-        })
-        .collect();
-    admitted.sort();
-    // Refunds that may have run in [t1, t2]: a completed one whose
-    // [invoked, completed] meets it, an indeterminate one invoked by t2.
-    // Sums by prefix over sorted ends, so each window costs O(log n).
-    let mut by_from = Vec::new();
-    let mut by_until = Vec::new();
-    let mut unknown = Vec::new();
-    for e in events {
+    // Admissions by server time, and refunds by the earliest server time
+    // they may have run at, with what each may have credited.
+    enum Item {
+        Admission { at: u64, cost: u64, event: usize },
+        Credit { of: usize, units: u64 },
+    }
+    let mut items: Vec<(u64, u8, usize, Item)> = Vec::new();
+    let mut last_check: BTreeMap<usize, usize> = BTreeMap::new();
+    let mut loose = Vec::new();
+    let (mut refunds, mut unknown) = (0, 0);
+    for (i, e) in events.iter().enumerate() {
         match (&e.op, &e.outcome) {
-            (RateOp::Refund { .. }, Outcome::Ok(RateReply::Refunded(credited))) => {
-                by_from.push((clock.range(e.invoked_us).0, *credited));
-                by_until.push((clock.range(e.completed_us).1, *credited));
+            (RateOp::Check { cost }, outcome) => {
+                last_check.insert(e.process, i);
+                if let Outcome::Ok(RateReply::Decision(d)) = outcome {
+                    if d.allowed {
+                        let at = micros(d.at);
+                        let admission = Item::Admission {
+                            at,
+                            cost: *cost,
+                            event: i,
+                        };
+                        items.push((at, 1, i, admission));
+                    }
+                }
             }
-            (RateOp::Refund { amount }, Outcome::Indeterminate(_)) => {
-                unknown.push((clock.range(e.invoked_us).0, *amount))
-            }
-            _ => {}
-        }
-    }
-    let prefix = |mut v: Vec<(u64, u64)>| {
-        v.sort();
-        let mut sums = Vec::with_capacity(v.len() + 1);
-        sums.push(0i128);
-        for &(_, a) in &v {
-            let last = *sums.last().unwrap_or(&0);
-            sums.push(last + a as i128);
-        }
-        (v, sums)
-    };
-    let (by_from, from_sums) = prefix(by_from);
-    let (by_until, until_sums) = prefix(by_until);
-    let (unknown, unknown_sums) = prefix(unknown);
-    let refunded_in = |t1: u64, t2: u64| -> i128 {
-        let started = from_sums[by_from.partition_point(|r| r.0 <= t2)];
-        let ended_before = until_sums[by_until.partition_point(|r| r.0 < t1)];
-        started - ended_before + unknown_sums[unknown.partition_point(|r| r.0 <= t2)]
-    };
-    // Windows up to this long are checked (every pair of admissions in them).
-    let horizon = (burst as i128 + 400) * t;
-    let mut tightest = i128::MIN;
-    for i in 0..admitted.len() {
-        let t1 = admitted[i].0;
-        let mut units: i128 = 0;
-        for &(t2, cost, _, _) in &admitted[i..] {
-            if (t2 - t1) as i128 > horizon {
-                break;
-            }
-            units += cost as i128;
-            let refunded = refunded_in(t1, t2);
-            // (units - refunded - b) * T <= t2 - t1
-            let excess = (units - refunded - burst as i128) * t - (t2 - t1) as i128;
-            tightest = tightest.max(excess);
-            if excess > 0 {
-                // Each admission in the window: server time, cost, and the
-                // client's invoked/completed wall times.
-                let seen: Vec<String> = admitted
-                    .iter()
-                    .filter(|a| t1 <= a.0 && a.0 <= t2)
-                    .map(|a| format!("{}:{} ({}..{})", a.0, a.1, a.2, a.3))
-                    .collect();
-                return Err(format!(
-                    "{units} units admitted (minus {refunded} refunded) in [{t1}, {t2}] us: \
-                     above burst {burst} + {} us / {t} us; admissions {seen:?}",
-                    t2 - t1
-                ));
+            (RateOp::Refund { amount }, outcome) => {
+                let units = match outcome {
+                    Outcome::Ok(RateReply::Refunded(credited)) => *credited,
+                    Outcome::Indeterminate(_) => *amount,
+                    _ => continue,
+                };
+                refunds += 1;
+                let from = clock.range(e.invoked_us).0;
+                let to = match outcome {
+                    Outcome::Indeterminate(_) => {
+                        unknown += 1;
+                        u64::MAX
+                    }
+                    _ => clock.range(e.completed_us).1,
+                };
+                let admitted = last_check.get(&e.process).and_then(|&c| {
+                    match &events[c].outcome {
+                        Outcome::Ok(RateReply::Decision(d)) if d.allowed => Some(micros(d.at)),
+                        _ => None,
+                    }
+                    .map(|at| (c, at))
+                });
+                match admitted {
+                    // It ran after its check: a credit that would count
+                    // from before its admission counts from just after it.
+                    Some((c, at)) if from <= at => {
+                        items.push((at, 2, i, Item::Credit { of: c, units }))
+                    }
+                    Some((c, _)) => items.push((from, 0, i, Item::Credit { of: c, units })),
+                    None => loose.push((from, to, units)),
+                }
             }
         }
     }
-    Ok(format!(
-        "rate ok: {} admissions, {} refunds ({} indeterminate), closest approach to the bound {} us",
-        admitted.len(),
-        by_from.len() + unknown.len(),
-        unknown.len(),
-        -tightest.max(i128::MIN + 1)
-    ))
+    // At one instant: credits that may have run by then, the admissions,
+    // then credits of those admissions.
+    items.sort_by_key(|&(t, rank, i, _)| (t, rank, i));
+    let mut history = window::History::new();
+    let mut admitted = BTreeMap::new();
+    let mut seen: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
+    for (_, _, _, item) in &items {
+        match *item {
+            Item::Admission { at, cost, event } => {
+                admitted.insert(event, history.admit(at, cost));
+                seen.entry(at).or_default().push(event);
+            }
+            Item::Credit { of, units } => history.credit(admitted[&of], units),
+        }
+    }
+    let admissions = admitted.len();
+    for (from, to, units) in &loose {
+        history.loose_credit(*from, *to, *units);
+    }
+    match window::check(&history, window::Bound::rate(burst, interval)) {
+        Ok(verdict) => Ok(format!(
+            "rate ok: {admissions} admissions, {refunds} refunds ({unknown} indeterminate, {} of \
+             forgotten checks); {verdict}",
+            loose.len()
+        )),
+        Err(v) => {
+            // Each admission in the window: server time, cost, and the
+            // client's invoked/completed wall times.
+            let clients: Vec<String> = seen
+                .range(v.from..=v.to)
+                .flat_map(|(at, es)| {
+                    es.iter().map(move |&i| {
+                        let e = &events[i];
+                        format!("{at} ({}..{})", e.invoked_us, e.completed_us)
+                    })
+                })
+                .collect();
+            Err(format!("{v}; client times of its admissions: {clients:?}"))
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------

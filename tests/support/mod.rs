@@ -5,6 +5,7 @@
 //! [`redis`] uses `$REDIS_URL` instead when it is set, for the tests that only
 //! need *a* server. [`cluster::RedisCluster`] starts a local 3×2 Redis
 //! Cluster, and [`deployment::Deployment`] runs one test body against either.
+//! [`window`] holds a rate limit's history to its bound in every window.
 #![allow(dead_code)]
 
 pub mod clock;
@@ -16,6 +17,7 @@ pub mod proxy;
 pub mod replicated;
 pub mod server;
 pub mod torture;
+pub mod window;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
