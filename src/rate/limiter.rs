@@ -302,9 +302,10 @@ impl Limiter {
     /// [`Settle::Expired`](super::Settle::Expired), since the units it took
     /// were forgiven here and later checks may have used them. The reset
     /// leaves a marker beside the key for that (`lua/rate/reset.lua`), kept
-    /// as long as such a charge could give anything back (for GCRA and the
-    /// token bucket `burst × T`, one window for the fixed window, two for
-    /// the sliding window; by this limiter's quota).
+    /// as long as such a charge could act: until it drained (for GCRA and
+    /// the token bucket `burst × T`, one window for the fixed window, two for
+    /// the sliding window) or until this limiter's settle deadline
+    /// ([`Limiter::settle_within`], an hour by default), whichever is later.
     ///
     /// This limiter's cached denials of `key` are forgotten too
     /// ([`Limiter::with_local_deny_cache`]); a reset made by another process
@@ -331,7 +332,7 @@ impl Limiter {
         if let Some(Denials(cache)) = &self.denials {
             cache.forget(key);
         }
-        super::reset(conn, self.algorithm, &[self.quota], &[key]).await?;
+        super::reset(conn, self.algorithm, &[self.quota], &self.terms, &[key]).await?;
         // A check that was in flight during the reset may have cached a
         // denial the reset has since made stale.
         if let Some(Denials(cache)) = &self.denials {

@@ -97,8 +97,9 @@
 //! default), whichever is later: a settlement of a copy of the charge must
 //! still see what a refund gave back. A reset leaves a marker beside each
 //! key (the time of the reset, about 60 bytes), kept as long as a charge
-//! taken before could still give anything back: `burst × T` for GCRA and the
-//! token bucket, one window for the fixed window, two for the sliding one.
+//! taken before could still act: until it drained (`burst × T` for GCRA and
+//! the token bucket, one window for the fixed window, two for the sliding
+//! one) or until the settle deadline, whichever is later.
 //!
 //! # Example: a request handler
 //!
@@ -458,23 +459,38 @@ impl Algorithm {
 
 /// `lua/rate/reset.lua` on `keys` (one per quota): deletes every state (a
 /// missing key is a full limiter, for every algorithm) and marks each key
-/// reset now, so that no charge taken before can give anything back.
-async fn reset<C>(conn: &mut C, algorithm: Algorithm, quotas: &[Quota], keys: &[&str]) -> Result<()>
+/// reset now, so that no charge taken before can give anything back or
+/// settle. A marker is kept while such a charge could still act: until it
+/// drained ([`Algorithm::refund_horizon_ms`]) and, for the resetting
+/// limiter's charges, until their settle deadline (`terms`).
+async fn reset<C>(
+    conn: &mut C,
+    algorithm: Algorithm,
+    quotas: &[Quota],
+    terms: &charge::Terms,
+    keys: &[&str],
+) -> Result<()>
 where
     C: ConnectionLike + Send,
 {
-    crate::script::run_one(&reset_call(algorithm, quotas, keys), conn)
+    crate::script::run_one(&reset_call(algorithm, quotas, terms, keys), conn)
         .await
         .map(drop)
 }
 
-fn reset_call(algorithm: Algorithm, quotas: &[Quota], keys: &[&str]) -> ResetCall {
+fn reset_call(
+    algorithm: Algorithm,
+    quotas: &[Quota],
+    terms: &charge::Terms,
+    keys: &[&str],
+) -> ResetCall {
     let markers: Vec<String> = keys.iter().map(|k| reset_marker(k)).collect();
     let mut all: Vec<&str> = keys.to_vec();
     all.extend(markers.iter().map(String::as_str));
+    let settle_ms = u64::try_from(terms.settle_within.as_millis()).unwrap_or(u64::MAX);
     let mut call = Invocation::new(&RESET, &all);
     for quota in quotas {
-        call = call.arg(algorithm.refund_horizon_ms(quota));
+        call = call.arg(algorithm.refund_horizon_ms(quota).max(settle_ms));
     }
     ResetCall(call)
 }
@@ -511,7 +527,12 @@ mod tests {
     fn a_reset_marks_each_key_for_as_long_as_its_charges_could_give_back() {
         let quotas = [q(10, 1000).with_burst(20).unwrap(), q(5, 60_000)];
         let keys = ["{t}:a", "{t}:b"];
-        let call = |alg: Algorithm| words(reset_call(alg, &quotas, &keys).0.command());
+        // Deadlines shorter than the drain: the drain decides.
+        let terms = charge::Terms {
+            settle_within: Duration::from_millis(1),
+            ..charge::Terms::default()
+        };
+        let call = |alg: Algorithm| words(reset_call(alg, &quotas, &terms, &keys).0.command());
         let mut want = vec!["EVALSHA", RESET.sha1(), "4", "{t}:a", "{t}:b"];
         let (ma, mb) = (reset_marker("{t}:a"), reset_marker("{t}:b"));
         want.extend([ma.as_str(), mb.as_str()]);
@@ -523,18 +544,27 @@ mod tests {
         }
         let windows = [q(10, 1000), q(5, 60_000)];
         let fixed = words(
-            reset_call(Algorithm::FixedWindow, &windows, &keys)
+            reset_call(Algorithm::FixedWindow, &windows, &terms, &keys)
                 .0
                 .command(),
         );
         let sliding = words(
-            reset_call(Algorithm::SlidingWindow, &windows, &keys)
+            reset_call(Algorithm::SlidingWindow, &windows, &terms, &keys)
                 .0
                 .command(),
         );
         assert_eq!(fixed[7..], ["1000", "60000"]);
         assert_eq!(sliding[7..], ["2000", "120000"]);
         assert_eq!(ma, "{t}#5:{t}:a:reset");
+        // The default deadline, an hour, outlasts these drains: the marker
+        // stays until the limiter's charges could no longer settle.
+        let default = charge::Terms::default();
+        let hour = words(
+            reset_call(Algorithm::Gcra, &quotas, &default, &keys)
+                .0
+                .command(),
+        );
+        assert_eq!(hour[7..], ["3600000", "3600000"]);
     }
 
     #[test]

@@ -559,7 +559,7 @@ impl MultiLimiter {
     {
         let keys = self.keys(&key.into())?;
         let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-        super::reset(conn, self.algorithm, &self.quotas, &keys).await
+        super::reset(conn, self.algorithm, &self.quotas, &self.terms, &keys).await
     }
 
     /// The header values for a decision: every policy in `RateLimit-Policy`,
