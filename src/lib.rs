@@ -194,6 +194,7 @@ mod ack;
 pub mod acl;
 mod backoff;
 pub mod cas;
+pub mod client;
 mod error;
 /// What the exported macros expand to; not part of the API.
 #[doc(hidden)]
@@ -220,6 +221,7 @@ mod tracked;
 mod validate;
 
 pub use backoff::Backoff;
+pub use client::Client;
 pub use error::{Error, Result};
 pub use proxied::Proxied;
 pub use renew::{Loss, Work};

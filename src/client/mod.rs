@@ -1,0 +1,359 @@
+//! One handle for the whole crate: a [`Client`] owns the connection (one that
+//! reconnects, or a cluster connection built with the settings nolock needs),
+//! has loaded the scripts, and is cheap to clone. Named handles for the
+//! primitives are built from it, and they take **ids**, not Redis keys: a
+//! handle derives the key from its name and the caller's id, so two ids never
+//! share a key and the keys of one decision always share a cluster slot.
+//!
+//! ```no_run
+//! # async fn run() -> nolock::Result<()> {
+//! let client = nolock::Client::connect("redis://127.0.0.1/").await?;
+//! // Every clone shares the one connection.
+//! let again = client.clone();
+//! # let _ = again;
+//! # Ok(()) }
+//! ```
+//!
+//! # Keys
+//!
+//! The handle named `api` keeps the state of the id `alice` under
+//! `{nolock:api:alice}` (and keys derived from it with [`crate::keys::derive`],
+//! in the same slot). An id may hold any text: `%` and `}` are written as
+//! `%25` and `%7D`, so the id ends the hash tag exactly where the handle says
+//! and two different ids never give the same key. A Redis user that nolock's
+//! handles run as needs the key pattern `~{nolock:*` (see [`crate::acl`]).
+
+use std::fmt;
+use std::sync::Arc;
+
+use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, IntoConnectionInfo, Pipeline, RedisFuture, Value};
+
+mod answer;
+
+pub use answer::{Admitted, Limited, Rejection};
+
+use crate::script::BatchConnection;
+use crate::{Error, Result, Scripts};
+
+/// The longest id a handle takes, in bytes (before escaping).
+pub const MAX_ID_LEN: usize = 512;
+
+/// The longest handle name, in bytes.
+pub const MAX_NAME_LEN: usize = 64;
+
+/// The connection a [`Client`] owns: a reconnecting single-server
+/// connection, a cluster connection, or one the application made. Cheap to
+/// clone; it is a [`ConnectionLike`], so the operation-level API
+/// ([`crate::rate::Limiter::check`], operation values, [`crate::Batch`])
+/// takes it too.
+#[derive(Clone)]
+pub struct Connection(Inner);
+
+#[derive(Clone)]
+enum Inner {
+    Manager(ConnectionManager),
+    Multiplexed(MultiplexedConnection),
+    Cluster(ClusterConnection),
+}
+
+impl fmt::Debug for Connection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match &self.0 {
+            Inner::Manager(_) => "ConnectionManager",
+            Inner::Multiplexed(_) => "MultiplexedConnection",
+            Inner::Cluster(_) => "ClusterConnection",
+        };
+        f.debug_tuple("Connection").field(&kind).finish()
+    }
+}
+
+impl From<ConnectionManager> for Connection {
+    fn from(conn: ConnectionManager) -> Self {
+        Connection(Inner::Manager(conn))
+    }
+}
+
+impl From<MultiplexedConnection> for Connection {
+    fn from(conn: MultiplexedConnection) -> Self {
+        Connection(Inner::Multiplexed(conn))
+    }
+}
+
+impl From<ClusterConnection> for Connection {
+    fn from(conn: ClusterConnection) -> Self {
+        Connection(Inner::Cluster(conn))
+    }
+}
+
+impl ConnectionLike for Connection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match &mut self.0 {
+            Inner::Manager(c) => c.req_packed_command(cmd),
+            Inner::Multiplexed(c) => c.req_packed_command(cmd),
+            Inner::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipe: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match &mut self.0 {
+            Inner::Manager(c) => c.req_packed_commands(pipe, offset, count),
+            Inner::Multiplexed(c) => c.req_packed_commands(pipe, offset, count),
+            Inner::Cluster(c) => c.req_packed_commands(pipe, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match &self.0 {
+            Inner::Manager(c) => c.get_db(),
+            Inner::Multiplexed(c) => c.get_db(),
+            Inner::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+impl BatchConnection for Connection {
+    fn as_cluster(&mut self) -> Option<&mut ClusterConnection> {
+        match &mut self.0 {
+            Inner::Cluster(c) => Some(c),
+            _ => None,
+        }
+    }
+}
+
+/// The handle every named primitive is built from. See the [module
+/// docs](self).
+#[derive(Clone, Debug)]
+pub struct Client {
+    conn: Connection,
+}
+
+impl Client {
+    /// Connect to one Redis server (`redis://host:port/db`, `rediss://` for
+    /// TLS when redis-rs is built with it) through a `ConnectionManager`,
+    /// which reconnects after Redis comes back, and load every script.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Redis`] when the URL is malformed or the server does not
+    /// answer; the errors of [`Scripts::load`].
+    pub async fn connect<T: IntoConnectionInfo>(url: T) -> Result<Client> {
+        let client = redis::Client::open(url).map_err(Error::from_redis)?;
+        let conn = ConnectionManager::new(client)
+            .await
+            .map_err(Error::from_redis)?;
+        Client::from_connection(conn).await
+    }
+
+    /// Connect to a Redis Cluster through any of its `nodes`, with the
+    /// settings nolock needs (`retries(0)`: a script whose reply was lost is
+    /// never replayed; see the crate docs), and load every script on every
+    /// node.
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::connect`].
+    pub async fn connect_cluster<I, T>(nodes: I) -> Result<Client>
+    where
+        I: IntoIterator<Item = T>,
+        T: IntoConnectionInfo,
+    {
+        let client = ClusterClient::builder(nodes)
+            .retries(0)
+            .build()
+            .map_err(Error::from_redis)?;
+        let conn = client
+            .get_async_connection()
+            .await
+            .map_err(Error::from_redis)?;
+        Client::from_connection(conn).await
+    }
+
+    /// A client on a connection the application made (a
+    /// `MultiplexedConnection`, a `ConnectionManager` with its own settings,
+    /// a cluster connection: build that one with `retries(0)`). Loads every
+    /// script.
+    ///
+    /// # Errors
+    ///
+    /// The errors of [`Scripts::load`].
+    pub async fn from_connection(conn: impl Into<Connection>) -> Result<Client> {
+        let mut conn = conn.into();
+        Scripts::load(&mut conn).await?;
+        Ok(Client { conn })
+    }
+
+    /// The connection, for the operation-level API (operation values,
+    /// batches, a [`crate::rate::Limiter`] with keys of your own).
+    pub fn connection(&self) -> Connection {
+        self.conn.clone()
+    }
+}
+
+/// A handle's name: 1 to [`MAX_NAME_LEN`] bytes of ASCII letters, digits,
+/// `_`, `-` and `.`, starting with a letter or a digit. Names are part of
+/// every key a handle writes, so they are checked when the handle is built.
+// Used by the named handles (rate limits, counters, semaphores, locks).
+#[allow(dead_code)]
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub(crate) struct Name(Arc<str>);
+
+impl fmt::Debug for Name {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+impl fmt::Display for Name {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+#[allow(dead_code)]
+impl Name {
+    pub(crate) fn new(name: &str) -> Result<Name> {
+        let invalid = |reason: String| Error::InvalidArgument {
+            what: "name",
+            reason,
+        };
+        if name.is_empty() || name.len() > MAX_NAME_LEN {
+            return Err(invalid(format!(
+                "a handle's name has 1 to {MAX_NAME_LEN} bytes, got {}",
+                name.len()
+            )));
+        }
+        let first_ok = name.as_bytes()[0].is_ascii_alphanumeric();
+        let all_ok = name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
+        if !first_ok || !all_ok {
+            return Err(invalid(format!(
+                "{name:?}: a handle's name is ASCII letters, digits, '_', '-' and '.', \
+                 starting with a letter or a digit"
+            )));
+        }
+        Ok(Name(Arc::from(name)))
+    }
+
+    pub(crate) fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The key of `id` for this name: `{nolock:<name>:<id>}`, the id escaped
+    /// (`%` → `%25`, `}` → `%7D`) so that it cannot end the hash tag early.
+    pub(crate) fn key(&self, id: &str) -> Result<String> {
+        let id = checked_id("id", id)?;
+        let mut key = String::with_capacity(10 + self.0.len() + id.len());
+        key.push_str("{nolock:");
+        key.push_str(&self.0);
+        key.push(':');
+        push_escaped(&mut key, id);
+        key.push('}');
+        Ok(key)
+    }
+
+    /// The key of `member` inside `scope`: `{nolock:<name>:<scope>}:<member>`,
+    /// both escaped, in the scope's slot.
+    pub(crate) fn member_key(&self, scope: &str, member: &str) -> Result<String> {
+        let member = checked_id("member id", member)?;
+        let mut key = self.key(scope)?;
+        key.push(':');
+        push_escaped(&mut key, member);
+        Ok(key)
+    }
+}
+
+#[allow(dead_code)]
+fn checked_id<'a>(what: &'static str, id: &'a str) -> Result<&'a str> {
+    if id.is_empty() || id.len() > MAX_ID_LEN {
+        return Err(Error::InvalidArgument {
+            what,
+            reason: format!("an id has 1 to {MAX_ID_LEN} bytes, got {}", id.len()),
+        });
+    }
+    Ok(id)
+}
+
+#[allow(dead_code)]
+fn push_escaped(out: &mut String, id: &str) {
+    for c in id.chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            '}' => out.push_str("%7D"),
+            c => out.push(c),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keys::{hash_tag, slot};
+
+    #[test]
+    fn names_are_checked() {
+        assert!(Name::new("api").is_ok());
+        assert!(Name::new("api.v2_user-limit").is_ok());
+        for bad in ["", "-api", "a:b", "a{b", "a}b", "a b", "é", &"x".repeat(65)] {
+            assert!(
+                matches!(
+                    Name::new(bad),
+                    Err(Error::InvalidArgument { what: "name", .. })
+                ),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn ids_are_escaped_and_keep_the_slot() {
+        let name = Name::new("api").unwrap();
+        assert_eq!(name.key("alice").unwrap(), "{nolock:api:alice}");
+        assert_eq!(name.key("a}b").unwrap(), "{nolock:api:a%7Db}");
+        assert_eq!(name.key("a%7Db").unwrap(), "{nolock:api:a%257Db}");
+        let scoped = name.member_key("acme", "u}1").unwrap();
+        assert_eq!(scoped, "{nolock:api:acme}:u%7D1");
+        assert_eq!(slot(&scoped), slot(&name.key("acme").unwrap()));
+        assert!(name.key("").is_err());
+        assert!(name.key(&"x".repeat(MAX_ID_LEN + 1)).is_err());
+    }
+
+    #[test]
+    fn different_ids_never_share_a_key() {
+        let name = Name::new("n").unwrap();
+        let alphabet = ["a", "}", "{", "%", "7", "D", ":", "2", "5"];
+        let mut ids = vec![String::new()];
+        for _ in 0..4 {
+            let longer: Vec<String> = ids
+                .iter()
+                .flat_map(|id| alphabet.iter().map(move |c| format!("{id}{c}")))
+                .collect();
+            ids.extend(longer);
+        }
+        ids.sort();
+        ids.dedup();
+        ids.retain(|id| !id.is_empty());
+        let mut keys = std::collections::HashMap::new();
+        for id in &ids {
+            let key = name.key(id).unwrap();
+            // The whole key is its own hash tag: the id never ends it early.
+            assert_eq!(hash_tag(&key).len() + 2, key.len(), "{key}");
+            assert!(keys.insert(key.clone(), id.clone()).is_none(), "{key}");
+        }
+        // Scopes and members: (scope, member) pairs never collide either.
+        let mut scoped = std::collections::HashSet::new();
+        for scope in ids.iter().take(200) {
+            for member in ids.iter().take(200) {
+                assert!(scoped.insert(name.member_key(scope, member).unwrap()));
+            }
+        }
+    }
+}
