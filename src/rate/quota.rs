@@ -159,6 +159,51 @@ impl Quota {
         Ok(self)
     }
 
+    /// `rate` units per `period` with `burst`, checked like [`Quota::per`]
+    /// and [`Quota::with_burst`] but in a `const` context, where a bad
+    /// number is a compile error instead of a run-time one. [`quota!`]
+    /// expands to it inside `const { }`; call it directly only where a
+    /// panic is what you want.
+    ///
+    /// # Panics
+    ///
+    /// When [`Quota::per`] or [`Quota::with_burst`] would answer an error
+    /// (at compile time, in a `const` context).
+    ///
+    /// [`quota!`]: crate::quota!
+    pub const fn new_const(rate: u64, period: Duration, burst: u64) -> Quota {
+        assert!(rate > 0, "a quota's rate must be at least 1");
+        assert!(burst > 0, "a quota's burst must be at least 1");
+        assert!(
+            rate <= validate::MAX_INTEGER && burst <= validate::MAX_INTEGER,
+            "a quota's rate and burst are at most 2^53 - 1"
+        );
+        let max_us = MAX_PERIOD.as_micros();
+        let nanos = period.as_nanos();
+        assert!(nanos >= 1_000_000, "a quota's period is at least 1 ms");
+        assert!(
+            nanos <= max_us * 1000,
+            "a quota's period is at most MAX_PERIOD"
+        );
+        // At most 2^51, so the cast cannot truncate.
+        let period_us = nanos.div_ceil(1000) as u64;
+        assert!(
+            rate <= period_us,
+            "a quota's rate is at most one unit per microsecond of its period"
+        );
+        let interval_us = period_us.div_ceil(rate);
+        assert!(
+            (burst as u128) * (interval_us as u128) <= max_us,
+            "refilling a quota's burst must take at most MAX_PERIOD"
+        );
+        Quota {
+            rate,
+            period_ms: period_us.div_ceil(1000),
+            burst,
+            interval_us,
+        }
+    }
+
     /// Units per period.
     pub const fn rate(&self) -> u64 {
         self.rate
@@ -256,9 +301,100 @@ impl TryFrom<QuotaParts> for Quota {
     }
 }
 
+/// A [`Quota`] from literals, checked at compile time: it cannot fail at run
+/// time, so it needs no `?`.
+///
+/// `quota!(RATE per second)`, `per minute`, `per hour`, `per day`, or
+/// `per DURATION_EXPR` (a `const` `Duration`), optionally followed by
+/// `, burst N`. A zero rate, a zero burst or a period under 1 ms does not
+/// compile.
+///
+/// ```
+/// use std::time::Duration;
+/// use nolock::{quota, rate::Quota};
+///
+/// const PER_USER: Quota = quota!(100 per minute);
+/// assert_eq!(PER_USER, Quota::per_minute(100).unwrap());
+/// let bursty = quota!(10 per second, burst 20);
+/// assert_eq!(bursty, Quota::per_second(10).unwrap().with_burst(20).unwrap());
+/// let odd = quota!(3 per Duration::from_millis(1500));
+/// assert_eq!(odd.rate(), 3);
+/// ```
+///
+/// ```compile_fail
+/// let never = nolock::quota!(0 per second); // a zero rate does not compile
+/// ```
+#[macro_export]
+macro_rules! quota {
+    ($rate:literal per second $(, burst $burst:literal)?) => {
+        $crate::quota!(@build $rate, ::std::time::Duration::from_secs(1) $(, $burst)?)
+    };
+    ($rate:literal per minute $(, burst $burst:literal)?) => {
+        $crate::quota!(@build $rate, ::std::time::Duration::from_secs(60) $(, $burst)?)
+    };
+    ($rate:literal per hour $(, burst $burst:literal)?) => {
+        $crate::quota!(@build $rate, ::std::time::Duration::from_secs(3600) $(, $burst)?)
+    };
+    ($rate:literal per day $(, burst $burst:literal)?) => {
+        $crate::quota!(@build $rate, ::std::time::Duration::from_secs(86_400) $(, $burst)?)
+    };
+    ($rate:literal per $period:expr $(, burst $burst:literal)?) => {
+        $crate::quota!(@build $rate, $period $(, $burst)?)
+    };
+    (@build $rate:literal, $period:expr) => {
+        const { $crate::rate::Quota::new_const($rate, $period, $rate) }
+    };
+    (@build $rate:literal, $period:expr, $burst:literal) => {
+        const { $crate::rate::Quota::new_const($rate, $period, $burst) }
+    };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_const_constructor_agrees_with_the_checked_one() {
+        let periods = [
+            Duration::from_millis(1),
+            Duration::from_micros(1999),
+            Duration::from_secs(1),
+            Duration::from_secs(60),
+            Duration::from_millis(1500),
+            Duration::from_secs(86_400),
+        ];
+        for period in periods {
+            for rate in [1, 3, 7, 10, 100, 1000] {
+                for burst in [1, rate, 2 * rate + 1] {
+                    let checked = Quota::per(rate, period).and_then(|q| q.with_burst(burst));
+                    match checked {
+                        Ok(q) => assert_eq!(Quota::new_const(rate, period, burst), q),
+                        Err(_) => {
+                            let panicked =
+                                std::panic::catch_unwind(|| Quota::new_const(rate, period, burst));
+                            assert!(panicked.is_err(), "{rate} per {period:?}, burst {burst}");
+                        }
+                    }
+                }
+            }
+        }
+        for (rate, period, burst) in [
+            (0, Duration::from_secs(1), 1),
+            (1, Duration::from_secs(1), 0),
+            (1, Duration::from_micros(999), 1),
+            (1, MAX_PERIOD + Duration::from_micros(1), 1),
+        ] {
+            assert!(std::panic::catch_unwind(|| Quota::new_const(rate, period, burst)).is_err());
+        }
+        assert_eq!(
+            crate::quota!(100 per minute),
+            Quota::per_minute(100).unwrap()
+        );
+        assert_eq!(
+            crate::quota!(5 per day).period(),
+            Duration::from_secs(86_400)
+        );
+    }
 
     #[test]
     fn intervals_are_exact_or_rounded_up() {
