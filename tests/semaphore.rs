@@ -534,7 +534,7 @@ async fn a_permit_restored_with_another_weight_is_neither_extended_nor_released(
             assert!(!err.is_invalid_input(), "the server decided");
             assert!(err.to_string().contains(&key), "{err}");
         }
-        assert!(wrong.remaining().is_zero(), "no deadline from a refusal");
+        assert!(wrong.time_left().is_zero(), "no deadline from a refusal");
         let err = wrong.release(&mut conn).await.unwrap_err();
         assert!(
             matches!(err, Error::PermitWeightMismatch { .. }),
@@ -619,7 +619,7 @@ async fn a_restored_permits_ttl_is_the_semaphores() {
         restored.extend(&mut conn).await.unwrap(),
         PermitExtend::Extended { .. }
     ));
-    assert!(restored.remaining() <= ttl);
+    assert!(restored.time_left() <= ttl);
     let (now_s, now_us): (u64, u64) = raw(&mut conn, &["TIME"]).await;
     let now_ms = now_s * 1000 + now_us / 1000;
     let member = format!("{}:1", restored.id().as_str());
@@ -669,7 +669,7 @@ async fn applying_another_permits_extension_is_refused_and_leaves_the_deadline()
     assert!(a.apply(&answer).is_err());
     assert_eq!(a.deadline(), deadline);
     a.apply(of_a).unwrap();
-    assert!(a.remaining().is_zero());
+    assert!(a.time_left().is_zero());
     assert_eq!(a.extend(&mut conn).await.unwrap(), PermitExtend::Lost);
     assert_eq!(b.release(&mut conn).await.unwrap(), PermitRelease::Released);
 }

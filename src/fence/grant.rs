@@ -191,8 +191,17 @@ impl Grant {
     }
 
     /// The time left until [`Grant::deadline`] (zero once it has passed).
-    pub fn remaining(&self) -> Duration {
+    pub fn time_left(&self) -> Duration {
         self.deadline.saturating_duration_since(Instant::now())
+    }
+
+    /// The old name of [`Grant::time_left`].
+    #[deprecated(
+        since = "0.2.0",
+        note = "renamed `time_left`: `remaining` counts units in the rate limiters"
+    )]
+    pub fn remaining(&self) -> Duration {
+        self.time_left()
     }
 
     /// When the acquire request was sent.
@@ -267,7 +276,7 @@ impl Grant {
     /// if let LockExtend::Lost = grant.extend(conn).await? {
     ///     return Ok(()); // stop: someone else may hold it now
     /// }
-    /// assert!(grant.remaining() > grant.ttl() / 2);
+    /// assert!(grant.time_left() > grant.ttl() / 2);
     /// # Ok(()) }
     /// ```
     pub async fn extend<C>(&mut self, conn: &mut C) -> Result<LockExtend>

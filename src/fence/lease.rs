@@ -117,6 +117,11 @@ impl Lease {
         self.renewer.deadline()
     }
 
+    /// The time left until [`Lease::deadline`] (zero once it has passed).
+    pub fn time_left(&self) -> std::time::Duration {
+        self.deadline().saturating_duration_since(Instant::now())
+    }
+
     /// Why the lease was lost, or `None` while it holds.
     pub fn loss(&self) -> Option<Loss> {
         self.renewer.loss()

@@ -88,6 +88,12 @@ impl PermitLease {
         self.renewer.deadline()
     }
 
+    /// The time left until [`PermitLease::deadline`] (zero once it has
+    /// passed).
+    pub fn time_left(&self) -> std::time::Duration {
+        self.deadline().saturating_duration_since(Instant::now())
+    }
+
     /// Why the permit was lost, once it has been.
     pub fn loss(&self) -> Option<Loss> {
         self.renewer.loss()

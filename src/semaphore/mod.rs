@@ -305,8 +305,17 @@ impl Permit {
     }
 
     /// The time left until [`Permit::deadline`] (zero once it has passed).
-    pub fn remaining(&self) -> Duration {
+    pub fn time_left(&self) -> Duration {
         self.deadline.saturating_duration_since(Instant::now())
+    }
+
+    /// The old name of [`Permit::time_left`].
+    #[deprecated(
+        since = "0.2.0",
+        note = "renamed `time_left`: `remaining` counts units in the rate limiters"
+    )]
+    pub fn remaining(&self) -> Duration {
+        self.time_left()
     }
 
     /// Take in the answer of an [`ExtendPermit`] of this permit, run
