@@ -117,27 +117,32 @@ impl Ack {
     }
 
     /// Keeps a grant the wait confirmed; otherwise gives it back with
-    /// `release` (best effort: unreleased, it expires at its TTL) and
-    /// answers `unconfirmed(replicas that did confirm)`, or the server's
-    /// refusal of the wait itself as [`Error::Redis`].
+    /// `release` (best effort: unreleased, it expires at its TTL; it
+    /// answers how many replicas the server has, [`connected_replicas`])
+    /// and answers `unconfirmed(replicas that did confirm, connected)`, or
+    /// the server's refusal of the wait itself as [`Error::Redis`].
     pub(crate) async fn keep_or_give_back<G, F, Fut>(
         &self,
         confirmed: Confirmed,
         grant: G,
         release: F,
-        unconfirmed: impl FnOnce(u64) -> Error,
+        unconfirmed: impl FnOnce(u64, Option<u64>) -> Error,
     ) -> Result<G>
     where
         F: FnOnce(G) -> Fut,
-        Fut: std::future::Future<Output = ()>,
+        Fut: std::future::Future<Output = Option<u64>>,
     {
-        let err = match confirmed {
-            Confirmed::Enough => return Ok(grant),
-            Confirmed::Short(acknowledged) => unconfirmed(acknowledged),
-            Confirmed::Refused(err) => Error::Redis(err),
-        };
-        release(grant).await;
-        Err(err)
+        match confirmed {
+            Confirmed::Enough => Ok(grant),
+            Confirmed::Short(acknowledged) => {
+                let connected = release(grant).await;
+                Err(unconfirmed(acknowledged, connected))
+            }
+            Confirmed::Refused(err) => {
+                release(grant).await;
+                Err(Error::Redis(err))
+            }
+        }
     }
 
     /// The wait's reply, judged.
@@ -165,6 +170,29 @@ impl Ack {
             Confirmed::Short(replicas)
         }
     }
+}
+
+/// How many replicas the server behind `conn` has connected
+/// (`connected_slaves` of `INFO replication`), read after a wait fell short
+/// so that the error can say "this server has no replica". `None` when the
+/// server does not say: `info` not allowed, or a cluster connection, where
+/// the command is not routed to the grant's node.
+pub(crate) async fn connected_replicas<C>(conn: &mut C) -> Option<u64>
+where
+    C: redis::aio::ConnectionLike + Send,
+{
+    let info: String = redis::cmd("INFO")
+        .arg("replication")
+        .query_async(conn)
+        .await
+        .ok()?;
+    parse_connected(&info)
+}
+
+fn parse_connected(info: &str) -> Option<u64> {
+    info.lines()
+        .find_map(|line| line.trim().strip_prefix("connected_slaves:"))
+        .and_then(|n| n.trim().parse().ok())
 }
 
 /// A wait the server will never run on this connection: not allowed by the
@@ -199,6 +227,14 @@ mod tests {
         ));
         assert!(Ack::on_disk(0, Duration::from_millis(5)).is_ok());
         assert!(Ack::on_disk(0, Duration::from_micros(10)).is_err());
+    }
+
+    #[test]
+    fn the_connected_replicas_are_read_from_info() {
+        let info = "# Replication\r\nrole:master\r\nconnected_slaves:2\r\nslave0:ip=x\r\n";
+        assert_eq!(parse_connected(info), Some(2));
+        assert_eq!(parse_connected("role:master\r\n"), None);
+        assert_eq!(parse_connected("connected_slaves:x\r\n"), None);
     }
 
     #[test]

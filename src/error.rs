@@ -215,7 +215,7 @@ pub enum Error {
     /// that release did not get through, the lock expires at its TTL). The
     /// fence number was used up. Not definite: try again later, or read it
     /// as the replicas being behind (see [`crate::fence::durability`]).
-    #[error("the grant on {resource} (fence {fence}) reached {acknowledged} of {asked} replica(s){} in time; released", disk_note(.on_disk))]
+    #[error("the grant on {resource} (fence {fence}) reached {acknowledged} of {asked} replica(s){} in time; released{}", disk_note(.on_disk), replica_note(.connected, .asked))]
     Unacknowledged {
         /// The resource name.
         resource: String,
@@ -228,6 +228,12 @@ pub enum Error {
         /// True when the append-only files on disk were asked for
         /// (`WAITAOF`): the primary's own must have it too.
         on_disk: bool,
+        /// How many replicas the server had connected when the wait fell
+        /// short (`INFO replication`), when it said: `Some(0)` means the
+        /// server has no replica, so no acknowledged grant can ever be
+        /// confirmed there (a development server). `None` on a cluster
+        /// connection or where `info` is not allowed.
+        connected: Option<u64>,
     },
 
     /// A [`crate::semaphore::Semaphore::acknowledged`] semaphore granted
@@ -237,7 +243,7 @@ pub enum Error {
     /// semaphore allows. No permit is returned; nolock released them at
     /// once (if that release did not get through, they expire at their
     /// TTL). Not definite: try again, under the same id or a new one.
-    #[error("the permits at {key} reached {acknowledged} of {asked} replica(s){} in time; released", disk_note(.on_disk))]
+    #[error("the permits at {key} reached {acknowledged} of {asked} replica(s){} in time; released{}", disk_note(.on_disk), replica_note(.connected, .asked))]
     PermitUnacknowledged {
         /// The semaphore's key.
         key: String,
@@ -247,6 +253,9 @@ pub enum Error {
         acknowledged: u64,
         /// True when the append-only files on disk were asked for.
         on_disk: bool,
+        /// How many replicas the server had connected, when it said (as
+        /// for [`Error::Unacknowledged`]).
+        connected: Option<u64>,
     },
 
     /// A call needed to wait (a cluster redirect's resend, a retry's backoff,
@@ -449,6 +458,16 @@ fn disk_note(on_disk: &bool) -> &'static str {
         " and disk"
     } else {
         ""
+    }
+}
+
+fn replica_note(connected: &Option<u64>, asked: &u64) -> String {
+    match *connected {
+        Some(0) => "; the server has no replica connected: acknowledged grants need one \
+                    (a development server has none; drop `acknowledged` there)"
+            .to_owned(),
+        Some(n) if n < *asked => format!("; the server has only {n} replica(s) connected"),
+        _ => String::new(),
     }
 }
 

@@ -71,6 +71,7 @@ async fn acknowledged_permits_survive_a_forced_failover() {
             asked,
             acknowledged,
             on_disk,
+            ..
         } => assert_eq!(
             (at.as_str(), *asked, *acknowledged, *on_disk),
             (key.as_str(), 1, 0, false)
@@ -341,10 +342,17 @@ async fn the_first_acknowledged_acquire_after_a_script_flush_costs_one_wait() {
             asked,
             acknowledged,
             on_disk,
+            connected,
             ..
-        } => assert_eq!((*asked, *acknowledged, *on_disk), (1, 0, false)),
+        } => assert_eq!(
+            (*asked, *acknowledged, *on_disk, *connected),
+            (1, 0, false, Some(0))
+        ),
         other => panic!("{other:?}"),
     }
+    // The message says why, so a development server's failure is not a
+    // mystery: there is no replica to confirm anything.
+    assert!(err.to_string().contains("no replica connected"), "{err}");
     assert!(
         took < timeout + slack,
         "the lock's first acquire took {took:?} for a timeout of {timeout:?}"
@@ -371,6 +379,7 @@ async fn the_first_acknowledged_acquire_after_a_script_flush_costs_one_wait() {
                 asked: 1,
                 acknowledged: 0,
                 on_disk: false,
+                connected: Some(0),
                 ..
             }
         ),

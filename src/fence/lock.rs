@@ -63,6 +63,12 @@ impl Lock {
     /// The same lock, whose grants count only once `replicas` replicas have
     /// confirmed them, within `timeout`: **acknowledged grants**.
     ///
+    /// **It needs a replica.** On a server without one (a development
+    /// server, a single-node cache) every acquire answers
+    /// [`Error::Unacknowledged`] after `timeout`, with `connected:
+    /// Some(0)` and a message that says so, and nothing stays held. Build
+    /// the lock without `acknowledged` where there is no replica.
+    ///
     /// Redis replicates asynchronously: a grant the primary answered but no
     /// replica received is lost in a failover, and the promoted replica
     /// hands the same fence out again, to a second holder. With this, each
@@ -175,15 +181,17 @@ impl Lock {
         let (resource, fence) = (grant.resource().to_owned(), grant.fence().number());
         let release = |grant: Grant| async move {
             let _ = grant.release(conn).await;
+            crate::ack::connected_replicas(conn).await
         };
         let grant = ack
-            .keep_or_give_back(confirmed, grant, release, |acknowledged| {
+            .keep_or_give_back(confirmed, grant, release, |acknowledged, connected| {
                 crate::Error::Unacknowledged {
                     resource,
                     fence,
                     asked: ack.count(),
                     acknowledged,
                     on_disk: ack.disk(),
+                    connected,
                 }
             })
             .await?;

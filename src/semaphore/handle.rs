@@ -77,6 +77,10 @@ impl Semaphore {
     /// replicas have confirmed them, within `timeout`: **acknowledged
     /// permits**, as [`crate::fence::Lock::acknowledged`] for a lock.
     ///
+    /// **It needs a replica**: without one every acquire answers
+    /// [`Error::PermitUnacknowledged`] with `connected: Some(0)` after
+    /// `timeout`, and nothing stays held.
+    ///
     /// A permit the primary granted but no replica received is lost in a
     /// failover: the promoted replica does not know its holder, and lets one
     /// more in than the semaphore allows (a semaphore has no fence to refuse
@@ -159,14 +163,16 @@ impl Semaphore {
         let key = permit.key().to_owned();
         let release = |permit: super::Permit| async move {
             let _ = permit.release(conn).await;
+            crate::ack::connected_replicas(conn).await
         };
         let permit = ack
-            .keep_or_give_back(confirmed, permit, release, |acknowledged| {
+            .keep_or_give_back(confirmed, permit, release, |acknowledged, connected| {
                 Error::PermitUnacknowledged {
                     key,
                     asked: ack.count(),
                     acknowledged,
                     on_disk: ack.disk(),
+                    connected,
                 }
             })
             .await?;
