@@ -1,15 +1,6 @@
 //! With the `axum` feature: a [`Rejection`] is a response, and an
 //! [`Admitted`] adds its headers to one, so an axum 0.8 handler limits with
 //! `?` and no layer.
-//!
-//! | answer | status | headers | body |
-//! |---|---|---|---|
-//! | [`Admitted`] (as response parts) | the handler's | `RateLimit-Policy`, `RateLimit` | the handler's |
-//! | [`Rejection::Limited`] | 429 | `RateLimit-Policy`, `RateLimit`, `Retry-After` (whole seconds, rounded up; absent when the cost never fits) | `too many requests` |
-//! | [`Rejection::Failed`], Redis error or timeout | 503 | `Retry-After: 1` | `rate limit unavailable` |
-//! | [`Rejection::Failed`], anything else (bad input, a bad reply) | 500 | | the error |
-//!
-//! With the `tracing` feature, a failure is also a `warn` event.
 
 use std::convert::Infallible;
 
@@ -45,7 +36,15 @@ impl IntoResponseParts for Admitted {
 
 /// 429 with the rate-limit headers when limited; 503 with `Retry-After: 1`
 /// when Redis did not decide; 500 naming the problem otherwise. Never an
-/// empty body. See the [table](self).
+/// empty body. With the `tracing` feature, a failure is also a `warn`
+/// event.
+///
+/// | answer | status | headers | body |
+/// |---|---|---|---|
+/// | [`Admitted`] (as response parts) | the handler's | `RateLimit-Policy`, `RateLimit` | the handler's |
+/// | [`Rejection::Limited`] | 429 | `RateLimit-Policy`, `RateLimit`, `Retry-After` (whole seconds, rounded up; absent when the cost never fits) | `too many requests` |
+/// | [`Rejection::Failed`], Redis error or timeout | 503 | `Retry-After: 1` | `rate limit unavailable` |
+/// | [`Rejection::Failed`], anything else (bad input, a bad reply) | 500 | | the error |
 ///
 /// ```
 /// use axum::response::IntoResponse;
