@@ -35,9 +35,11 @@ mod answer;
 #[cfg(feature = "axum")]
 mod axum;
 mod rate;
+mod rate_limits;
 
 pub use answer::{Admitted, Limited, Rejection};
-pub use rate::{RateLimit, RateLimits, RateLimitsBuilder, Scope};
+pub use rate::RateLimit;
+pub use rate_limits::{RateLimits, RateLimitsBuilder, Scope};
 
 use crate::script::BatchConnection;
 use crate::{Error, Result, Scripts};
