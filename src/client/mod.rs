@@ -32,8 +32,14 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, IntoConnectionInfo, Pipeline, RedisFuture, Value};
 
 mod answer;
+#[cfg(feature = "axum")]
+mod axum;
+mod rate;
+mod rate_limits;
 
 pub use answer::{Admitted, Limited, Rejection};
+pub use rate::RateLimit;
+pub use rate_limits::{RateLimits, RateLimitsBuilder, Scope};
 
 use crate::script::BatchConnection;
 use crate::{Error, Result, Scripts};
@@ -200,8 +206,6 @@ impl Client {
 /// A handle's name: 1 to [`MAX_NAME_LEN`] bytes of ASCII letters, digits,
 /// `_`, `-` and `.`, starting with a letter or a digit. Names are part of
 /// every key a handle writes, so they are checked when the handle is built.
-// Used by the named handles (rate limits, counters, semaphores, locks).
-#[allow(dead_code)]
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub(crate) struct Name(Arc<str>);
 
@@ -217,7 +221,6 @@ impl fmt::Display for Name {
     }
 }
 
-#[allow(dead_code)]
 impl Name {
     pub(crate) fn new(name: &str) -> Result<Name> {
         let invalid = |reason: String| Error::InvalidArgument {
@@ -271,7 +274,6 @@ impl Name {
     }
 }
 
-#[allow(dead_code)]
 fn checked_id<'a>(what: &'static str, id: &'a str) -> Result<&'a str> {
     if id.is_empty() || id.len() > MAX_ID_LEN {
         return Err(Error::InvalidArgument {
@@ -282,7 +284,6 @@ fn checked_id<'a>(what: &'static str, id: &'a str) -> Result<&'a str> {
     Ok(id)
 }
 
-#[allow(dead_code)]
 fn push_escaped(out: &mut String, id: &str) {
     for c in id.chars() {
         match c {

@@ -1,0 +1,566 @@
+//! Several named limits on a [`Client`], decided together, all or nothing:
+//! [`RateLimits`], limits per member and limits shared per scope, checked
+//! for a typed [`Scope`]. It wraps [`MultiLimiter`], and answers as
+//! [`RateLimit`](super::RateLimit) does.
+//!
+//! Over 500 lines only with its doc examples (the code is about 250).
+
+use std::time::Duration;
+
+use super::rate::{answer, never_fits};
+use super::{Admitted, Client, Connection, Name, Rejection};
+use crate::rate::{self, Algorithm, MultiKey, MultiLimiter, MultiRateLimit, Quota};
+use crate::{keys, Error, Result};
+
+impl Client {
+    /// Several limits named `name`, decided together, all or nothing: limits
+    /// kept per member of a scope (each user of a tenant: 10 per second) and
+    /// limits shared by the whole scope (the tenant: 1000 per minute). Add
+    /// them on the builder; the input is checked by
+    /// [`RateLimitsBuilder::build`].
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// use nolock::client::Scope;
+    /// use nolock::rate::Quota;
+    ///
+    /// # async fn run(client: nolock::Client) -> nolock::Result<()> {
+    /// let limits = client
+    ///     .rate_limits("api")
+    ///     .per_member("user", Quota::per_second(10)?)
+    ///     .per_scope("tenant", Quota::per_minute(1000)?)
+    ///     .build()?;
+    /// let admitted = limits.check(&Scope::new("acme").member("alice")).await;
+    /// # let _ = admitted;
+    /// # Ok(()) }
+    /// ```
+    pub fn rate_limits(&self, name: &str) -> RateLimitsBuilder {
+        RateLimitsBuilder {
+            name: Name::new(name),
+            conn: self.connection(),
+            algorithm: Algorithm::Gcra,
+            limits: Vec::new(),
+            settle_within: None,
+            debt_cap: None,
+        }
+    }
+}
+
+/// Who a [`RateLimits`] check is for: a scope (a tenant, an organisation,
+/// a project), and a member of it (a user of that tenant) when the limits
+/// include limits per member.
+///
+/// The limits per scope of a [`RateLimits`] are drawn from by every member
+/// of the scope; the limits per member by that member alone. A `Scope`
+/// without a member is only for limits that have no per-member limit: on
+/// limits that do, a check is refused ([`Error::InvalidArgument`], nothing
+/// sent), never let through unlimited. Likewise a member given to limits
+/// that have no per-member limit is refused rather than ignored.
+///
+/// ```
+/// use nolock::client::Scope;
+///
+/// let alice_at_acme = Scope::new("acme").member("alice");
+/// assert_eq!(alice_at_acme.scope(), "acme");
+/// assert_eq!(alice_at_acme.member_id(), Some("alice"));
+/// assert_eq!(Scope::new("acme").member_id(), None);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Scope {
+    pub(crate) scope: String,
+    pub(crate) member: Option<String>,
+}
+
+impl Scope {
+    /// The scope `id`, without a member. Ids are checked when used: 1 to
+    /// [`MAX_ID_LEN`](super::MAX_ID_LEN) bytes of any text.
+    pub fn new(id: impl Into<String>) -> Scope {
+        Scope {
+            scope: id.into(),
+            member: None,
+        }
+    }
+
+    /// The same scope, for its member `id`.
+    #[must_use]
+    pub fn member(self, id: impl Into<String>) -> Scope {
+        Scope {
+            member: Some(id.into()),
+            ..self
+        }
+    }
+
+    /// The scope's id.
+    pub fn scope(&self) -> &str {
+        &self.scope
+    }
+
+    /// The member's id, when one was given.
+    pub fn member_id(&self) -> Option<&str> {
+        self.member.as_deref()
+    }
+}
+
+/// The builder of a [`RateLimits`], from [`Client::rate_limits`]. Every
+/// check of the input waits for [`RateLimitsBuilder::build`], so a chain
+/// has one `?`.
+#[derive(Debug)]
+#[must_use = "a builder does nothing until built"]
+pub struct RateLimitsBuilder {
+    name: Result<Name>,
+    conn: Connection,
+    algorithm: Algorithm,
+    /// Name, quota, and whether the limit is kept per member.
+    limits: Vec<(String, Quota, bool)>,
+    settle_within: Option<Duration>,
+    debt_cap: Option<u64>,
+}
+
+impl RateLimitsBuilder {
+    /// Add a limit kept per member: each member of a scope has its own.
+    ///
+    /// ```no_run
+    /// use nolock::rate::Quota;
+    /// # fn run(client: nolock::Client) -> nolock::Result<()> {
+    /// let limits = client.rate_limits("api").per_member("user", Quota::per_second(10)?).build()?;
+    /// # let _ = limits;
+    /// # Ok(()) }
+    /// ```
+    pub fn per_member(mut self, limit: &str, quota: Quota) -> RateLimitsBuilder {
+        self.limits.push((limit.to_owned(), quota, true));
+        self
+    }
+
+    /// Add a limit shared by every member of a scope.
+    ///
+    /// ```no_run
+    /// use nolock::rate::Quota;
+    /// # fn run(client: nolock::Client) -> nolock::Result<()> {
+    /// let limits = client.rate_limits("api").per_scope("tenant", Quota::per_minute(1000)?).build()?;
+    /// # let _ = limits;
+    /// # Ok(()) }
+    /// ```
+    pub fn per_scope(mut self, limit: &str, quota: Quota) -> RateLimitsBuilder {
+        self.limits.push((limit.to_owned(), quota, false));
+        self
+    }
+
+    /// Decide every limit with `algorithm` (default [`Algorithm::Gcra`]).
+    ///
+    /// ```no_run
+    /// use nolock::rate::{Algorithm, Quota};
+    /// # fn run(client: nolock::Client) -> nolock::Result<()> {
+    /// let limits = client
+    ///     .rate_limits("api")
+    ///     .algorithm(Algorithm::SlidingWindow)
+    ///     .per_scope("tenant", Quota::per_hour(50_000)?)
+    ///     .build()?;
+    /// # let _ = limits;
+    /// # Ok(()) }
+    /// ```
+    pub fn algorithm(mut self, algorithm: Algorithm) -> RateLimitsBuilder {
+        self.algorithm = algorithm;
+        self
+    }
+
+    /// [`MultiLimiter::settle_within`] for the charges of these limits
+    /// (checked by [`RateLimitsBuilder::build`]).
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use nolock::rate::Quota;
+    /// # fn run(client: nolock::Client) -> nolock::Result<()> {
+    /// let limits = client
+    ///     .rate_limits("tokens")
+    ///     .per_scope("tenant", Quota::per_minute(100_000)?)
+    ///     .settle_within(Duration::from_secs(600))
+    ///     .build()?;
+    /// # let _ = limits;
+    /// # Ok(()) }
+    /// ```
+    pub fn settle_within(mut self, within: Duration) -> RateLimitsBuilder {
+        self.settle_within = Some(within);
+        self
+    }
+
+    /// [`MultiLimiter::with_debt_cap`] for every limit.
+    ///
+    /// ```no_run
+    /// use nolock::rate::Quota;
+    /// # fn run(client: nolock::Client) -> nolock::Result<()> {
+    /// let limits = client
+    ///     .rate_limits("tokens")
+    ///     .per_scope("tenant", Quota::per_minute(100_000)?)
+    ///     .with_debt_cap(100_000)
+    ///     .build()?;
+    /// # let _ = limits;
+    /// # Ok(()) }
+    /// ```
+    pub fn with_debt_cap(mut self, units: u64) -> RateLimitsBuilder {
+        self.debt_cap = Some(units);
+        self
+    }
+
+    /// The limits, with every setting checked.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for a bad handle name, no limit at all, a
+    /// bad or repeated limit name (1 to 64 ASCII letters, digits, `_ - . :`)
+    /// or a quota the algorithm cannot honour; those of
+    /// [`MultiLimiter::settle_within`].
+    ///
+    /// ```no_run
+    /// use nolock::rate::Quota;
+    /// # fn run(client: nolock::Client) -> nolock::Result<()> {
+    /// assert!(client.rate_limits("api").build().is_err()); // no limit
+    /// let q = Quota::per_second(10)?;
+    /// assert!(client.rate_limits("api").per_member("x", q).per_scope("x", q).build().is_err());
+    /// # Ok(()) }
+    /// ```
+    pub fn build(self) -> Result<RateLimits> {
+        let name = self.name?;
+        if self.limits.is_empty() {
+            return Err(Error::InvalidArgument {
+                what: "limits",
+                reason: format!("the rate limits {name:?} need at least one limit"),
+            });
+        }
+        let part = |per_member: bool| -> Result<Option<MultiLimiter>> {
+            let mut part = MultiLimiter::new(self.algorithm);
+            for (limit, quota, _) in self.limits.iter().filter(|l| l.2 == per_member) {
+                part = part.shared_limit(limit, *quota)?;
+            }
+            if let Some(within) = self.settle_within {
+                part = part.settle_within(within)?;
+            }
+            if let Some(units) = self.debt_cap {
+                part = part.with_debt_cap(units);
+            }
+            Ok((!part.is_empty()).then_some(part))
+        };
+        // Every limit is a shared one of the MultiLimiter: the handle names
+        // each limit's key itself, from the scope and the member.
+        let mut all = MultiLimiter::new(self.algorithm);
+        for (limit, quota, _) in &self.limits {
+            all = all.shared_limit(limit, *quota)?;
+        }
+        if let Some(within) = self.settle_within {
+            all = all.settle_within(within)?;
+        }
+        if let Some(units) = self.debt_cap {
+            all = all.with_debt_cap(units);
+        }
+        Ok(RateLimits {
+            per_member: self.limits.iter().map(|l| l.2).collect(),
+            members: part(true)?,
+            scopes: part(false)?,
+            name,
+            limiter: all,
+            conn: self.conn,
+        })
+    }
+}
+
+/// Several named limits decided together, all or nothing, for a [`Scope`]:
+/// limits per member and limits shared by the scope. Made by
+/// [`Client::rate_limits`]; cheap to clone.
+///
+/// # Keys
+///
+/// For the handle `api`, the scope's shared limit `tenant` lives at
+/// [`keys::derive`]`("{nolock:api:<scope>}", "tenant")` and the member's
+/// limit `user` at `keys::derive("{nolock:api:<scope>}:<member>", "user")`:
+/// every key of one check carries the scope's hash tag, so they share a
+/// cluster slot by construction, and each limit's key is chosen by the
+/// handle, never by a string per request.
+///
+/// # Example: per user 10/s, per tenant 1000/min shared
+///
+/// ```no_run
+/// use nolock::client::Scope;
+/// use nolock::rate::Quota;
+///
+/// # async fn run(client: nolock::Client) -> nolock::Result<()> {
+/// let limits = client
+///     .rate_limits("api")
+///     .per_member("user", Quota::per_second(10)?)
+///     .per_scope("tenant", Quota::per_minute(1000)?)
+///     .build()?;
+/// match limits.check(&Scope::new("acme").member("alice")).await {
+///     Ok(admitted) => println!("{}", admitted.headers().rate_limit),
+///     Err(rejection) => println!("{rejection}"), // which limit: the headers say
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct RateLimits {
+    pub(crate) name: Name,
+    /// Every limit, in the order added, each a shared limit whose key the
+    /// handle builds ([`RateLimits::multi_key`]).
+    pub(crate) limiter: MultiLimiter,
+    /// Per limit of `limiter`: true when kept per member.
+    pub(crate) per_member: Vec<bool>,
+    /// The limits per member alone, and per scope alone (for resets).
+    members: Option<MultiLimiter>,
+    scopes: Option<MultiLimiter>,
+    pub(crate) conn: Connection,
+}
+
+impl RateLimits {
+    /// Take one unit from every limit of `scope` if each has room;
+    /// otherwise take nothing. See [`RateLimits::check_cost`].
+    ///
+    /// # Errors
+    ///
+    /// As [`RateLimits::check_cost`].
+    ///
+    /// ```no_run
+    /// use nolock::client::Scope;
+    /// # async fn run(limits: nolock::client::RateLimits) -> Result<(), nolock::client::Rejection> {
+    /// let admitted = limits.check(&Scope::new("acme").member("alice")).await?;
+    /// # let _ = admitted;
+    /// # Ok(()) }
+    /// ```
+    pub async fn check(&self, scope: &Scope) -> Result<Admitted, Rejection> {
+        self.check_cost(scope, 1).await
+    }
+
+    /// Take `cost` units from every limit of `scope` (the member's limits
+    /// and the scope's shared ones) if each has room; otherwise take
+    /// nothing. One script call.
+    ///
+    /// The answer's `limit`, `remaining` and `reset_after` are those of the
+    /// tightest limit: after an admission the one with the least
+    /// `remaining`; after a denial the one with the longest `retry_after`.
+    /// The headers list every limit.
+    ///
+    /// # Errors
+    ///
+    /// [`Rejection::Limited`] when some limit has no room now (`retry_after`
+    /// is the longest wait), or when `cost` is above some limit's burst
+    /// (`retry_after: None`: it never fits). [`Rejection::Failed`] with
+    /// [`Error::InvalidArgument`] for a bad id, a scope without a member on
+    /// limits per member, or a member on limits without any, and
+    /// [`Error::ZeroLimit`] (`cost` 0), before any I/O; [`Error::Redis`] or
+    /// [`Error::Indeterminate`] from Redis.
+    ///
+    /// ```no_run
+    /// use nolock::client::Scope;
+    /// # async fn run(limits: nolock::client::RateLimits) -> Result<(), nolock::client::Rejection> {
+    /// let admitted = limits.check_cost(&Scope::new("acme").member("alice"), 5).await?;
+    /// # let _ = admitted;
+    /// # Ok(()) }
+    /// ```
+    pub async fn check_cost(&self, scope: &Scope, cost: u64) -> Result<Admitted, Rejection> {
+        let key = self.multi_key(scope)?;
+        let mut conn = self.conn.clone();
+        match self.limiter.check(&mut conn, key.clone(), cost).await {
+            Ok(decision) => self.answer(&decision),
+            Err(Error::InsufficientCapacity { .. }) => {
+                let state = self.limiter.peek(&mut conn, key, 1).await?;
+                let headers = self.limiter.headers(&state);
+                // The first limit the cost is above.
+                let over = state.limits.iter().find(|l| l.limit < cost);
+                let over = over.or(state.limits.first()).copied();
+                match over {
+                    Some(limit) => Err(never_fits(limit, headers)),
+                    None => Err(Rejection::Failed(no_limit())),
+                }
+            }
+            Err(err) => Err(Rejection::Failed(err)),
+        }
+    }
+
+    /// What a check of one unit for `scope` would answer now, every
+    /// limit's state, without taking anything. Read-only.
+    ///
+    /// # Errors
+    ///
+    /// As [`RateLimits::check_cost`] before any I/O; [`Error::Redis`] and
+    /// [`Error::Indeterminate`] from Redis (safe to retry).
+    ///
+    /// ```no_run
+    /// use nolock::client::Scope;
+    /// # async fn run(limits: nolock::client::RateLimits) -> nolock::Result<()> {
+    /// let now = limits.peek(&Scope::new("acme").member("alice")).await?;
+    /// println!("{} left on the tightest limit", now.remaining());
+    /// # Ok(()) }
+    /// ```
+    pub async fn peek(&self, scope: &Scope) -> Result<MultiRateLimit> {
+        let key = self.multi_key(scope)?;
+        self.limiter.peek(&mut self.conn.clone(), key, 1).await
+    }
+
+    /// Forget state: with a member, that member's limits (the scope's
+    /// shared limits keep theirs); without, the scope's shared limits (each
+    /// member's keep theirs). Charges taken before lose their power to
+    /// refund or settle on the limits reset ([`rate::Limiter::reset`]).
+    /// Idempotent.
+    ///
+    /// # Errors
+    ///
+    /// As [`RateLimits::peek`], except that a scope without a member is
+    /// accepted on limits that have limits per member (it resets the
+    /// scope's limits); [`Error::InvalidArgument`] when the limits reset
+    /// would be none.
+    ///
+    /// ```no_run
+    /// use nolock::client::Scope;
+    /// # async fn run(limits: nolock::client::RateLimits) -> nolock::Result<()> {
+    /// limits.reset(&Scope::new("acme").member("alice")).await?; // alice only
+    /// limits.reset(&Scope::new("acme")).await?; // the tenant's shared limits
+    /// # Ok(()) }
+    /// ```
+    pub async fn reset(&self, scope: &Scope) -> Result<()> {
+        let scope_key = self.name.key(&scope.scope)?;
+        let (part, base) = match &scope.member {
+            Some(member) => (
+                self.members.as_ref(),
+                self.name.member_key(&scope.scope, member)?,
+            ),
+            None => (self.scopes.as_ref(), scope_key.clone()),
+        };
+        let Some(part) = part else {
+            return Err(Error::InvalidArgument {
+                what: "scope",
+                reason: format!(
+                    "the rate limits {:?} have no limit per {}",
+                    self.name,
+                    if scope.member.is_some() {
+                        "member"
+                    } else {
+                        "scope"
+                    }
+                ),
+            });
+        };
+        let mut key = MultiKey::new(&scope_key);
+        for limit in (0..part.len()).filter_map(|i| part.name(i)) {
+            key = key.shared(limit, &keys::derive(&base, limit));
+        }
+        part.reset(&mut self.conn.clone(), key).await
+    }
+
+    /// The handle's answer for a decision of these limits: [`Admitted`] or
+    /// [`Rejection::Limited`], with every limit in the headers.
+    ///
+    /// # Errors
+    ///
+    /// [`Rejection::Limited`] when the decision did not admit.
+    ///
+    /// ```no_run
+    /// use nolock::client::Scope;
+    /// # async fn run(limits: nolock::client::RateLimits) -> Result<(), nolock::client::Rejection> {
+    /// let key = limits.multi_key(&Scope::new("acme").member("alice"))?;
+    /// let mut conn = limits.connection();
+    /// let decision = limits.limiter().check(&mut conn, key, 1).await?;
+    /// let admitted = limits.answer(&decision)?;
+    /// # let _ = admitted;
+    /// # Ok(()) }
+    /// ```
+    pub fn answer(&self, decision: &MultiRateLimit) -> Result<Admitted, Rejection> {
+        let headers = self.limiter.headers(decision);
+        let tightest = if decision.allowed {
+            decision.limits.iter().min_by_key(|l| l.remaining)
+        } else {
+            // The first of the longest waits.
+            let longest = decision.retry_after();
+            decision.limits.iter().find(|l| l.retry_after == longest)
+        };
+        match tightest {
+            Some(limit) => answer(
+                &rate::RateLimit {
+                    allowed: decision.allowed,
+                    ..*limit
+                },
+                headers,
+            ),
+            None => Err(Rejection::Failed(no_limit())),
+        }
+    }
+
+    /// The handle's name.
+    pub fn name(&self) -> &str {
+        self.name.as_str()
+    }
+
+    /// The [`MultiLimiter`] underneath (every limit is one of its shared
+    /// limits), for the operation-level API: [`rate::MultiCheck`] values,
+    /// [`MultiRateLimit::charge_mut`] refunds, settlements.
+    pub fn limiter(&self) -> &MultiLimiter {
+        &self.limiter
+    }
+
+    /// The connection the handle uses (a clone), for the operation-level
+    /// API: refunds and settlements of the charges of
+    /// [`RateLimits::limiter`] checks.
+    pub fn connection(&self) -> Connection {
+        self.conn.clone()
+    }
+
+    /// The keys of a check for `scope`, for [`RateLimits::limiter`].
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for a bad id, a scope without a member on
+    /// limits per member, or a member on limits without any.
+    ///
+    /// ```no_run
+    /// use nolock::client::Scope;
+    /// # fn run(limits: nolock::client::RateLimits) -> nolock::Result<()> {
+    /// let key = limits.multi_key(&Scope::new("acme").member("alice"))?;
+    /// assert_eq!(limits.limiter().keys(&key)?.len(), limits.limiter().len());
+    /// # Ok(()) }
+    /// ```
+    pub fn multi_key(&self, scope: &Scope) -> Result<MultiKey> {
+        let scope_key = self.name.key(&scope.scope)?;
+        let has_members = self.members.is_some();
+        let member_key = match (&scope.member, has_members) {
+            (Some(member), true) => Some(self.name.member_key(&scope.scope, member)?),
+            (None, false) => None,
+            (None, true) => {
+                return Err(Error::InvalidArgument {
+                    what: "scope",
+                    reason: format!(
+                        "the rate limits {:?} have limits per member: name the member \
+                         (Scope::new(scope).member(id))",
+                        self.name
+                    ),
+                })
+            }
+            (Some(_), false) => {
+                return Err(Error::InvalidArgument {
+                    what: "scope",
+                    reason: format!(
+                        "the rate limits {:?} have no limit per member, so the member would \
+                         not be limited: use Scope::new(scope) alone",
+                        self.name
+                    ),
+                })
+            }
+        };
+        let mut key = MultiKey::new(&scope_key);
+        for (i, &per_member) in self.per_member.iter().enumerate() {
+            let Some(limit) = self.limiter.name(i) else {
+                break;
+            };
+            let base = match (&member_key, per_member) {
+                (Some(member_key), true) => member_key,
+                _ => &scope_key,
+            };
+            key = key.shared(limit, &keys::derive(base, limit));
+        }
+        Ok(key)
+    }
+}
+
+/// A decision without any limit: cannot happen for built limits (they have
+/// one at least), answered as an error rather than a panic.
+fn no_limit() -> Error {
+    Error::UnexpectedReply {
+        script: "rate",
+        detail: "a decision without any limit".to_owned(),
+    }
+}
