@@ -7,17 +7,35 @@
 //! writes ([`cas`]); and, for the cases that truly need mutual exclusion,
 //! leases with fencing tokens ([`fence`]).
 //!
-//! Every operation is an async function that takes any redis-rs async
-//! connection (`MultiplexedConnection`, `ConnectionManager`, a cluster
-//! connection, a pooled connection) as `&mut impl ConnectionLike`. It checks
-//! its input before sending anything, runs its script with `EVALSHA`, and
-//! when the server has lost the script, loads it and runs it once more.
+//! The front door is a [`Client`]: it owns the connection (one that
+//! reconnects, or a cluster connection with the settings nolock needs), has
+//! loaded the scripts, and builds **named handles** that take ids, not Redis
+//! keys. A denial is the `Err` of a `Result`, so `?` turns it away (with the
+//! `axum` feature, into a `429` with the IETF `RateLimit` headers).
+//!
+//! ```no_run
+//! # async fn handler(user: &str) -> Result<(), Box<dyn std::error::Error>> {
+//! let client = nolock::Client::connect("redis://127.0.0.1/").await?;
+//! let per_user = client.rate_limit("api", nolock::quota!(100 per minute))?;
+//!
+//! // In a request handler: one round trip, one decision per user id.
+//! let admitted = per_user.check(user).await?; // Err(Rejection::Limited(..)) when over
+//! println!("ok, {} left", admitted.remaining);
+//! # Ok(()) }
+//! ```
+//!
+//! Under the handles, every operation is also an async function that takes
+//! any redis-rs async connection (`MultiplexedConnection`,
+//! `ConnectionManager`, a cluster connection, a pooled connection) as `&mut
+//! impl ConnectionLike` and a key of your own. It checks its input before
+//! sending anything, runs its script with `EVALSHA`, and when the server has
+//! lost the script, loads it and runs it once more.
 //!
 //! The [`guide`] has one chapter per job and per concern (rate limiting an
 //! axum service, at most N at once, fencing with PostgreSQL, retries, Redis
 //! Cluster, servers, what it survives, performance), with tested examples.
 //!
-//! # Example
+//! # The connection-level form
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -111,6 +129,7 @@
 //!
 //! | the job | module | start with |
 //! |---|---|---|
+//! | any of the jobs below by name and id, with a connection it owns | [`client`] | [`Client::connect`] |
 //! | "at most N per window" per key, cheapest | [`limits`] | [`limits::try_increment`] |
 //! | "N per second with a burst", smooth; several limits at once; `RateLimit` headers | [`rate`] | [`rate::Limiter`], [`rate::MultiLimiter`] |
 //! | "at most N at once" (a bounded worker pool, in-flight calls) | [`semaphore`] | [`semaphore::Semaphore`] |
@@ -133,6 +152,7 @@
 //!
 //! | feature | adds | pulls in |
 //! |---|---|---|
+//! | `axum` | a [`client::Rejection`] is an axum response (`429` with the `RateLimit` headers and `Retry-After`, `503`/`500` with a body) and a [`client::Admitted`] adds its headers to one | `axum-core`, `http` |
 //! | `tower` | the `layer` module: `RateLimitLayer` and `ConcurrencyLimitLayer` for axum 0.8, hyper 1 and any tower stack | `tower-layer`, `tower-service`, `http` |
 //! | `tracing` | a `nolock.script` span per script call, events for fallbacks and lost leases, `record_keys_in_spans` | `tracing` |
 //! | `metrics` | counters and a latency histogram through the `metrics` facade (names in the `observe` docs: [`guide::web_service`]) | `metrics` |
