@@ -32,8 +32,10 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, IntoConnectionInfo, Pipeline, RedisFuture, Value};
 
 mod answer;
+mod counter;
 
 pub use answer::{Admitted, Limited, Rejection};
+pub use counter::Counter;
 
 use crate::script::BatchConnection;
 use crate::{Error, Result, Scripts};
@@ -200,8 +202,6 @@ impl Client {
 /// A handle's name: 1 to [`MAX_NAME_LEN`] bytes of ASCII letters, digits,
 /// `_`, `-` and `.`, starting with a letter or a digit. Names are part of
 /// every key a handle writes, so they are checked when the handle is built.
-// Used by the named handles (rate limits, counters, semaphores, locks).
-#[allow(dead_code)]
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub(crate) struct Name(Arc<str>);
 
@@ -217,7 +217,6 @@ impl fmt::Display for Name {
     }
 }
 
-#[allow(dead_code)]
 impl Name {
     pub(crate) fn new(name: &str) -> Result<Name> {
         let invalid = |reason: String| Error::InvalidArgument {
@@ -262,6 +261,8 @@ impl Name {
 
     /// The key of `member` inside `scope`: `{nolock:<name>:<scope>}:<member>`,
     /// both escaped, in the scope's slot.
+    // For the shared-limit handles (per member, per scope).
+    #[allow(dead_code)]
     pub(crate) fn member_key(&self, scope: &str, member: &str) -> Result<String> {
         let member = checked_id("member id", member)?;
         let mut key = self.key(scope)?;
@@ -271,7 +272,6 @@ impl Name {
     }
 }
 
-#[allow(dead_code)]
 fn checked_id<'a>(what: &'static str, id: &'a str) -> Result<&'a str> {
     if id.is_empty() || id.len() > MAX_ID_LEN {
         return Err(Error::InvalidArgument {
@@ -282,7 +282,6 @@ fn checked_id<'a>(what: &'static str, id: &'a str) -> Result<&'a str> {
     Ok(id)
 }
 
-#[allow(dead_code)]
 fn push_escaped(out: &mut String, id: &str) {
     for c in id.chars() {
         match c {
