@@ -15,8 +15,9 @@
 use std::num::NonZeroU32;
 use std::time::Duration;
 
-use axum::{extract::Extension, http::request::Parts, routing::get, Router};
-use nolock::layer::RateLimitLayer;
+use axum::http::{request::Parts, StatusCode};
+use axum::{extract::Extension, routing::get, Router};
+use nolock::layer::{Identity, RateLimitLayer};
 use nolock::policy::{DecidedBy, Guard, OnFailure};
 use nolock::rate::{Algorithm, MultiKey, MultiLimiter, Quota};
 use redis::aio::ConnectionLike;
@@ -35,15 +36,17 @@ pub fn limits() -> nolock::Result<MultiLimiter> {
 pub const GLOBAL_KEY: &str = "{svc}:global";
 
 /// The keys of a request: the user's (the `x-user` header, an authenticated
-/// user id in a real service, or one shared key for anonymous callers) and
-/// the global limit's. `/health` is not limited.
-fn keys(req: &Parts) -> Option<MultiKey> {
+/// user id in a real service) and the global limit's. `/health` is not
+/// limited, said so; a request without a user is refused with `401`, never
+/// let through unlimited.
+fn keys(req: &Parts) -> Identity<MultiKey> {
     if req.uri.path() == "/health" {
-        return None;
+        return Identity::Unlimited;
     }
     let user = req.headers.get("x-user").and_then(|v| v.to_str().ok());
-    let user = format!("{{svc}}:user:{}", user.unwrap_or("anonymous"));
-    Some(MultiKey::new(&user).shared("global", GLOBAL_KEY))
+    let keys = user
+        .map(|user| MultiKey::new(&format!("{{svc}}:user:{user}")).shared("global", GLOBAL_KEY));
+    Identity::required(keys, StatusCode::UNAUTHORIZED)
 }
 
 /// The service: `GET /hello` says who was served and who decided.

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use axum::{routing::get, Router};
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
-use nolock::layer::RateLimitLayer;
+use nolock::layer::{Identity, RateLimitLayer};
 use nolock::rate::{Algorithm, Limiter, Quota};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -102,7 +102,7 @@ async fn main() -> Result<(), Error> {
     let bare = serve(handler()).await?;
     let layered = serve(handler().layer(RateLimitLayer::new(conn, limiter, |req| {
         let user = req.headers.get("x-user").and_then(|v| v.to_str().ok());
-        Some(format!("bench:layer:{}", user.unwrap_or("-")))
+        Identity::Limited(format!("bench:layer:{}", user.unwrap_or("-")))
     })))
     .await?;
 

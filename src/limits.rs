@@ -60,10 +60,12 @@
 //! # Ok(()) }
 //! ```
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 
+use crate::rate::{headers, Headers};
 use crate::script::{embedded, run_one, Invocation, Operation, Reply, Script};
 use crate::{validate, Error, Result};
 
@@ -72,7 +74,8 @@ static PEEK: Script = embedded!("limits/peek");
 
 /// A bounded counter: "at most `limit` per `window`", checked once when
 /// built and shared by every caller of a key, so that they agree on both.
-/// Cheap to clone.
+/// Cheap to clone. Its name (`"default"` unless [`Counter::named`]) is the
+/// policy name in its [headers](Counter::headers).
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -85,10 +88,11 @@ static PEEK: Script = embedded!("limits/peek");
 /// # let _ = (a, batch);
 /// # Ok(()) }
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Counter {
     limit: u64,
     window_ms: u64,
+    name: Arc<str>,
 }
 
 impl Counter {
@@ -111,7 +115,39 @@ impl Counter {
         Ok(Counter {
             limit: validate::positive("limit", limit)?,
             window_ms: validate::millis("window", window)?,
+            name: Arc::from("default"),
         })
+    }
+
+    /// The same counter under another name: the policy name in the
+    /// `RateLimit-Policy` and `RateLimit` headers. The name is not part of
+    /// any key.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] unless `name` is 1 to 64 characters of
+    /// ASCII letters, digits, `_`, `-`, `.` and `:` (as
+    /// [`crate::rate::Limiter::named`]).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use nolock::limits::Counter;
+    ///
+    /// let api = Counter::new(100, Duration::from_secs(60))?.named("api")?;
+    /// assert_eq!(api.name(), "api");
+    /// assert!(Counter::new(100, Duration::from_secs(60))?.named("a b").is_err());
+    /// # Ok::<(), nolock::Error>(())
+    /// ```
+    pub fn named(self, name: &str) -> Result<Counter> {
+        Ok(Counter {
+            name: Arc::from(crate::rate::valid_name(name)?),
+            ..self
+        })
+    }
+
+    /// The policy name in the headers (`"default"` unless named).
+    pub fn name(&self) -> &str {
+        &self.name
     }
 
     /// The limit.
@@ -170,6 +206,47 @@ impl Counter {
         C: ConnectionLike + Send,
     {
         peek(conn, key).await
+    }
+
+    /// The `RateLimit-Policy`, `RateLimit` and (when denied) `Retry-After`
+    /// header values for an answer of this counter. See
+    /// [`crate::rate::headers`]:
+    ///
+    /// * `RateLimit-Policy: "name";q=<limit>;w=<window>`, the window in whole
+    ///   seconds, rounded up (a 500 ms window is advertised as `w=1`);
+    /// * `RateLimit: "name";r=<remaining>;t=<reset>`, the time until the
+    ///   window resets in whole seconds, rounded up;
+    /// * `Retry-After: <reset>` after a denial, rounded up and at least 1: a
+    ///   denied increment fits again only in the next window, so a client
+    ///   that honours it finds a fresh count.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use nolock::limits::{Admission, Counter};
+    ///
+    /// let api = Counter::new(100, Duration::from_secs(60))?.named("api")?;
+    /// let denied = Admission {
+    ///     admitted: false,
+    ///     count: 100,
+    ///     limit: 100,
+    ///     remaining: 0,
+    ///     reset_after: Some(Duration::from_millis(12_001)),
+    /// };
+    /// let h = api.headers(&denied);
+    /// assert_eq!(h.policy, r#""api";q=100;w=60"#);
+    /// assert_eq!(h.rate_limit, r#""api";r=0;t=13"#);
+    /// assert_eq!(h.retry_after.as_deref(), Some("13")); // 12.001 s, rounded up
+    /// # Ok::<(), nolock::Error>(())
+    /// ```
+    pub fn headers(&self, admission: &Admission) -> Headers {
+        // `None` (a counter without expiry) never comes from nolock's
+        // scripts; it is read as "no window to wait for".
+        let reset = admission.reset_after.unwrap_or_default();
+        Headers {
+            policy: headers::window_policy_item(&self.name, self.limit, self.window()),
+            rate_limit: headers::remaining_item(&self.name, admission.remaining, reset),
+            retry_after: (!admission.admitted).then(|| headers::retry_after_value(reset)),
+        }
     }
 }
 
@@ -442,6 +519,66 @@ mod tests {
             crate::script::words(op.invocation().command()),
             ["EVALSHA_RO", PEEK.sha1(), "1", "k"]
         );
+    }
+
+    fn admission(admitted: bool, remaining: u64, reset_ms: Option<u64>) -> Admission {
+        Admission {
+            admitted,
+            count: 10 - remaining,
+            limit: 10,
+            remaining,
+            reset_after: reset_ms.map(Duration::from_millis),
+        }
+    }
+
+    #[test]
+    fn headers_round_every_time_up() {
+        let c = counter(10, Duration::from_millis(60_500))
+            .named("api")
+            .unwrap();
+        // Admitted: no Retry-After; 1 ms past a whole second counts as the next one.
+        let h = c.headers(&admission(true, 4, Some(30_001)));
+        assert_eq!(h.policy, r#""api";q=10;w=61"#);
+        assert_eq!(h.rate_limit, r#""api";r=4;t=31"#);
+        assert_eq!(h.retry_after, None);
+        // Exactly whole seconds stay as they are.
+        let h = c.headers(&admission(true, 4, Some(30_000)));
+        assert_eq!(h.rate_limit, r#""api";r=4;t=30"#);
+        // Denied: Retry-After is the reset, rounded up (as_secs() would say 0).
+        let h = c.headers(&admission(false, 0, Some(999)));
+        assert_eq!(h.rate_limit, r#""api";r=0;t=1"#);
+        assert_eq!(h.retry_after.as_deref(), Some("1"));
+        let h = c.headers(&admission(false, 0, Some(2_001)));
+        assert_eq!(h.retry_after.as_deref(), Some("3"));
+        // Never "retry now", even for a window found without expiry.
+        let h = c.headers(&admission(false, 0, None));
+        assert_eq!(h.rate_limit, r#""api";r=0;t=0"#);
+        assert_eq!(h.retry_after.as_deref(), Some("1"));
+    }
+
+    #[test]
+    fn sub_second_windows_advertise_one_second() {
+        let c = counter(5, Duration::from_millis(100));
+        let h = c.headers(&admission(true, 4, Some(101)));
+        assert_eq!(h.policy, r#""default";q=5;w=1"#);
+        assert_eq!(h.rate_limit, r#""default";r=4;t=1"#);
+    }
+
+    #[test]
+    fn names_are_checked_and_change_no_key() {
+        let c = counter(3, Duration::from_secs(1));
+        assert_eq!(c.name(), "default");
+        assert!(matches!(
+            c.clone().named("a b"),
+            Err(Error::InvalidArgument { what: "name", .. })
+        ));
+        let named = c.clone().named("api").unwrap();
+        assert_ne!(named, c);
+        let words = |c: &Counter| {
+            let op = TryIncrement::new(c, "k").unwrap();
+            crate::script::words(op.invocation().command())
+        };
+        assert_eq!(words(&named), words(&c));
     }
 
     #[test]

@@ -12,7 +12,9 @@
 //! `nolock.batch` per [`crate::Batch::run`] (`script`, `size`, `errors`).
 //! Keys are never recorded unless [`record_keys_in_spans`] turns it on (a key
 //! often holds a user id or an IP address). Events: `debug` on a `NOSCRIPT`
-//! fallback, `warn` on a lost lease and on a failure-policy fallback.
+//! fallback, `warn` on a lost lease and on a failure-policy fallback,
+//! `error` when a tower layer answers `500` to a request it could not decide
+//! (its input was invalid: field `problem`, never a key).
 //!
 //! **Metrics** (`metrics` feature, the `metrics` facade; install any
 //! recorder):
@@ -24,6 +26,7 @@
 //! | `nolock_noscript_fallbacks_total` | counter | `script` |
 //! | `nolock_redirects_total` | counter | `script` |
 //! | `nolock_lease_losses_total` | counter | |
+//! | `nolock_layer_failures_total` | counter | `layer` (`rate`/`concurrency`) |
 //! | `nolock_fallback_decisions_total` | counter | `policy` (`fail_open`/`fail_closed`/`local`) |
 //! | `nolock_operation_duration_seconds` | histogram | `script` |
 //!
@@ -239,6 +242,15 @@ pub(crate) fn fallback(policy: &'static str, cause: &dyn std::fmt::Display) {
     tracing::warn!(policy, %cause, "nolock: rate decision without Redis");
     #[cfg(feature = "metrics")]
     metrics::counter!("nolock_fallback_decisions_total", "policy" => policy).increment(1);
+}
+
+/// A tower layer answered `500`: the request's input was invalid (`problem`
+/// says what, without any key).
+pub(crate) fn layer_failure(layer: &'static str, problem: &str) {
+    #[cfg(feature = "tracing")]
+    tracing::error!(layer, problem, "nolock: a request could not be limited");
+    #[cfg(feature = "metrics")]
+    metrics::counter!("nolock_layer_failures_total", "layer" => layer).increment(1);
 }
 
 /// A lease was lost (expired or taken) while its holder still worked.

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use nolock::layer::ConcurrencyLimitLayer;
+use nolock::layer::{ConcurrencyLimitLayer, Identity};
 use nolock::policy::{Guard, OnFailure};
 use nolock::semaphore::{self, Semaphore};
 use support::proxy::FaultProxy;
@@ -54,8 +54,10 @@ fn layer(
     on_failure: OnFailure,
 ) -> ConcurrencyLimitLayer<redis::aio::MultiplexedConnection> {
     let semaphore = Semaphore::new(2, Duration::from_secs(30)).unwrap();
-    ConcurrencyLimitLayer::new(conn, semaphore, |_| Some("inflight:k".to_owned()))
-        .guard(Guard::new(Duration::from_millis(50), on_failure).unwrap())
+    ConcurrencyLimitLayer::new(conn, semaphore, |_| {
+        Identity::Limited("inflight:k".to_owned())
+    })
+    .guard(Guard::new(Duration::from_millis(50), on_failure).unwrap())
 }
 
 #[tokio::test]
@@ -87,10 +89,11 @@ async fn a_request_dropped_during_its_acquire_leaves_no_permit_behind() {
     let mut direct = redis.conn().await;
     let (proxy, through) = through_a_proxy(&redis, &mut direct).await;
     let semaphore = Semaphore::new(2, Duration::from_secs(30)).unwrap();
-    let mut service =
-        ConcurrencyLimitLayer::new(through, semaphore, |_| Some("inflight:d".to_owned()))
-            .guard(Guard::new(Duration::from_secs(5), OnFailure::Closed).unwrap())
-            .layer(Gated(Arc::new(tokio::sync::Semaphore::new(100))));
+    let mut service = ConcurrencyLimitLayer::new(through, semaphore, |_| {
+        Identity::Limited("inflight:d".to_owned())
+    })
+    .guard(Guard::new(Duration::from_secs(5), OnFailure::Closed).unwrap())
+    .layer(Gated(Arc::new(tokio::sync::Semaphore::new(100))));
     // Replies come 300 ms late; the request is dropped after 100 ms, with
     // the acquire run on the server and its reply still on the way.
     proxy.set_delay(Duration::from_millis(300));

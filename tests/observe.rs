@@ -125,6 +125,8 @@ async fn metrics_and_spans_match_the_decisions() {
     for _ in 0..3 {
         let _ = cached.check(&mut conn, "cache-key", 1).await.unwrap();
     }
+    #[cfg(feature = "tower")]
+    assert_eq!(layer_answer_to_an_empty_key(conn.clone()).await, 500);
     let open = Guard::new(Duration::from_millis(100), OnFailure::Open).unwrap();
     redis.kill();
     for _ in 0..2 {
@@ -203,6 +205,8 @@ async fn metrics_and_spans_match_the_decisions() {
     );
     assert!(samples >= 7, "one latency sample per call: {samples}");
     assert!(count("nolock_lease_losses_total{}") >= 1);
+    #[cfg(feature = "tower")]
+    assert_eq!(count("nolock_layer_failures_total{layer=rate}"), 1);
 
     let all = captured.0.lock().unwrap();
     let spans: Vec<_> = all
@@ -234,4 +238,38 @@ async fn metrics_and_spans_match_the_decisions() {
     assert!(all.iter().any(
         |(n, f)| n == "event:WARN" && f.get("policy").map(String::as_str) == Some("fail_open")
     ));
+    #[cfg(feature = "tower")]
+    assert!(all.iter().any(|(n, f)| n == "event:ERROR"
+        && f.get("layer").map(String::as_str) == Some("rate")
+        && f.get("problem").map(String::as_str) == Some("the key function returned an empty key")));
+}
+
+/// The status a rate-limit layer whose key function returns an empty key
+/// answers, over real HTTP.
+#[cfg(feature = "tower")]
+async fn layer_answer_to_an_empty_key(conn: redis::aio::MultiplexedConnection) -> u16 {
+    use nolock::layer::{Identity, RateLimitLayer};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let limiter = Limiter::new(Algorithm::Gcra, Quota::per_second(10).unwrap()).unwrap();
+    let app = axum::Router::new()
+        .route("/", axum::routing::get(|| async { "ok" }))
+        .layer(RateLimitLayer::new(conn, limiter, |_| {
+            Identity::Limited(String::new())
+        }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(b"GET / HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    assert!(
+        response.ends_with("the key function returned an empty key\n"),
+        "{response}"
+    );
+    response[9..12].parse().unwrap()
 }

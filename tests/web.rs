@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
-use nolock::layer::ConcurrencyLimitLayer;
+use nolock::layer::{ConcurrencyLimitLayer, Identity, RateLimitLayer};
 use nolock::policy::{DecidedBy, Failure, Guard, Guarded, OnFailure};
 use nolock::rate::{Algorithm, Limiter, Quota};
 use support::RedisServer;
@@ -45,15 +45,20 @@ async fn serve(app: axum::Router) -> std::net::SocketAddr {
 
 /// `GET path` as `user`, over a new HTTP/1.1 connection (hyper's client).
 async fn get(addr: std::net::SocketAddr, path: &str, user: &str) -> Reply {
+    get_with(addr, path, &[("x-user", user)]).await
+}
+
+/// `GET path` with these headers (and `host`).
+async fn get_with(addr: std::net::SocketAddr, path: &str, headers: &[(&str, &str)]) -> Reply {
     let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
     let io = hyper_util::rt::TokioIo::new(stream);
     let (mut sender, conn) = hyper::client::conn::http1::handshake(io).await.unwrap();
     tokio::spawn(conn);
-    let request = hyper::Request::get(path)
-        .header("host", addr.to_string())
-        .header("x-user", user)
-        .body(Empty::<Bytes>::new())
-        .unwrap();
+    let mut request = hyper::Request::get(path).header("host", addr.to_string());
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let request = request.body(Empty::<Bytes>::new()).unwrap();
     let response = sender.send_request(request).await.unwrap();
     let status = response.status().as_u16();
     let headers = response
@@ -234,7 +239,7 @@ fn slow_app_with_ttl(
     let semaphore = nolock::semaphore::Semaphore::new(2, ttl).unwrap();
     let layer = ConcurrencyLimitLayer::new(conn, semaphore, |req| {
         let user = req.headers.get("x-user").and_then(|v| v.to_str().ok());
-        Some(format!("inflight:{}", user.unwrap_or("-")))
+        Identity::Limited(format!("inflight:{}", user.unwrap_or("-")))
     })
     .guard(Guard::new(Duration::from_millis(100), on_failure).unwrap());
     let handler = move |source: Option<axum::Extension<DecidedBy>>| {
@@ -374,7 +379,7 @@ async fn a_builder_call_after_a_clone_is_not_lost() {
     let server = RedisServer::start();
     let conn = server.conn().await;
     let limiter = Limiter::new(Algorithm::Gcra, Quota::per_second(10).unwrap()).unwrap();
-    let layer = nolock::layer::RateLimitLayer::new(conn.clone(), limiter, |_| Some("k".into()));
+    let layer = RateLimitLayer::new(conn.clone(), limiter, |_| Identity::Limited("k".into()));
     let kept = layer.clone();
     let open = layer.guard(Guard::new(Duration::from_millis(40), OnFailure::Open).unwrap());
     let (open, kept) = (format!("{open:?}"), format!("{kept:?}"));
@@ -382,10 +387,101 @@ async fn a_builder_call_after_a_clone_is_not_lost() {
     assert!(kept.contains("Closed") && !kept.contains("40ms"), "{kept}");
 
     let semaphore = nolock::semaphore::Semaphore::new(2, Duration::from_secs(1)).unwrap();
-    let layer = ConcurrencyLimitLayer::new(conn, semaphore, |_| Some("k".into()));
+    let layer = ConcurrencyLimitLayer::new(conn, semaphore, |_| Identity::Limited("k".into()));
     let kept = layer.clone();
     let open = layer.guard(Guard::new(Duration::from_millis(40), OnFailure::Open).unwrap());
     let (open, kept) = (format!("{open:?}"), format!("{kept:?}"));
     assert!(open.contains("Open") && open.contains("40ms"), "{open}");
     assert!(kept.contains("Closed") && !kept.contains("40ms"), "{kept}");
+}
+
+/// A request without identity is answered as the key function wrote it: a
+/// request without a user is refused with 401 (a body, no limit taken);
+/// `/health` passes only because `Identity::Unlimited` is written for it.
+#[tokio::test]
+async fn a_request_without_identity_is_refused_unless_unlimited_is_written() {
+    let redis = RedisServer::start();
+    let addr =
+        serve(axum_service::app(redis.conn().await, guard(OnFailure::Closed)).unwrap()).await;
+    for _ in 0..30 {
+        let r = get_with(addr, "/hello", &[]).await;
+        assert_eq!(r.status, 401);
+        assert_eq!(r.body, "no identity to limit this request by\n");
+        assert_eq!(r.header("ratelimit"), None);
+    }
+    let health = get_with(addr, "/health", &[]).await;
+    assert_eq!((health.status, health.body.as_str()), (200, "ok"));
+    assert_eq!(health.header("ratelimit"), None);
+    // Nothing was counted for the refused requests: the global limit is untouched.
+    let r = get(addr, "/hello", "erin").await;
+    assert_eq!(r.status, 200);
+    assert!(r.header("ratelimit").unwrap().contains(r#""global";r=99"#));
+
+    // A layer that writes `Unlimited` for a missing identity passes it, and
+    // only then.
+    let limiter = Limiter::new(Algorithm::Gcra, Quota::per_minute(1).unwrap()).unwrap();
+    let layer = RateLimitLayer::new(redis.conn().await, limiter, |req| {
+        match req.headers.get("x-user").and_then(|v| v.to_str().ok()) {
+            Some(user) => Identity::Limited(format!("web:unlimited:{user}")),
+            None => Identity::Unlimited,
+        }
+    });
+    let addr = serve(
+        axum::Router::new()
+            .route("/", axum::routing::get(|| async { "ok" }))
+            .layer(layer),
+    )
+    .await;
+    for _ in 0..3 {
+        let r = get_with(addr, "/", &[]).await;
+        assert_eq!((r.status, r.header("ratelimit")), (200, None));
+    }
+    assert_eq!(get(addr, "/", "frank").await.status, 200);
+    assert_eq!(get(addr, "/", "frank").await.status, 429);
+}
+
+/// Invalid input per request is a 500 with a body naming the problem, from
+/// both layers: an empty key, keys in two cluster slots, a shared-limit name
+/// the limiter does not have.
+#[tokio::test]
+async fn an_invalid_key_is_a_500_with_a_body() {
+    use nolock::rate::{MultiKey, MultiLimiter};
+
+    let redis = RedisServer::start();
+    let hello = || axum::Router::new().route("/", axum::routing::get(|| async { "ok" }));
+    let limiter = Limiter::new(Algorithm::Gcra, Quota::per_second(10).unwrap()).unwrap();
+    let empty = RateLimitLayer::new(redis.conn().await, limiter, |_| {
+        Identity::Limited(String::new())
+    });
+    let limits = || {
+        MultiLimiter::new(Algorithm::Gcra)
+            .limit("user", Quota::per_second(10).unwrap())
+            .unwrap()
+            .shared_limit("tenant", Quota::per_second(100).unwrap())
+            .unwrap()
+    };
+    let typo = RateLimitLayer::multi(redis.conn().await, limits(), |_| {
+        Identity::Limited(MultiKey::new("{t1}:user:u").shared("tenants", "{t1}:all"))
+    })
+    .unwrap();
+    let split = RateLimitLayer::multi(redis.conn().await, limits(), |_| {
+        Identity::Limited(MultiKey::new("{t1}:user:u").shared("tenant", "{t2}:all"))
+    })
+    .unwrap();
+    let semaphore = nolock::semaphore::Semaphore::new(2, Duration::from_secs(10)).unwrap();
+    let in_flight = ConcurrencyLimitLayer::new(redis.conn().await, semaphore, |_| {
+        Identity::Limited(String::new())
+    });
+    let cases = [
+        (serve(hello().layer(empty)).await, "rate limit misconfigured: the key function returned an empty key\n"),
+        (serve(hello().layer(typo)).await, "rate limit misconfigured: a shared-limit key is missing, repeated, or names a limit the MultiLimiter does not have\n"),
+        (serve(hello().layer(split)).await, "in cluster slots"),
+        (serve(hello().layer(in_flight)).await, "concurrency limit misconfigured: the key function returned an empty key\n"),
+    ];
+    for (addr, body) in cases {
+        let r = get(addr, "/", "gina").await;
+        assert_eq!(r.status, 500, "{}", r.body);
+        assert!(r.body.contains(body), "{:?}", r.body);
+        assert!(!r.body.contains("{t1}"), "no key in the body: {:?}", r.body);
+    }
 }

@@ -34,10 +34,12 @@ use redis::{Cmd, IntoConnectionInfo, Pipeline, RedisFuture, Value};
 mod answer;
 #[cfg(feature = "axum")]
 mod axum;
+mod counter;
 mod rate;
 mod rate_limits;
 
 pub use answer::{Admitted, Limited, Rejection};
+pub use counter::Counter;
 pub use rate::RateLimit;
 pub use rate_limits::{RateLimits, RateLimitsBuilder, Scope};
 
@@ -265,6 +267,8 @@ impl Name {
 
     /// The key of `member` inside `scope`: `{nolock:<name>:<scope>}:<member>`,
     /// both escaped, in the scope's slot.
+    // For the shared-limit handles (per member, per scope).
+    #[allow(dead_code)]
     pub(crate) fn member_key(&self, scope: &str, member: &str) -> Result<String> {
         let member = checked_id("member id", member)?;
         let mut key = self.key(scope)?;

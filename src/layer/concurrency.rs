@@ -15,17 +15,20 @@ use redis::aio::ConnectionLike;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::{OptionalKeyFn, DEFAULT_TIMEOUT};
+use super::{answer, invalid_request, Identity, KeyFn, DEFAULT_TIMEOUT, UNAVAILABLE};
 use crate::observe;
 use crate::policy::{DecidedBy, Failure, Guard, OnFailure};
 use crate::semaphore::{Permit, PermitAttempt, PermitId, PermitLease, Semaphore};
 use crate::timer;
+use crate::Error;
 
 /// At most N requests in flight per key (a tenant, a user, one fragile
 /// backend), counted across every replica of the service with a
 /// [`Semaphore`]: a permit is acquired before the inner service runs and
-/// released when its response (headers) is ready. The key function returns
-/// `None` for a request that is not limited: it passes untouched.
+/// released when its response (headers) is ready. The key function answers
+/// an [`Identity`] for every request: [`Identity::Limited`] with its key,
+/// [`Identity::Unlimited`] (it passes untouched) or [`Identity::Rejected`]
+/// (answered with that status and a short body).
 ///
 /// * full: `429 Too Many Requests` with `Retry-After: 1` (permits usually
 ///   come back sooner than their TTL);
@@ -34,7 +37,9 @@ use crate::timer;
 ///   answers `503` with `Retry-After: 1`, `Open` lets the request through,
 ///   `Local { replicas }` allows `permits / replicas` (at least 1) in
 ///   flight per key in this process. The [`DecidedBy`] goes into the
-///   request's extensions.
+///   request's extensions;
+/// * invalid input (an empty key): `500` with a one-line body naming the
+///   problem, reported as in [`super::RateLimitLayer`].
 ///
 /// Each permit is acquired under an id drawn before anything is sent: an
 /// acquire that timed out or lost its reply may still have taken a permit
@@ -54,7 +59,8 @@ use crate::timer;
 /// ```no_run
 /// use std::time::Duration;
 /// use axum::{routing::post, Router};
-/// use nolock::layer::ConcurrencyLimitLayer;
+/// use http::StatusCode;
+/// use nolock::layer::{ConcurrencyLimitLayer, Identity};
 /// use nolock::semaphore::Semaphore;
 ///
 /// # async fn run(conn: redis::aio::MultiplexedConnection) -> nolock::Result<()> {
@@ -62,8 +68,8 @@ use crate::timer;
 /// let app: Router = Router::new()
 ///     .route("/export", post(|| async { "done" }))
 ///     .layer(ConcurrencyLimitLayer::new(conn, exports, |req| {
-///         let tenant = req.headers.get("x-tenant")?.to_str().ok()?;
-///         Some(format!("exports:{tenant}"))
+///         let tenant = req.headers.get("x-tenant").and_then(|v| v.to_str().ok());
+///         Identity::required(tenant.map(|t| format!("exports:{t}")), StatusCode::BAD_REQUEST)
 ///     }));
 /// # Ok(()) }
 /// ```
@@ -74,7 +80,7 @@ pub struct ConcurrencyLimitLayer<C> {
 struct Shared<C> {
     conn: C,
     semaphore: Semaphore,
-    key: Arc<OptionalKeyFn>,
+    key: Arc<KeyFn>,
     guard: Guard,
     /// In-flight requests per key admitted by `OnFailure::Local`.
     local: Arc<Mutex<HashMap<String, u64>>>,
@@ -101,14 +107,14 @@ impl<C> ConcurrencyLimitLayer<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    /// At most `semaphore.permits()` requests in flight per `key(request)`
-    /// (`None`: not limited), each permit expiring `semaphore.ttl()` after
+    /// At most `semaphore.permits()` requests in flight per key that
+    /// `key(request)` names (see [`Identity`]), each permit expiring `semaphore.ttl()` after
     /// its last renewal. The semaphore was validated when it was built;
     /// only its size and TTL are used (a request never waits for a permit).
     pub fn new(
         conn: C,
         semaphore: Semaphore,
-        key: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static,
+        key: impl Fn(&Parts) -> Identity<String> + Send + Sync + 'static,
     ) -> Self {
         ConcurrencyLimitLayer {
             shared: Arc::new(Shared {
@@ -241,9 +247,14 @@ impl<C> Shared<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    /// `Ok((what was taken, who decided))`, or the refusal's status.
-    async fn enter(&self, key: &str) -> Result<(Held, DecidedBy), StatusCode> {
-        let internal = |_| StatusCode::INTERNAL_SERVER_ERROR;
+    /// `Ok((what was taken, who decided))`, or the refusal's status and body.
+    async fn enter(&self, key: &str) -> Result<(Held, DecidedBy), (StatusCode, String)> {
+        let internal = |err: Error| {
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                invalid_request("concurrency", &err),
+            )
+        };
         let id = PermitId::random().map_err(internal)?;
         let permit = self
             .semaphore
@@ -255,9 +266,12 @@ where
         };
         let mut conn = self.conn.clone();
         let timeout = self.guard.timeout();
-        let Ok(sleep) = timer::sleep(timeout) else {
-            pending.permit = None; // nothing was sent
-            return Err(StatusCode::INTERNAL_SERVER_ERROR);
+        let sleep = match timer::sleep(timeout) {
+            Ok(sleep) => sleep,
+            Err(err) => {
+                pending.permit = None; // nothing was sent
+                return Err(internal(err));
+            }
         };
         let call = self.semaphore.acquire_as(&mut conn, key, &id, 1);
         let result = tokio::select! {
@@ -269,16 +283,16 @@ where
                 pending.permit = None;
                 return match PermitLease::start(self.conn.clone(), permit) {
                     Ok(lease) => Ok((Held::Redis(lease), DecidedBy::Redis)),
-                    Err(_) => Err(StatusCode::INTERNAL_SERVER_ERROR),
+                    Err(err) => Err(internal(err)),
                 };
             }
             Some(Ok(PermitAttempt::Full { .. })) => {
                 pending.permit = None;
-                return Err(StatusCode::TOO_MANY_REQUESTS);
+                return Err((StatusCode::TOO_MANY_REQUESTS, String::new()));
             }
             Some(Err(err)) if err.is_invalid_input() => {
                 pending.permit = None;
-                return Err(StatusCode::INTERNAL_SERVER_ERROR);
+                return Err(internal(err));
             }
             // A definite error ran nothing; an indeterminate one or a
             // timeout may have: `pending` releases the id either way.
@@ -302,11 +316,17 @@ where
                         DecidedBy::Local,
                     )
                 } else {
-                    (Err(StatusCode::TOO_MANY_REQUESTS), DecidedBy::Local)
+                    (
+                        Err((StatusCode::TOO_MANY_REQUESTS, String::new())),
+                        DecidedBy::Local,
+                    )
                 }
             }
             // `OnFailure` is non-exhaustive: anything else fails closed.
-            _ => (Err(StatusCode::SERVICE_UNAVAILABLE), DecidedBy::Closed),
+            _ => (
+                Err((StatusCode::SERVICE_UNAVAILABLE, UNAVAILABLE.to_owned())),
+                DecidedBy::Closed,
+            ),
         };
         observe::fallback(source.name(), &cause);
         result
@@ -320,7 +340,7 @@ where
     S::Error: Send,
     C: ConnectionLike + Clone + Send + Sync + 'static,
     ReqBody: Send + 'static,
-    ResBody: Default + Send + 'static,
+    ResBody: From<String> + Send + 'static,
 {
     type Response = Response<ResBody>;
     type Error = S::Error;
@@ -337,8 +357,12 @@ where
         let shared = Arc::clone(&self.shared);
         Box::pin(async move {
             let (mut parts, body) = request.into_parts();
-            let Some(key) = (shared.key)(&parts) else {
-                return inner.call(Request::from_parts(parts, body)).await;
+            let key = match (shared.key)(&parts) {
+                Identity::Limited(key) => key,
+                Identity::Unlimited => return inner.call(Request::from_parts(parts, body)).await,
+                Identity::Rejected(status) => {
+                    return Ok(answer(status, super::NO_IDENTITY.to_owned()));
+                }
             };
             match shared.enter(&key).await {
                 Ok((held, source)) => {
@@ -352,9 +376,8 @@ where
                     }
                     result
                 }
-                Err(status) => {
-                    let mut response = Response::new(ResBody::default());
-                    *response.status_mut() = status;
+                Err((status, body)) => {
+                    let mut response = answer::<ResBody>(status, body);
                     if status != StatusCode::INTERNAL_SERVER_ERROR {
                         response
                             .headers_mut()

@@ -5,8 +5,15 @@
 //! [`RateLimitLayer`] runs a [`Limiter`] or a [`MultiLimiter`] before the
 //! inner service, with a key taken from the request (client IP, a header, an
 //! authenticated user in the request extensions) and an optional cost. The
-//! key function returns `None` for a request that is not limited (a health
-//! check, an internal caller): it passes untouched, without headers.
+//! key function says what to do with every request, as an [`Identity`]:
+//! [`Identity::Limited`] with its key, [`Identity::Unlimited`] for a request
+//! that is deliberately not limited (a health check, an internal caller: it
+//! passes untouched, without headers), or [`Identity::Rejected`] with a
+//! status for a request that has no identity to be limited by (answered with
+//! that status, e.g. `401`, and a short body; the inner service never sees
+//! it). There is no implicit bypass: a missing header is whatever the key
+//! function writes for it, and [`Identity::required`] makes "no key" a
+//! rejection.
 //!
 //! * admitted: the inner service runs, and its response gets the
 //!   `RateLimit-Policy` and `RateLimit` headers;
@@ -17,7 +24,11 @@
 //!   [`OnFailure::Open`] passes the request without `RateLimit` headers;
 //!   [`OnFailure::Local`] decides in process and answers like Redis would.
 //! * a cost above the limit's burst (it could never pass): `429` without
-//!   `Retry-After`; any other invalid input (an empty key): `500`.
+//!   `Retry-After`; any other invalid input (an empty key, keys in two
+//!   cluster slots, a shared-limit name the [`MultiLimiter`] does not have):
+//!   `500` with a one-line text body naming the problem, reported as a
+//!   `tracing` error event (feature `tracing`) and counted in
+//!   `nolock_layer_failures_total` (feature `metrics`).
 //!
 //! The handler can read where the decision came from: the layer inserts the
 //! [`DecidedBy`] into the request's extensions.
@@ -25,11 +36,14 @@
 //! It is a plain `tower::Layer` over `http::Request` and `http::Response`,
 //! so it works with axum 0.8 (`Router::layer`), hyper (through
 //! `hyper_util::service::TowerToHyperService`) and any tower stack. The
-//! response body only needs `Default` (for the empty 429/503 body).
+//! response body needs `From<String>`, for the bodies the layer writes
+//! (empty for a `429`, one line of text otherwise): axum's `Body`,
+//! `http_body_util::Full<Bytes>` and `String` have it.
 //!
 //! ```no_run
 //! use axum::{routing::get, Router};
-//! use nolock::layer::RateLimitLayer;
+//! use http::StatusCode;
+//! use nolock::layer::{Identity, RateLimitLayer};
 //! use nolock::rate::{Algorithm, Limiter, Quota};
 //!
 //! # async fn run(conn: redis::aio::MultiplexedConnection) -> nolock::Result<()> {
@@ -38,10 +52,12 @@
 //!     .route("/", get(|| async { "hello" }))
 //!     .layer(RateLimitLayer::new(conn, limiter, |req| {
 //!         if req.uri.path() == "/health" {
-//!             return None; // not limited
+//!             return Identity::Unlimited; // written out: not limited
 //!         }
-//!         let user = req.headers.get("x-user").and_then(|v| v.to_str().ok());
-//!         Some(format!("rl:user:{}", user.unwrap_or("anonymous")))
+//!         match req.headers.get("x-user").and_then(|v| v.to_str().ok()) {
+//!             Some(user) => Identity::Limited(format!("rl:user:{user}")),
+//!             None => Identity::Rejected(StatusCode::UNAUTHORIZED),
+//!         }
 //!     }));
 //! # Ok(()) }
 //! ```
@@ -68,6 +84,7 @@ mod concurrency;
 
 pub use concurrency::{ConcurrencyLimitLayer, ConcurrencyLimitService};
 
+use crate::observe;
 use crate::policy::{DecidedBy, Guard, OnFailure};
 use crate::rate::{Headers, Limiter, MultiKey, MultiLimiter};
 use crate::{Error, Result};
@@ -75,13 +92,115 @@ use crate::{Error, Result};
 /// How long the default guard waits for Redis.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
 
-type OptionalKeyFn = dyn Fn(&Parts) -> Option<String> + Send + Sync;
-type MultiKeyFn = dyn Fn(&Parts) -> Option<MultiKey> + Send + Sync;
+type KeyFn = dyn Fn(&Parts) -> Identity<String> + Send + Sync;
+type MultiKeyFn = dyn Fn(&Parts) -> Identity<MultiKey> + Send + Sync;
+
+/// What a layer does with one request, as its key function says: limit it
+/// under a key, let it through unlimited, or refuse it. Every request gets
+/// one of the three, written out: a request is never unlimited because a
+/// header was missing.
+///
+/// `K` is the key type of the layer (`String` for [`RateLimitLayer::new`]
+/// and [`ConcurrencyLimitLayer::new`], [`MultiKey`] for
+/// [`RateLimitLayer::multi`]).
+///
+/// ```
+/// use http::{Request, StatusCode};
+/// use nolock::layer::Identity;
+///
+/// fn tenant(req: &http::request::Parts) -> Identity<String> {
+///     if req.uri.path() == "/health" {
+///         return Identity::Unlimited;
+///     }
+///     let tenant = req.headers.get("x-tenant").and_then(|v| v.to_str().ok());
+///     Identity::required(tenant.map(|t| format!("rl:{t}")), StatusCode::UNAUTHORIZED)
+/// }
+///
+/// let (anonymous, _) = Request::get("/").body(()).unwrap().into_parts();
+/// assert_eq!(tenant(&anonymous), Identity::Rejected(StatusCode::UNAUTHORIZED));
+/// let (health, _) = Request::get("/health").body(()).unwrap().into_parts();
+/// assert_eq!(tenant(&health), Identity::Unlimited);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Identity<K> {
+    /// Limit the request under this key.
+    Limited(K),
+    /// Let the request through, not limited, without headers.
+    Unlimited,
+    /// Refuse the request with this status (e.g. `401` or `400`) and a short
+    /// text body; the inner service never sees it.
+    Rejected(StatusCode),
+}
+
+impl<K> Identity<K> {
+    /// [`Identity::Limited`] with the key when there is one, otherwise
+    /// [`Identity::Rejected`] with `status`: for key functions where every
+    /// request must have an identity.
+    ///
+    /// ```
+    /// use http::StatusCode;
+    /// use nolock::layer::Identity;
+    ///
+    /// let missing: Option<String> = None;
+    /// assert_eq!(
+    ///     Identity::required(missing, StatusCode::BAD_REQUEST),
+    ///     Identity::Rejected(StatusCode::BAD_REQUEST)
+    /// );
+    /// assert_eq!(Identity::required(Some(7), StatusCode::BAD_REQUEST), Identity::Limited(7));
+    /// ```
+    pub fn required(key: Option<K>, status: StatusCode) -> Self {
+        match key {
+            Some(key) => Identity::Limited(key),
+            None => Identity::Rejected(status),
+        }
+    }
+}
+
+/// The body of an [`Identity::Rejected`] answer.
+const NO_IDENTITY: &str = "no identity to limit this request by\n";
+
+/// The body of a `503` (Redis failed, and the guard fails closed).
+const UNAVAILABLE: &str = "the request limit could not be checked; retry later\n";
+
+/// A request the layer could not decide because its input is invalid (an
+/// empty key, keys in two cluster slots, an unknown shared-limit name): the
+/// `500` body naming the problem, also reported through `tracing` and
+/// `metrics`. No key goes into it, only what is wrong.
+fn invalid_request(layer: &'static str, err: &Error) -> String {
+    let problem = match err {
+        Error::EmptyKey => "the key function returned an empty key".to_owned(),
+        Error::CrossSlot {
+            first_slot,
+            second_slot,
+            ..
+        } => format!(
+            "the keys of the request are in cluster slots {first_slot} and {second_slot}; \
+             give them one {{hash tag}}"
+        ),
+        Error::InvalidArgument {
+            what: "shared keys",
+            ..
+        } => "a shared-limit key is missing, repeated, or names a limit the \
+              MultiLimiter does not have"
+            .to_owned(),
+        Error::InvalidArgument { what, .. } => format!("invalid {what}"),
+        other => other.to_string(),
+    };
+    observe::layer_failure(layer, &problem);
+    format!("{layer} limit misconfigured: {problem}\n")
+}
+
+/// A response the layer writes itself.
+fn answer<B: From<String>>(status: StatusCode, body: String) -> Response<B> {
+    let mut response = Response::new(B::from(body));
+    *response.status_mut() = status;
+    response
+}
 type CostFn = dyn Fn(&Parts) -> u64 + Send + Sync;
 
 #[derive(Clone)]
 enum Limits {
-    One(Limiter, Arc<OptionalKeyFn>),
+    One(Limiter, Arc<KeyFn>),
     Multi(MultiLimiter, Arc<MultiKeyFn>),
 }
 
@@ -124,15 +243,16 @@ impl<C> RateLimitLayer<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    /// Limit each request with `limiter` at the Redis key `key(request)`;
-    /// a request whose `key` is `None` is not limited.
+    /// Limit each request with `limiter` at the Redis key `key(request)`
+    /// names ([`Identity::Limited`]); [`Identity::Unlimited`] passes the
+    /// request without a check, [`Identity::Rejected`] answers its status.
     ///
     /// `conn` is cloned per request: pass a `MultiplexedConnection` or a
     /// `ConnectionManager` (which reconnects after Redis comes back).
     pub fn new(
         conn: C,
         limiter: Limiter,
-        key: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static,
+        key: impl Fn(&Parts) -> Identity<String> + Send + Sync + 'static,
     ) -> Self {
         Self::build(conn, Limits::One(limiter, Arc::new(key)))
     }
@@ -140,38 +260,45 @@ where
     /// Limit each request with every limit of `limiter` at once, all or
     /// nothing, at the keys `key(request)` names: the user key its per-user
     /// limits derive from, and the key of each shared limit by name (a
-    /// per-tenant or global limit, chosen per request). A request whose
-    /// `key` is `None` is not limited. Every key must share one cluster
-    /// slot (put one hash tag in all of them); otherwise the request fails
-    /// before I/O with `500`.
+    /// per-tenant or global limit, chosen per request), as an
+    /// [`Identity`]. Every key must share one cluster slot (put one hash tag
+    /// in all of them); otherwise the request fails before I/O with `500`
+    /// and a body naming the problem.
     ///
     /// # Errors
     ///
     /// [`Error::InvalidArgument`] when `limiter` has no limit.
     ///
     /// ```
-    /// use nolock::layer::RateLimitLayer;
+    /// use http::{request::Parts, StatusCode};
+    /// use nolock::layer::{Identity, RateLimitLayer};
     /// use nolock::rate::{Algorithm, MultiKey, MultiLimiter, Quota};
+    ///
+    /// /// A request without both headers is refused with 401, never let
+    /// /// through unlimited.
+    /// fn keys(req: &Parts) -> Identity<MultiKey> {
+    ///     let header = |name| req.headers.get(name).and_then(|v| v.to_str().ok());
+    ///     let (Some(tenant), Some(user)) = (header("x-tenant"), header("x-user")) else {
+    ///         return Identity::Rejected(StatusCode::UNAUTHORIZED);
+    ///     };
+    ///     Identity::Limited(
+    ///         MultiKey::new(&format!("{{{tenant}}}:user:{user}"))
+    ///             .shared("tenant", &format!("{{{tenant}}}:all")),
+    ///     )
+    /// }
     ///
     /// # fn run(conn: redis::aio::MultiplexedConnection) -> nolock::Result<()> {
     /// let limits = MultiLimiter::new(Algorithm::Gcra)
     ///     .limit("user", Quota::per_second(10)?)?
     ///     .shared_limit("tenant", Quota::per_second(100)?)?;
-    /// let layer = RateLimitLayer::multi(conn, limits, |req| {
-    ///     let tenant = req.headers.get("x-tenant")?.to_str().ok()?;
-    ///     let user = req.headers.get("x-user")?.to_str().ok()?;
-    ///     Some(
-    ///         MultiKey::new(&format!("{{{tenant}}}:user:{user}"))
-    ///             .shared("tenant", &format!("{{{tenant}}}:all")),
-    ///     )
-    /// })?;
+    /// let layer = RateLimitLayer::multi(conn, limits, keys)?;
     /// # let _ = layer;
     /// # Ok(()) }
     /// ```
     pub fn multi(
         conn: C,
         limiter: MultiLimiter,
-        key: impl Fn(&Parts) -> Option<MultiKey> + Send + Sync + 'static,
+        key: impl Fn(&Parts) -> Identity<MultiKey> + Send + Sync + 'static,
     ) -> Result<Self> {
         if limiter.is_empty() {
             return Err(Error::InvalidArgument {
@@ -252,7 +379,7 @@ impl<S: fmt::Debug, C> fmt::Debug for RateLimitService<S, C> {
 /// What the limit says about one request.
 enum Verdict {
     Pass(Option<Headers>),
-    Refuse(StatusCode, Option<Headers>),
+    Refuse(StatusCode, Option<Headers>, String),
 }
 
 impl<C> Shared<C>
@@ -264,8 +391,10 @@ where
         let mut conn = self.conn.clone();
         let (guarded, headers) = match &self.limits {
             Limits::One(limiter, key) => {
-                let Some(key) = key(parts) else {
-                    return (Verdict::Pass(None), None);
+                let key = match key(parts) {
+                    Identity::Limited(key) => key,
+                    Identity::Unlimited => return (Verdict::Pass(None), None),
+                    Identity::Rejected(status) => return (rejected(status), None),
                 };
                 match self.guard.check(limiter, &mut conn, &key, cost()).await {
                     Ok(g) => {
@@ -276,8 +405,10 @@ where
                 }
             }
             Limits::Multi(limiter, key) => {
-                let Some(key) = key(parts) else {
-                    return (Verdict::Pass(None), None);
+                let key = match key(parts) {
+                    Identity::Limited(key) => key,
+                    Identity::Unlimited => return (Verdict::Pass(None), None),
+                    Identity::Rejected(status) => return (rejected(status), None),
                 };
                 match self
                     .guard
@@ -295,22 +426,35 @@ where
         match guarded {
             Ok((true, source)) => (Verdict::Pass(headers), Some(source)),
             Ok((false, DecidedBy::Closed)) => (
-                Verdict::Refuse(StatusCode::SERVICE_UNAVAILABLE, None),
+                Verdict::Refuse(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    None,
+                    UNAVAILABLE.to_owned(),
+                ),
                 Some(DecidedBy::Closed),
             ),
             Ok((false, source)) => (
-                Verdict::Refuse(StatusCode::TOO_MANY_REQUESTS, headers),
+                Verdict::Refuse(StatusCode::TOO_MANY_REQUESTS, headers, String::new()),
                 Some(source),
             ),
-            Err(Error::InsufficientCapacity { .. }) => {
-                (Verdict::Refuse(StatusCode::TOO_MANY_REQUESTS, None), None)
-            }
-            Err(_) => (
-                Verdict::Refuse(StatusCode::INTERNAL_SERVER_ERROR, None),
+            Err(Error::InsufficientCapacity { .. }) => (
+                Verdict::Refuse(StatusCode::TOO_MANY_REQUESTS, None, String::new()),
+                None,
+            ),
+            Err(e) => (
+                Verdict::Refuse(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    None,
+                    invalid_request("rate", &e),
+                ),
                 None,
             ),
         }
     }
+}
+
+fn rejected(status: StatusCode) -> Verdict {
+    Verdict::Refuse(status, None, NO_IDENTITY.to_owned())
 }
 
 fn set_headers(map: &mut http::HeaderMap, headers: &Headers) {
@@ -331,7 +475,7 @@ where
     S::Future: Send,
     C: ConnectionLike + Clone + Send + Sync + 'static,
     ReqBody: Send + 'static,
-    ResBody: Default + Send + 'static,
+    ResBody: From<String> + Send + 'static,
 {
     type Response = Response<ResBody>;
     type Error = S::Error;
@@ -362,9 +506,8 @@ where
                     }
                     Ok(response)
                 }
-                Verdict::Refuse(status, headers) => {
-                    let mut response = Response::new(ResBody::default());
-                    *response.status_mut() = status;
+                Verdict::Refuse(status, headers, body) => {
+                    let mut response = answer::<ResBody>(status, body);
                     if let Some(headers) = headers {
                         set_headers(response.headers_mut(), &headers);
                     } else if status == StatusCode::SERVICE_UNAVAILABLE {

@@ -105,14 +105,22 @@ pub(crate) fn policy_item(name: &str, quota: &Quota) -> String {
     format!("\"{name}\";q={};w={window}", quota.burst())
 }
 
+/// One `RateLimit-Policy` list member for "at most `limit` per `window`" (a
+/// bounded counter): the window in whole seconds, rounded up, at least 1.
+pub(crate) fn window_policy_item(name: &str, limit: u64, window: Duration) -> String {
+    format!("\"{name}\";q={limit};w={}", delay_seconds(window).max(1))
+}
+
 /// One `RateLimit` list member.
 pub(crate) fn rate_limit_item(name: &str, limit: &RateLimit) -> String {
     let window = limit.retry_after.unwrap_or(limit.reset_after);
-    format!(
-        "\"{name}\";r={};t={}",
-        limit.remaining,
-        delay_seconds(window)
-    )
+    remaining_item(name, limit.remaining, window)
+}
+
+/// One `RateLimit` list member from its parts: `remaining` units, and the
+/// effective `window` in whole seconds, rounded up.
+pub(crate) fn remaining_item(name: &str, remaining: u64, window: Duration) -> String {
+    format!("\"{name}\";r={remaining};t={}", delay_seconds(window))
 }
 
 #[cfg(test)]

@@ -550,7 +550,7 @@ impl fmt::Debug for Decision {
 
 /// A policy name: 1 to 64 ASCII letters, digits, `_ - . :`. It is written
 /// into headers (as a structured-field string) and into derived keys.
-pub(super) fn valid_name(name: &str) -> Result<String> {
+pub(crate) fn valid_name(name: &str) -> Result<String> {
     let ok = (1..=64).contains(&name.len())
         && name
             .bytes()

@@ -155,6 +155,7 @@ mod wait;
 pub use at_most::Partial;
 pub use charge::{Charge, MultiCharge, MultiRefundCharge, RefundCharge, DEFAULT_SETTLE_WITHIN};
 pub use headers::Headers;
+pub(crate) use limiter::valid_name;
 pub use limiter::{Check, Decision, Limiter};
 pub use multi::{MultiCheck, MultiKey, MultiLimiter, MultiRateLimit};
 pub use quota::{Quota, MAX_PERIOD};
