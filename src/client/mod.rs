@@ -32,8 +32,12 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, IntoConnectionInfo, Pipeline, RedisFuture, Value};
 
 mod answer;
+mod lock;
+mod semaphore;
 
 pub use answer::{Admitted, Limited, Rejection};
+pub use lock::Lock;
+pub use semaphore::Semaphore;
 
 use crate::script::BatchConnection;
 use crate::{Error, Result, Scripts};
@@ -201,7 +205,6 @@ impl Client {
 /// `_`, `-` and `.`, starting with a letter or a digit. Names are part of
 /// every key a handle writes, so they are checked when the handle is built.
 // Used by the named handles (rate limits, counters, semaphores, locks).
-#[allow(dead_code)]
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub(crate) struct Name(Arc<str>);
 
@@ -217,7 +220,6 @@ impl fmt::Display for Name {
     }
 }
 
-#[allow(dead_code)]
 impl Name {
     pub(crate) fn new(name: &str) -> Result<Name> {
         let invalid = |reason: String| Error::InvalidArgument {
@@ -262,6 +264,8 @@ impl Name {
 
     /// The key of `member` inside `scope`: `{nolock:<name>:<scope>}:<member>`,
     /// both escaped, in the scope's slot.
+    // Used by the scoped rate-limit handles.
+    #[allow(dead_code)]
     pub(crate) fn member_key(&self, scope: &str, member: &str) -> Result<String> {
         let member = checked_id("member id", member)?;
         let mut key = self.key(scope)?;
@@ -271,7 +275,6 @@ impl Name {
     }
 }
 
-#[allow(dead_code)]
 fn checked_id<'a>(what: &'static str, id: &'a str) -> Result<&'a str> {
     if id.is_empty() || id.len() > MAX_ID_LEN {
         return Err(Error::InvalidArgument {
@@ -282,7 +285,6 @@ fn checked_id<'a>(what: &'static str, id: &'a str) -> Result<&'a str> {
     Ok(id)
 }
 
-#[allow(dead_code)]
 fn push_escaped(out: &mut String, id: &str) {
     for c in id.chars() {
         match c {
