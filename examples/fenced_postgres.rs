@@ -69,12 +69,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             // A live holder took the newest grant: the next one is above `seen`.
             AdvanceAttempt::Held { counter, .. } if counter >= seen => {}
-            AdvanceAttempt::Held { expires_in, .. } => {
-                return Err(format!(
-                    "the counter went back under a live holder: retry after {expires_in:?}, \
-                     or run fence::force_advance"
-                )
-                .into());
+            // The counter went back under a live holder, whose fence is below
+            // `seen`: the database refuses it already; raise the counter anyway.
+            AdvanceAttempt::Held { .. } => {
+                let forced = fence::force_advance(&mut conn, &resource, seen).await?;
+                println!(
+                    "counter forced to {} (database has seen {seen})",
+                    forced.counter
+                );
             }
         }
     }

@@ -313,8 +313,9 @@ impl Lock {
     ///     AdvanceAttempt::Advanced(_) => {}
     ///     // A live holder took the newest grant; the next one is above the floor.
     ///     AdvanceAttempt::Held { counter, .. } if counter >= highest_seen => {}
-    ///     AdvanceAttempt::Held { expires_in, .. } => {
-    ///         eprintln!("the counter went back under a live holder; retry after {expires_in:?}");
+    ///     // The counter went back: the holder's fence is below the floor.
+    ///     AdvanceAttempt::Held { .. } => {
+    ///         let _ = payouts.force_advance("tenant-7", highest_seen).await?;
     ///     }
     /// }
     /// # Ok(()) }

@@ -111,11 +111,14 @@ impl AdvanceAttempt {
 ///   floor` (the usual case in a fleet: a live holder took the newest grant
 ///   and the resource has seen its fence), the next grant is `floor + 1`
 ///   anyway and nothing needs doing. When `counter < floor`, the counter
-///   went back and a holder took a grant from it: grants stay at or below
-///   fences the resource has seen until the counter passes `floor`. Call
-///   `advance` again after `expires_in` (the holder's lease may be renewed,
-///   so bound the retries), or, when you know the counter went back,
-///   [`force_advance`], which refuses the holder's writes as well.
+///   **went back** (it once granted the floor) and a holder took a grant
+///   from it: grants would stay at or below fences the resource has seen
+///   until the counter passes `floor`. Then run [`force_advance`]: the
+///   holder's fence is below `floor`, so a resource that checks fences
+///   (`WHERE fence <= $n` against a stored `floor`) refuses it already, and
+///   forcing only makes its Redis-side writes stale too. (Or call
+///   `advance` again after `expires_in`; the holder's lease may be renewed,
+///   so bound the retries.)
 ///
 /// The counter is never raised past a live holder, so a process that runs
 /// this while another works under the lock does not turn that work stale
@@ -148,8 +151,9 @@ impl AdvanceAttempt {
 ///         AdvanceAttempt::Advanced(advance) => assert!(advance.counter > highest),
 ///         // Another replica holds the lock under the newest grant: the next is above.
 ///         AdvanceAttempt::Held { counter, .. } if counter >= highest => {}
-///         AdvanceAttempt::Held { expires_in, .. } => {
-///             return Err(format!("counter went back under a live holder; retry in {expires_in:?}").into());
+///         // The counter went back: the holder's fence is below what the database has seen.
+///         AdvanceAttempt::Held { .. } => {
+///             fence::force_advance(conn, "payouts", highest).await?;
 ///         }
 ///     }
 /// }
