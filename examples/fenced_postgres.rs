@@ -20,7 +20,7 @@ mod server;
 
 use std::time::Duration;
 
-use nolock::fence::{self, Lock, LockAttempt, LockRelease};
+use nolock::fence::{self, AdvanceAttempt, Lock, LockAttempt, LockRelease};
 use nolock::{Backoff, Work};
 use tokio_postgres::NoTls;
 
@@ -60,9 +60,25 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .query_one("SELECT coalesce(max(fence), 0) FROM payouts", &[])
         .await?
         .get(0);
+    // Every replica runs this: `advance` never raises the counter under a
+    // live holder (another replica's work would turn stale).
     if let Ok(seen @ 1..) = u64::try_from(seen) {
-        let advanced = fence::advance(&mut conn, &resource, seen).await?;
-        println!("counter at {} (database has seen {seen})", advanced.counter);
+        match fence::advance(&mut conn, &resource, seen).await? {
+            AdvanceAttempt::Advanced(advanced) => {
+                println!("counter at {} (database has seen {seen})", advanced.counter);
+            }
+            // A live holder took the newest grant: the next one is above `seen`.
+            AdvanceAttempt::Held { counter, .. } if counter >= seen => {}
+            // The counter went back under a live holder, whose fence is below
+            // `seen`: the database refuses it already; raise the counter anyway.
+            AdvanceAttempt::Held { .. } => {
+                let forced = fence::force_advance(&mut conn, &resource, seen).await?;
+                println!(
+                    "counter forced to {} (database has seen {seen})",
+                    forced.counter
+                );
+            }
+        }
     }
 
     // Every worker shares one configuration: the lease's TTL and how long

@@ -75,7 +75,9 @@ async fn admits_up_to_the_limit_then_limits(d: &Deployment) {
     }
     // The state is one key named by the handle and the id; a denial wrote nothing.
     assert_eq!(
-        d.get(&format!("{{nolock:api:{id}}}")).await.as_deref(),
+        d.get(&format!("{{nolock:counter:api:{id}}}"))
+            .await
+            .as_deref(),
         Some("3")
     );
     let usage = api.peek(&id).await.unwrap();

@@ -453,3 +453,28 @@ mod responses {
         assert!(!body(res).await.is_empty());
     }
 }
+
+/// Handles of two kinds, or two algorithms, under one name never share
+/// state: a fixed window does not read a GCRA limit's stored time as a
+/// count, and a counter does not add to either (each would misread the
+/// other's state).
+#[tokio::test]
+async fn handles_of_other_kinds_under_one_name_keep_their_own_state() {
+    let server = RedisServer::start();
+    let client = client(&server).await;
+    let gcra = client.rate_limit("shared-name", ten_per_hour()).unwrap();
+    let fixed = gcra.clone().with_algorithm(Algorithm::FixedWindow).unwrap();
+    let counter = client
+        .counter("shared-name", 10, Duration::from_secs(3600))
+        .unwrap();
+    for _ in 0..10 {
+        gcra.check("alice").await.unwrap();
+    }
+    limited(gcra.check("alice").await);
+    // The other two are untouched by the GCRA limit's ten admissions.
+    let a = fixed.check("alice").await.unwrap();
+    assert_eq!(a.remaining, 9);
+    let c = counter.increment("alice").await.unwrap();
+    assert_eq!(c.remaining, 9);
+    assert_ne!(gcra.key("alice").unwrap(), fixed.key("alice").unwrap());
+}

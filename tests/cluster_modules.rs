@@ -13,7 +13,7 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use nolock::cas::{self, Adjust, Adjustment, Expected, Insert, Outcome, Update, Versioned};
-use nolock::fence::{self, Fence, LockAttempt, LockExtend, LockRelease, Write};
+use nolock::fence::{self, AdvanceAttempt, Fence, LockAttempt, LockExtend, LockRelease, Write};
 use nolock::rate::{Algorithm, Check, Limiter, MultiKey, MultiLimiter, Quota};
 use nolock::Backoff;
 use nolock::{Batch, Error};
@@ -37,6 +37,7 @@ both!(
         concurrent_debits_never_overdraw,
         fence_acquire_extend_release_and_fences_rise,
         fenced_writes_refuse_older_fences,
+        advance_waits_for_no_holder_and_force_advance_does_not,
         a_lease_renews_on_the_deployment_connection,
         a_waiter_is_woken_by_a_release_through_any_node,
         a_batch_of_rate_checks_gives_the_same_results_as_single_calls,
@@ -463,6 +464,52 @@ async fn fence_acquire_extend_release_and_fences_rise(d: &Deployment) {
     }
     assert_eq!(last, 3);
     assert_eq!(d.get(&counter).await.as_deref(), Some("3"));
+}
+
+/// `advance` reads the lock and the counter on the node that owns both
+/// (one slot), leaves a live holder alone, and raises once it is gone;
+/// `force_advance` raises under it.
+async fn advance_waits_for_no_holder_and_force_advance_does_not(d: &Deployment) {
+    let mut conn = d.conn().await;
+    let resource = format!("{}payout", prefix("advance"));
+    let lock = nolock::fence::Lock::new(MINUTE).expect("a valid lock TTL");
+    let g = grant(lock.acquire(&mut conn, &resource).await.unwrap());
+    let held = fence::advance(&mut conn, &resource, 1).await.unwrap();
+    assert!(
+        matches!(
+            held,
+            AdvanceAttempt::Held {
+                counter: 1,
+                expires_in: Some(_)
+            }
+        ),
+        "{held:?}"
+    );
+    assert_eq!(
+        g.fence().write(&mut conn, "a").await.unwrap(),
+        Write::Applied
+    );
+    let forced = fence::force_advance(&mut conn, &resource, 1).await.unwrap();
+    assert_eq!((forced.raised, forced.counter), (true, 2));
+    assert_eq!(
+        g.fence().write(&mut conn, "b").await.unwrap(),
+        Write::Stale { current_fence: 2 }
+    );
+    assert_eq!(g.release(&mut conn).await.unwrap(), LockRelease::Released);
+    let free = fence::advance(&mut conn, &resource, 9).await.unwrap();
+    assert_eq!(
+        free,
+        AdvanceAttempt::Advanced(fence::Advance {
+            raised: true,
+            counter: 10
+        })
+    );
+    assert_eq!(
+        d.get(&nolock::keys::derive(&resource, "fence"))
+            .await
+            .as_deref(),
+        Some("10")
+    );
 }
 
 async fn fenced_writes_refuse_older_fences(d: &Deployment) {

@@ -6,7 +6,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use nolock::fence::{self, Fence, Lock, LockAttempt, LockExtend, LockRelease, Token, Write};
+use nolock::fence::{
+    self, AdvanceAttempt, Fence, Lock, LockAttempt, LockExtend, LockRelease, Token, Write,
+};
 use nolock::Error;
 use nolock::{Backoff, Loss, Work};
 use redis::aio::MultiplexedConnection;
@@ -861,23 +863,29 @@ async fn advance_then_acquire_gives_a_fence_above_the_floor() {
     let mut conn = redis.conn().await;
     let resource = format!("{}job", prefix("advance"));
 
-    let first = fence::advance(&mut conn, &resource, 41).await.unwrap();
+    let first = advanced(fence::advance(&mut conn, &resource, 41).await.unwrap());
     assert_eq!((first.raised, first.counter), (true, 42), "above the floor");
     let g = grant(lock(MINUTE).acquire(&mut conn, &resource).await.unwrap());
     assert_eq!(g.fence().number(), 43);
-    let lower = fence::advance(&mut conn, &resource, 7).await.unwrap();
+    // Already above the floor: the answer is the same with a holder or not.
+    let lower = advanced(fence::advance(&mut conn, &resource, 7).await.unwrap());
     assert_eq!((lower.raised, lower.counter), (false, 43), "never lowered");
-    // Raising to a live grant's own fence makes its writes stale.
-    let up = fence::advance(&mut conn, &resource, 43).await.unwrap();
+    let lower = fence::force_advance(&mut conn, &resource, 7).await.unwrap();
+    assert_eq!((lower.raised, lower.counter), (false, 43), "never lowered");
+    // Forced to a live grant's own fence, its writes turn stale.
+    let up = fence::force_advance(&mut conn, &resource, 43)
+        .await
+        .unwrap();
     assert_eq!((up.raised, up.counter), (true, 44));
     assert_eq!(
         g.fence().write(&mut conn, "v").await.unwrap(),
         Write::Stale { current_fence: 44 }
     );
+    assert_eq!(g.release(&mut conn).await.unwrap(), LockRelease::Released);
     // Exact above 2^53.
     let big = (1u64 << 53) + 1;
-    let _ = fence::advance(&mut conn, &resource, big).await.unwrap();
-    assert_eq!(g.release(&mut conn).await.unwrap(), LockRelease::Released);
+    let raised = advanced(fence::advance(&mut conn, &resource, big).await.unwrap());
+    assert_eq!((raised.raised, raised.counter), (true, big + 1));
     let next = grant(lock(MINUTE).acquire(&mut conn, &resource).await.unwrap());
     assert_eq!(next.fence().number(), big + 2);
     // A counter nolock did not write is refused, and left alone.
@@ -885,8 +893,209 @@ async fn advance_then_acquire_gives_a_fence_above_the_floor() {
     let _: () = raw(&mut conn, &["SET", &fence_key(&other), "007"]).await;
     let err = fence::advance(&mut conn, &other, 9).await.unwrap_err();
     assert!(matches!(err, Error::Redis(_)) && err.is_definite(), "{err}");
+    let err = fence::force_advance(&mut conn, &other, 9)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Redis(_)) && err.is_definite(), "{err}");
     let kept: String = raw(&mut conn, &["GET", &fence_key(&other)]).await;
     assert_eq!(kept, "007");
+}
+
+fn advanced(attempt: AdvanceAttempt) -> fence::Advance {
+    match attempt {
+        AdvanceAttempt::Advanced(advance) => advance,
+        held => panic!("expected the counter raised, got {held:?}"),
+    }
+}
+
+/// The fleet hazard: a replica that starts while another holds the lock
+/// runs `advance` with the highest fence the database has seen, which is
+/// the live holder's own. The counter stays; the holder's fenced writes go
+/// on applying; once the lock is gone, the same call raises it.
+#[tokio::test]
+async fn advance_under_a_live_holder_leaves_its_writes_applying() {
+    let redis = support::redis();
+    let mut conn = redis.conn().await;
+    let resource = format!("{}job", prefix("fleet"));
+    let holder = grant(lock(MINUTE).acquire(&mut conn, &resource).await.unwrap());
+    assert!(holder
+        .fence()
+        .write(&mut conn, "1")
+        .await
+        .unwrap()
+        .is_applied());
+    let seen = holder.fence().number(); // what the database has seen
+
+    let held = fence::advance(&mut conn, &resource, seen).await.unwrap();
+    let AdvanceAttempt::Held {
+        counter,
+        expires_in: Some(expires_in),
+    } = held
+    else {
+        panic!("expected Held, got {held:?}");
+    };
+    assert_eq!(counter, seen);
+    assert!(expires_in > MINUTE - Duration::from_secs(5) && expires_in <= MINUTE);
+    assert!(!held.is_advanced() && held.advanced().is_none());
+    let stored: String = raw(&mut conn, &["GET", &fence_key(&resource)]).await;
+    assert_eq!(stored, seen.to_string(), "nothing written");
+    assert_eq!(
+        holder.fence().write(&mut conn, "2").await.unwrap(),
+        Write::Applied,
+        "the live holder still writes"
+    );
+    assert_eq!(
+        fence::read(&mut conn, &resource)
+            .await
+            .unwrap()
+            .unwrap()
+            .value,
+        b"2"
+    );
+
+    // A holder whose lock expired while it was paused is no live holder:
+    // the advance raises, and its writes are refused.
+    let short = Lock::new(Duration::from_millis(50)).unwrap();
+    let _ = holder.release(&mut conn).await.unwrap();
+    let paused = grant(short.acquire(&mut conn, &resource).await.unwrap());
+    wait_gone(&mut conn, &lock_key(&resource)).await;
+    let raised = advanced(
+        fence::advance(&mut conn, &resource, paused.fence().number())
+            .await
+            .unwrap(),
+    );
+    assert_eq!(raised.counter, paused.fence().number() + 1);
+    assert_eq!(
+        paused.fence().write(&mut conn, "late").await.unwrap(),
+        Write::Stale {
+            current_fence: raised.counter
+        }
+    );
+    let next = grant(lock(MINUTE).acquire(&mut conn, &resource).await.unwrap());
+    assert!(next.fence().number() > paused.fence().number() + 1);
+}
+
+/// `force_advance` raises whether or not a lock is held: the live holder's
+/// lock stays, its writes are refused.
+#[tokio::test]
+async fn force_advance_raises_under_a_live_holder() {
+    let redis = support::redis();
+    let mut conn = redis.conn().await;
+    let resource = format!("{}job", prefix("force"));
+    let holder = grant(lock(MINUTE).acquire(&mut conn, &resource).await.unwrap());
+    let forced = fence::force_advance(&mut conn, &resource, 10)
+        .await
+        .unwrap();
+    assert_eq!((forced.raised, forced.counter), (true, 11));
+    assert_eq!(
+        holder.fence().write(&mut conn, "v").await.unwrap(),
+        Write::Stale { current_fence: 11 }
+    );
+    let kept: String = raw(&mut conn, &["GET", &lock_key(&resource)]).await;
+    assert_eq!(kept, held_by(&holder), "the lock itself is left alone");
+    // A missing counter with a held lock: Held at 0, then forced from 0.
+    let bare = format!("{resource}:bare");
+    let _: () = raw(&mut conn, &["SET", &lock_key(&bare), "x", "PX", "60000"]).await;
+    let held = fence::advance(&mut conn, &bare, 3).await.unwrap();
+    assert!(
+        matches!(
+            held,
+            AdvanceAttempt::Held {
+                counter: 0,
+                expires_in: Some(_)
+            }
+        ),
+        "{held:?}"
+    );
+    assert_eq!(held.counter(), 0);
+    let forced = fence::force_advance(&mut conn, &bare, 3).await.unwrap();
+    assert_eq!((forced.raised, forced.counter), (true, 4));
+}
+
+/// Foreign data at the lock key (any type, with or without a TTL) counts as
+/// a held lock and is left alone; foreign data at the counter is an error
+/// for both forms, checked before the lock is read.
+#[tokio::test]
+async fn advance_treats_anything_at_the_lock_key_as_held() {
+    let redis = support::redis();
+    let mut conn = redis.conn().await;
+    let p = prefix("advance_foreign");
+    let cases: [(&str, &[&str]); 3] = [
+        ("a string without a TTL", &["SET", "{}", "not-a-lock"]),
+        ("a hash", &["HSET", "{}", "f", "v"]),
+        ("a list with a TTL", &["RPUSH", "{}", "x"]),
+    ];
+    for (n, (what, set)) in cases.iter().enumerate() {
+        let resource = format!("{p}r{n}");
+        let lock_k = lock_key(&resource);
+        let args: Vec<&str> = set
+            .iter()
+            .map(|a| if *a == "{}" { lock_k.as_str() } else { a })
+            .collect();
+        let _: redis::Value = raw(&mut conn, &args).await;
+        if n == 2 {
+            let _: () = raw(&mut conn, &["PEXPIRE", &lock_k, "60000"]).await;
+        }
+        let held = fence::advance(&mut conn, &resource, 5).await.unwrap();
+        match (n, held) {
+            (
+                2,
+                AdvanceAttempt::Held {
+                    counter: 0,
+                    expires_in: Some(_),
+                },
+            ) => {}
+            (
+                0 | 1,
+                AdvanceAttempt::Held {
+                    counter: 0,
+                    expires_in: None,
+                },
+            ) => {}
+            (_, other) => panic!("{what}: {other:?}"),
+        }
+        let counter: Option<String> = raw(&mut conn, &["GET", &fence_key(&resource)]).await;
+        assert_eq!(counter, None, "{what}: nothing written");
+        let forced = fence::force_advance(&mut conn, &resource, 5).await.unwrap();
+        assert_eq!(forced.counter, 6, "{what}");
+        let kind: String = raw(&mut conn, &["TYPE", &lock_k]).await;
+        assert_ne!(kind, "none", "{what}: the lock key is left alone");
+    }
+    // A counter of another type is an error, held lock or not.
+    let resource = format!("{p}wrongtype");
+    let _: () = raw(&mut conn, &["HSET", &fence_key(&resource), "f", "v"]).await;
+    for result in [
+        fence::advance(&mut conn, &resource, 5).await.map(|_| ()),
+        fence::force_advance(&mut conn, &resource, 5)
+            .await
+            .map(|_| ()),
+    ] {
+        let err = result.unwrap_err();
+        assert!(matches!(err, Error::Redis(_)) && err.is_definite(), "{err}");
+    }
+}
+
+/// After `SCRIPT FLUSH`, both forms load the script again and answer as
+/// before.
+#[tokio::test]
+async fn advance_survives_a_script_flush() {
+    let redis = support::redis();
+    let mut conn = redis.conn().await;
+    let resource = format!("{}job", prefix("advance_flush"));
+    let _: () = raw(&mut conn, &["SCRIPT", "FLUSH"]).await;
+    let first = advanced(fence::advance(&mut conn, &resource, 3).await.unwrap());
+    assert_eq!(first.counter, 4);
+    let holder = grant(lock(MINUTE).acquire(&mut conn, &resource).await.unwrap());
+    let _: () = raw(&mut conn, &["SCRIPT", "FLUSH"]).await;
+    let held = fence::advance(&mut conn, &resource, 5).await.unwrap();
+    assert!(
+        matches!(held, AdvanceAttempt::Held { counter: 5, .. }),
+        "{held:?}"
+    );
+    let _: () = raw(&mut conn, &["SCRIPT", "FLUSH"]).await;
+    let forced = fence::force_advance(&mut conn, &resource, 5).await.unwrap();
+    assert_eq!(forced.counter, 6);
+    let _ = holder.release(&mut conn).await.unwrap();
 }
 
 /// A failover handed the same fence to two holders (the new primary had
@@ -908,7 +1117,9 @@ async fn advance_over_a_duplicated_fence_refuses_both_holders() {
     let b = grant(lock(MINUTE).acquire(&mut conn, &resource).await.unwrap());
     assert_eq!(a.fence().number(), b.fence().number(), "the duplicate");
     // The database has seen this fence: advance past it.
-    let advanced = fence::advance(&mut conn, &resource, b.fence().number())
+    // Both holders are live (A's lock is gone from this primary): the
+    // operator's recovery step is the unconditional one.
+    let advanced = fence::force_advance(&mut conn, &resource, b.fence().number())
         .await
         .unwrap();
     assert!(advanced.counter > b.fence().number());
@@ -939,7 +1150,7 @@ async fn re_entry_after_advance_keeps_the_grants_own_stale_fence() {
             .unwrap(),
     );
     assert_eq!(first.fence().number(), 1);
-    let _ = fence::advance(&mut conn, &resource, 9).await.unwrap();
+    let _ = fence::force_advance(&mut conn, &resource, 9).await.unwrap();
     assert_eq!(
         first.fence().write(&mut conn, "v").await.unwrap(),
         Write::Stale { current_fence: 10 }
@@ -1081,9 +1292,11 @@ async fn a_restart_without_persistence_is_made_safe_by_advance() {
 
     server.restart(); // --save "" --appendonly no: everything is gone
     let mut conn = server.conn().await;
-    let advanced = fence::advance(&mut conn, &resource, highest_seen)
-        .await
-        .unwrap();
+    let advanced = advanced(
+        fence::advance(&mut conn, &resource, highest_seen)
+            .await
+            .unwrap(),
+    );
     assert!(advanced.raised);
     let b = grant(lock(MINUTE).acquire(&mut conn, &resource).await.unwrap());
     assert!(

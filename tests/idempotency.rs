@@ -16,8 +16,8 @@ use nolock::cas::{
     GetVersioned, SetIfAbsent, SetIfGreater, SetIfLess, SetIfVersion, Update,
 };
 use nolock::fence::{
-    AcquireLock, AdvanceFence, ExtendLock, Lock, LockExtend, LockRelease, ReadFenced, ReleaseLock,
-    WriteFenced,
+    AcquireLock, AdvanceAttempt, AdvanceFence, ExtendLock, ForceAdvanceFence, Lock, LockExtend,
+    LockRelease, ReadFenced, ReleaseLock, WriteFenced,
 };
 use nolock::limits::{self, TryIncrement};
 use nolock::rate::{
@@ -300,9 +300,26 @@ async fn fence_and_permit_values_in_batches_answer_as_single_calls() {
         let read = read.unwrap().expect("written");
         assert_eq!((read.value, read.fence), (r.as_bytes().to_vec(), 1));
     }
+    // Under the live grants, the fleet-safe form leaves every counter alone.
+    let mut held = nolock::Batch::new();
+    for r in &resources {
+        held.push(AdvanceFence::new(r, 5).unwrap());
+    }
+    for a in held.run(&mut conn).await {
+        assert!(
+            matches!(
+                a.unwrap(),
+                AdvanceAttempt::Held {
+                    counter: 1,
+                    expires_in: Some(_)
+                }
+            ),
+            "a live grant keeps its counter"
+        );
+    }
     let mut advances = nolock::Batch::new();
     for r in &resources {
-        advances.push(AdvanceFence::new(r, 5).unwrap());
+        advances.push(ForceAdvanceFence::new(r, 5).unwrap());
     }
     for a in advances.run(&mut conn).await {
         let a = a.unwrap();
@@ -380,7 +397,7 @@ async fn lost_fence_and_cas_writes_are_applied_once() {
     let advanced = lost_then_retried(
         &proxy,
         &mut conn,
-        AdvanceFence::new(&k("r"), 5).unwrap(),
+        ForceAdvanceFence::new(&k("r"), 5).unwrap(),
         "advance",
     )
     .await;

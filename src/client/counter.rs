@@ -15,7 +15,7 @@ use crate::Result;
 /// the client's connection.
 ///
 /// The state of the id `alice` on the counter named `api` is one key,
-/// `{nolock:api:alice}`; the counter's name is also the policy name in its
+/// `{nolock:counter:api:alice}`; the counter's name is also the policy name in its
 /// headers.
 ///
 /// ```no_run
@@ -66,7 +66,7 @@ impl Client {
     /// # Ok(()) }
     /// ```
     pub fn counter(&self, name: &str, limit: u64, window: Duration) -> Result<Counter> {
-        let name = Name::new(name)?;
+        let name = Name::new("counter", name)?;
         let counter = limits::Counter::new(limit, window)?.named(name.as_str())?;
         Ok(Counter {
             name,

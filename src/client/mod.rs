@@ -16,8 +16,9 @@
 //!
 //! # Keys
 //!
-//! The handle named `api` keeps the state of the id `alice` under
-//! `{nolock:api:alice}` (and keys derived from it with [`crate::keys::derive`],
+//! The GCRA rate limit named `api` keeps the state of the id `alice` under
+//! `{nolock:gcra:api:alice}` (the kind of handle is part of the key: a
+//! counter named `api` uses `{nolock:counter:api:alice}`) (and keys derived from it with [`crate::keys::derive`],
 //! in the same slot). An id may hold any text: `%` and `}` are written as
 //! `%25` and `%7D`, so the id ends the hash tag exactly where the handle says
 //! and two different ids never give the same key. A Redis user that nolock's
@@ -35,13 +36,17 @@ mod answer;
 #[cfg(feature = "axum")]
 mod axum;
 mod counter;
+mod lock;
 mod rate;
 mod rate_limits;
+mod semaphore;
 
 pub use answer::{Admitted, Limited, Rejection};
 pub use counter::Counter;
+pub use lock::Lock;
 pub use rate::RateLimit;
 pub use rate_limits::{RateLimits, RateLimitsBuilder, Scope};
+pub use semaphore::Semaphore;
 
 use crate::script::BatchConnection;
 use crate::{Error, Result, Scripts};
@@ -208,23 +213,33 @@ impl Client {
 /// A handle's name: 1 to [`MAX_NAME_LEN`] bytes of ASCII letters, digits,
 /// `_`, `-` and `.`, starting with a letter or a digit. Names are part of
 /// every key a handle writes, so they are checked when the handle is built.
+///
+/// A name belongs to a **kind** of handle (`counter`, `lock`, `semaphore`,
+/// one per rate-limit algorithm), and the kind is part of the key: a counter
+/// and a lock named alike, or a GCRA limit and a fixed window named alike,
+/// never read each other's state (each would misread the other's).
 #[derive(Clone, PartialEq, Eq, Hash)]
-pub(crate) struct Name(Arc<str>);
+pub(crate) struct Name {
+    kind: &'static str,
+    name: Arc<str>,
+}
 
 impl fmt::Debug for Name {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(&*self.0, f)
+        fmt::Debug::fmt(&*self.name, f)
     }
 }
 
 impl fmt::Display for Name {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.name)
     }
 }
 
 impl Name {
-    pub(crate) fn new(name: &str) -> Result<Name> {
+    /// `name` for a handle of `kind` (lowercase ASCII letters and `-`, one
+    /// per handle type: it is written into every key).
+    pub(crate) fn new(kind: &'static str, name: &str) -> Result<Name> {
         let invalid = |reason: String| Error::InvalidArgument {
             what: "name",
             reason,
@@ -245,30 +260,61 @@ impl Name {
                  starting with a letter or a digit"
             )));
         }
-        Ok(Name(Arc::from(name)))
+        debug_assert!(
+            !kind.is_empty() && kind.bytes().all(|b| b.is_ascii_lowercase() || b == b'-'),
+            "{kind:?}"
+        );
+        Ok(Name {
+            kind,
+            name: Arc::from(name),
+        })
+    }
+
+    /// The same name for another kind of handle (a rate limit whose
+    /// algorithm changed).
+    pub(crate) fn with_kind(&self, kind: &'static str) -> Name {
+        Name {
+            kind,
+            name: Arc::clone(&self.name),
+        }
     }
 
     pub(crate) fn as_str(&self) -> &str {
-        &self.0
+        &self.name
     }
 
-    /// The key of `id` for this name: `{nolock:<name>:<id>}`, the id escaped
-    /// (`%` → `%25`, `}` → `%7D`) so that it cannot end the hash tag early.
+    /// The key of `id` for this name: `{nolock:<kind>:<name>:<id>}`, the id
+    /// escaped (`%` → `%25`, `}` → `%7D`) so that it cannot end the hash tag
+    /// early. Neither the kind nor the name holds a `:`, so the three parts
+    /// are read back unambiguously: two different (kind, name, id) never
+    /// share a key.
     pub(crate) fn key(&self, id: &str) -> Result<String> {
         let id = checked_id("id", id)?;
-        let mut key = String::with_capacity(10 + self.0.len() + id.len());
+        let mut key = String::with_capacity(12 + self.kind.len() + self.name.len() + id.len());
         key.push_str("{nolock:");
-        key.push_str(&self.0);
+        key.push_str(self.kind);
+        key.push(':');
+        key.push_str(&self.name);
         key.push(':');
         push_escaped(&mut key, id);
         key.push('}');
         Ok(key)
     }
 
-    /// The key of `member` inside `scope`: `{nolock:<name>:<scope>}:<member>`,
-    /// both escaped, in the scope's slot.
-    // For the shared-limit handles (per member, per scope).
-    #[allow(dead_code)]
+    /// True when `key` is the key of some id of this name ([`Name::key`]).
+    pub(crate) fn owns(&self, key: &str) -> bool {
+        key.strip_prefix("{nolock:")
+            .and_then(|rest| rest.strip_prefix(self.kind))
+            .and_then(|rest| rest.strip_prefix(':'))
+            .and_then(|rest| rest.strip_prefix(&*self.name))
+            .and_then(|rest| rest.strip_prefix(':'))
+            .and_then(|rest| rest.strip_suffix('}'))
+            .is_some_and(|id| !id.is_empty() && !id.contains('}'))
+    }
+
+    /// The key of `member` inside `scope`:
+    /// `{nolock:<kind>:<name>:<scope>}:<member>`, both escaped, in the
+    /// scope's slot.
     pub(crate) fn member_key(&self, scope: &str, member: &str) -> Result<String> {
         let member = checked_id("member id", member)?;
         let mut key = self.key(scope)?;
@@ -305,12 +351,12 @@ mod tests {
 
     #[test]
     fn names_are_checked() {
-        assert!(Name::new("api").is_ok());
-        assert!(Name::new("api.v2_user-limit").is_ok());
+        assert!(Name::new("gcra", "api").is_ok());
+        assert!(Name::new("gcra", "api.v2_user-limit").is_ok());
         for bad in ["", "-api", "a:b", "a{b", "a}b", "a b", "é", &"x".repeat(65)] {
             assert!(
                 matches!(
-                    Name::new(bad),
+                    Name::new("gcra", bad),
                     Err(Error::InvalidArgument { what: "name", .. })
                 ),
                 "{bad:?}"
@@ -320,20 +366,24 @@ mod tests {
 
     #[test]
     fn ids_are_escaped_and_keep_the_slot() {
-        let name = Name::new("api").unwrap();
-        assert_eq!(name.key("alice").unwrap(), "{nolock:api:alice}");
-        assert_eq!(name.key("a}b").unwrap(), "{nolock:api:a%7Db}");
-        assert_eq!(name.key("a%7Db").unwrap(), "{nolock:api:a%257Db}");
+        let name = Name::new("gcra", "api").unwrap();
+        assert_eq!(name.key("alice").unwrap(), "{nolock:gcra:api:alice}");
+        assert_eq!(name.key("a}b").unwrap(), "{nolock:gcra:api:a%7Db}");
+        assert_eq!(name.key("a%7Db").unwrap(), "{nolock:gcra:api:a%257Db}");
         let scoped = name.member_key("acme", "u}1").unwrap();
-        assert_eq!(scoped, "{nolock:api:acme}:u%7D1");
+        assert_eq!(scoped, "{nolock:gcra:api:acme}:u%7D1");
         assert_eq!(slot(&scoped), slot(&name.key("acme").unwrap()));
+        assert!(name.owns(&name.key("a}b").unwrap()));
+        assert!(!name.owns(&name.with_kind("lock").key("a").unwrap()));
+        assert!(!name.owns(&Name::new("gcra", "apix").unwrap().key("a").unwrap()));
+        assert!(!name.owns(&scoped));
         assert!(name.key("").is_err());
         assert!(name.key(&"x".repeat(MAX_ID_LEN + 1)).is_err());
     }
 
     #[test]
     fn different_ids_never_share_a_key() {
-        let name = Name::new("n").unwrap();
+        let name = Name::new("gcra", "n").unwrap();
         let alphabet = ["a", "}", "{", "%", "7", "D", ":", "2", "5"];
         let mut ids = vec![String::new()];
         for _ in 0..4 {

@@ -42,7 +42,7 @@ impl Client {
     /// # Ok(()) }
     /// ```
     pub fn rate_limit(&self, name: &str, quota: Quota) -> Result<RateLimit> {
-        let name = Name::new(name)?;
+        let name = Name::new(kind(Algorithm::Gcra), name)?;
         let settings = Settings {
             algorithm: Algorithm::Gcra,
             quota,
@@ -73,6 +73,17 @@ pub struct RateLimit {
     /// What the limiter was built from, to build it again with another
     /// algorithm.
     settings: Settings,
+}
+
+/// The kind of handle of a rate limit, in its keys: one per algorithm,
+/// since each stores its state its own way.
+pub(super) fn kind(algorithm: Algorithm) -> &'static str {
+    match algorithm {
+        Algorithm::Gcra => "gcra",
+        Algorithm::TokenBucket => "bucket",
+        Algorithm::SlidingWindow => "sliding",
+        Algorithm::FixedWindow => "fixed",
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -126,8 +137,11 @@ impl RateLimit {
             algorithm,
             ..self.settings
         };
+        // Another algorithm reads the state differently: another key.
+        let name = self.name.with_kind(kind(algorithm));
         Ok(RateLimit {
-            limiter: settings.limiter(&self.name)?,
+            limiter: settings.limiter(&name)?,
+            name,
             settings,
             ..self
         })
@@ -388,7 +402,7 @@ impl RateLimit {
     ///
     /// ```no_run
     /// # fn run(per_user: nolock::client::RateLimit) -> nolock::Result<()> {
-    /// assert_eq!(per_user.key("a}b")?, format!("{{nolock:{}:a%7Db}}", per_user.name()));
+    /// assert_eq!(per_user.key("a}b")?, format!("{{nolock:gcra:{}:a%7Db}}", per_user.name()));
     /// # Ok(()) }
     /// ```
     pub fn key(&self, id: &str) -> Result<String> {

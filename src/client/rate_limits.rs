@@ -37,7 +37,7 @@ impl Client {
     /// ```
     pub fn rate_limits(&self, name: &str) -> RateLimitsBuilder {
         RateLimitsBuilder {
-            name: Name::new(name),
+            name: Name::new("multi", name),
             conn: self.connection(),
             algorithm: Algorithm::Gcra,
             limits: Vec::new(),
@@ -220,7 +220,8 @@ impl RateLimitsBuilder {
     /// # Ok(()) }
     /// ```
     pub fn build(self) -> Result<RateLimits> {
-        let name = self.name?;
+        // Each algorithm stores its state its own way: its own keys.
+        let name = self.name?.with_kind(multi_kind(self.algorithm));
         if self.limits.is_empty() {
             return Err(Error::InvalidArgument {
                 what: "limits",
@@ -270,8 +271,8 @@ impl RateLimitsBuilder {
 /// # Keys
 ///
 /// For the handle `api`, the scope's shared limit `tenant` lives at
-/// [`keys::derive`]`("{nolock:api:<scope>}", "tenant")` and the member's
-/// limit `user` at `keys::derive("{nolock:api:<scope>}:<member>", "user")`:
+/// [`keys::derive`]`("{nolock:multi-gcra:api:<scope>}", "tenant")` and the member's
+/// limit `user` at `keys::derive("{nolock:multi-gcra:api:<scope>}:<member>", "user")`:
 /// every key of one check carries the scope's hash tag, so they share a
 /// cluster slot by construction, and each limit's key is chosen by the
 /// handle, never by a string per request.
@@ -562,5 +563,15 @@ fn no_limit() -> Error {
     Error::UnexpectedReply {
         script: "rate",
         detail: "a decision without any limit".to_owned(),
+    }
+}
+
+/// The kind of handle of several rate limits, in their keys.
+fn multi_kind(algorithm: Algorithm) -> &'static str {
+    match algorithm {
+        Algorithm::Gcra => "multi-gcra",
+        Algorithm::TokenBucket => "multi-bucket",
+        Algorithm::SlidingWindow => "multi-sliding",
+        Algorithm::FixedWindow => "multi-fixed",
     }
 }

@@ -51,12 +51,14 @@
 //! | [`Fence::write`] | `lua/fence/write.lua` | fenced write of the resource's value, checked against its fence counter: `Applied`, `Stale` or `NotGranted` |
 //! | [`read`] | `lua/fence/read.lua` | read the resource's value and the fence that wrote it |
 //! | [`Fence::write_unbound`], [`read_unbound`] | same | the weaker form for a value at any key: checked against the stored fence only |
-//! | [`advance`] | `lua/fence/advance.lua` | raise the fence counter above a floor, after it went back |
+//! | [`advance`] | `lua/fence/advance.lua` | raise the fence counter above a floor after it went back, unless a lock is held (safe in a fleet) |
+//! | [`force_advance`] | same | the same, held lock or not: the recovery step that also refuses a live holder |
 //! | [`durability()`] | `CONFIG GET`, `INFO` | can this server's counters go back? (check at startup) |
 //! | [`Waiters::acquire`] | acquire, `SUBSCRIBE` | wait for a held lock, woken when it is released |
 //!
 //! Every call is also an operation value ([`AcquireLock`], [`ReleaseLock`],
-//! [`ExtendLock`], [`WriteFenced`], [`ReadFenced`], [`AdvanceFence`]): put
+//! [`ExtendLock`], [`WriteFenced`], [`ReadFenced`], [`AdvanceFence`],
+//! [`ForceAdvanceFence`]): put
 //! them in a [`crate::Batch`], or give one an operation id
 //! ([`crate::Operation::idempotent`]) so that a release resent after a lost
 //! reply answers `Released` again instead of `Lost`.
@@ -186,11 +188,15 @@
 //!   reversed fences). Redis replication is asynchronous.
 //!
 //! **Recovering**: before granting again after a restart or failover, raise
-//! the counter with [`advance`] past the highest fence the protected resource
-//! has seen (`SELECT max(fence) ...`). The counter ends strictly above that
-//! floor, so every new grant is above every fence used before, and a paused
-//! holder's writes are refused again, including two holders that a failover
-//! gave the same fence.
+//! the counter past the highest fence the protected resource has seen
+//! (`SELECT max(fence) ...`). The counter ends strictly above that floor, so
+//! every new grant is above every fence used before, and a paused holder's
+//! writes are refused again, including two holders that a failover gave the
+//! same fence. Two forms: [`advance`] raises only while no lock is held, so
+//! every replica of a fleet may run it at startup without turning another
+//! replica's live work stale (it answers [`AdvanceAttempt::Held`] instead);
+//! [`force_advance`] raises in any case, for an operator who knows the
+//! counter went back (see [`advance`] for what each answer lets you assume).
 //!
 //! **Checking**: [`durability()`] reads the server's persistence and
 //! replication settings and says whether counters can go back, so a service
@@ -228,7 +234,9 @@ mod retry;
 mod waiters;
 mod write;
 
-pub use advance::{advance, Advance, AdvanceFence};
+pub use advance::{
+    advance, force_advance, Advance, AdvanceAttempt, AdvanceFence, ForceAdvanceFence,
+};
 pub use durability::{cluster_durability, durability, ConfigSource, Durability, Restart};
 pub use grant::{ExtendLock, Fence, Grant, LockExtension, ReleaseLock};
 pub use lease::Lease;
