@@ -468,7 +468,7 @@ async fn handles_of_other_kinds_under_one_name_keep_their_own_state() {
         .counter("shared-name", 10, Duration::from_secs(3600))
         .unwrap();
     for _ in 0..10 {
-        gcra.check("alice").await.unwrap();
+        let _ = gcra.check("alice").await.unwrap();
     }
     limited(gcra.check("alice").await);
     // The other two are untouched by the GCRA limit's ten admissions.
