@@ -23,41 +23,47 @@
 //!
 //! # The three main jobs, runnable
 //!
-//! Limit a request (a bounded counter per user and window):
+//! A [`Client`](crate::Client) and its named handles, by id. Limit each user
+//! (a rate limit per id; a denial is the `Err`):
 //!
 //! ```
 //! # #[tokio::main]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! # let Ok(url) = std::env::var("REDIS_URL") else { return Ok(()) };
-//! # let mut conn = redis::Client::open(url)?.get_multiplexed_async_connection().await?;
 //! # let user = format!("guide-{}", std::process::id());
-//! use std::time::Duration;
-//! use nolock::limits::Counter;
+//! use nolock::client::Rejection;
 //!
-//! let api = Counter::new(100, Duration::from_secs(60))?;
-//! let a = api.try_increment(&mut conn, &format!("api:{user}")).await?;
-//! assert!(a.admitted && a.remaining == 99);
+//! let client = nolock::Client::connect(url).await?;
+//! let per_user = client.rate_limit("guide-per-user", nolock::quota!(2 per minute))?;
+//! assert_eq!(per_user.check(&user).await?.remaining, 1);
+//! assert_eq!(per_user.check(&user).await?.remaining, 0);
+//! match per_user.check(&user).await {
+//!     Err(Rejection::Limited(limited)) => assert!(limited.retry_after.is_some()),
+//!     other => panic!("{other:?}"),
+//! }
 //! # Ok(()) }
 //! ```
 //!
-//! Rate limit an endpoint (GCRA, 10 a minute; give units back when the work
-//! was not done):
+//! Two limits at once, per user and shared per tenant:
 //!
 //! ```
 //! # #[tokio::main]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! # let Ok(url) = std::env::var("REDIS_URL") else { return Ok(()) };
-//! # let mut conn = redis::Client::open(url)?.get_multiplexed_async_connection().await?;
-//! # let key = format!("guide-rl:{}", std::process::id());
-//! use nolock::rate::{Algorithm, Limiter, Quota};
+//! # let tenant = format!("guide-{}", std::process::id());
+//! use nolock::client::Scope;
 //!
-//! let exports = Limiter::new(Algorithm::Gcra, Quota::per_minute(10)?)?;
-//! let mut decision = exports.check(&mut conn, &key, 4).await?;
-//! assert!(decision.allowed);
-//! // The export failed: the charge gives its units back, once.
-//! let charge = decision.charge_mut().expect("admitted");
-//! assert_eq!(charge.refund(&mut conn, 4).await?.credited, 4);
-//! assert!(charge.refund(&mut conn, 1).await.is_err(), "nothing left to give back");
+//! let client = nolock::Client::connect(url).await?;
+//! let limits = client
+//!     .rate_limits("guide-api")
+//!     .per_member("user", nolock::quota!(10 per second))
+//!     .per_scope("tenant", nolock::quota!(3 per minute))
+//!     .build()?;
+//! for user in ["ann", "bob", "cat"] {
+//!     limits.check(&Scope::new(&tenant).member(user)).await?;
+//! }
+//! // The tenant's shared limit is spent, whoever asks next.
+//! assert!(limits.check(&Scope::new(&tenant).member("dan")).await.is_err());
 //! # Ok(()) }
 //! ```
 //!
@@ -67,29 +73,25 @@
 //! # #[tokio::main]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! # let Ok(url) = std::env::var("REDIS_URL") else { return Ok(()) };
-//! # let conn = redis::Client::open(url)?.get_multiplexed_async_connection().await?;
-//! # let id = std::process::id();
+//! # let id = std::process::id().to_string();
 //! use std::time::Duration;
-//! use nolock::fence::Lock;
-//! use nolock::semaphore::Semaphore;
 //! use nolock::Work;
 //!
-//! let exports = Semaphore::new(3, Duration::from_secs(10))?;
-//! let out = exports
-//!     .with_permit(conn.clone(), &format!("exports:{id}"), |_| async { "exported" })
-//!     .await?;
+//! let client = nolock::Client::connect(url).await?;
+//! let exports = client.semaphore("guide-exports", 3, Duration::from_secs(10))?;
+//! let out = exports.with_permit(&id, |_| async { "exported" }).await?;
 //! assert_eq!(out, Work::Done("exported"));
 //!
-//! let reports = Lock::new(Duration::from_secs(10))?;
-//! let mut writer = conn.clone();
+//! let reports = client.lock("guide-reports", Duration::from_secs(10))?;
 //! let out = reports
-//!     .with_lease(conn.clone(), &format!("report:{id}"), |fence| async move {
-//!         fence.write(&mut writer, "built").await
-//!     })
+//!     .with_lease(&id, |fence| async move { fence.number() })
 //!     .await?;
-//! assert!(out.done().expect("held to the end")?.is_applied());
+//! assert!(out.done().expect("held to the end") >= 1);
 //! # Ok(()) }
 //! ```
+//!
+//! The same jobs on a connection and keys of your own (batches, operation
+//! ids, refunds and settlements) are in the chapters below.
 
 #[doc = include_str!("rate_limiting.md")]
 pub mod rate_limiting {}
