@@ -52,8 +52,8 @@ impl Client {
     /// makes one attempt; see [`Lock::with_wait`].
     ///
     /// Every process that locks the same ids should build it with the same
-    /// name and TTL. Names are shared by every kind of handle: give each
-    /// handle its own.
+    /// name and TTL (other kinds of handle under the same name keep keys of
+    /// their own).
     ///
     /// # Errors
     ///

@@ -114,9 +114,9 @@ impl Settings {
 impl RateLimit {
     /// The same limit, decided by `algorithm` (see [`rate`]'s "Choosing an
     /// algorithm"). Keeps the settle deadline, debt cap and deny cache set
-    /// so far. Use one algorithm per name: the algorithms store different
-    /// shapes, and a key written by another is refused
-    /// ([`Error::Redis`]), not misread.
+    /// so far. Each algorithm keeps its state under keys of its own (the
+    /// algorithm is part of the key), so changing it starts every id afresh
+    /// and never reads another algorithm's state.
     ///
     /// # Errors
     ///

@@ -49,8 +49,8 @@ impl Client {
     /// An acquire makes one attempt; see [`Semaphore::with_wait`].
     ///
     /// Every process that uses the same ids should build it with the same
-    /// name, size and TTL. Names are shared by every kind of handle: give
-    /// each handle its own.
+    /// name, size and TTL (other kinds of handle under the same name keep
+    /// keys of their own).
     ///
     /// # Errors
     ///
