@@ -2,18 +2,91 @@
 //! [`RateLimitLayer`] (requests per period) and [`ConcurrencyLimitLayer`]
 //! (requests in flight, on [`crate::semaphore`]).
 //!
-//! [`RateLimitLayer`] runs a [`Limiter`] or a [`MultiLimiter`] before the
-//! inner service, with a key taken from the request (client IP, a header, an
-//! authenticated user in the request extensions) and an optional cost. The
-//! key function says what to do with every request, as an [`Identity`]:
-//! [`Identity::Limited`] with its key, [`Identity::Unlimited`] for a request
-//! that is deliberately not limited (a health check, an internal caller: it
-//! passes untouched, without headers), or [`Identity::Rejected`] with a
-//! status for a request that has no identity to be limited by (answered with
-//! that status, e.g. `401`, and a short body; the inner service never sees
-//! it). There is no implicit bypass: a missing header is whatever the key
-//! function writes for it, and [`Identity::required`] makes "no key" a
-//! rejection.
+//! Build a [`RateLimitLayer`] from a [`Client`](crate::Client) handle: the
+//! layer runs on the handle's connection and derives every Redis key from
+//! the handle's name and the id the request carries, so the code passes
+//! neither a connection nor a key.
+//!
+//! * [`RateLimitLayer::limit`] with a [`client::RateLimit`]: one limit per
+//!   id (a user, an API key, a client address);
+//! * [`RateLimitLayer::scoped`] with a [`client::RateLimits`]: several
+//!   limits at once, all or nothing, per member (a user) and shared per
+//!   [`Scope`] (their tenant); the headers list every limit.
+//!
+//! [`RateLimitLayer::new`] and [`RateLimitLayer::multi`] are the
+//! operation-level forms: a [`Limiter`] or a [`MultiLimiter`] on a
+//! connection you pass, with Redis keys you write.
+//!
+//! The id function says what to do with every request, as an
+//! [`Identity`]: [`Identity::Limited`] with its id (or scope, or key),
+//! [`Identity::Unlimited`] for a request that is deliberately not limited
+//! (a health check, an internal caller: it passes untouched, without
+//! headers), or [`Identity::Rejected`] with a status for a request that has
+//! no identity to be limited by (answered with that status, e.g. `401`, and
+//! a short body; the inner service never sees it). There is no implicit
+//! bypass: a missing header is whatever the id function writes for it, and
+//! [`Identity::required`] makes "no id" a rejection.
+//!
+//! ```no_run
+//! use axum::{routing::get, Router};
+//! use http::{request::Parts, StatusCode};
+//! use nolock::layer::{Identity, RateLimitLayer};
+//! use nolock::rate::Quota;
+//!
+//! fn user(req: &Parts) -> Identity<String> {
+//!     if req.uri.path() == "/health" {
+//!         return Identity::Unlimited; // written out: not limited
+//!     }
+//!     let user = req.headers.get("x-user").and_then(|v| v.to_str().ok());
+//!     let user = user.filter(|u| !u.is_empty()).map(str::to_owned);
+//!     Identity::required(user, StatusCode::UNAUTHORIZED)
+//! }
+//!
+//! # async fn run() -> nolock::Result<()> {
+//! let client = nolock::Client::connect("redis://127.0.0.1/").await?;
+//! let per_user = client.rate_limit("per-user", Quota::per_second(10)?)?;
+//! let app: Router = Router::new()
+//!     .route("/", get(|| async { "hello" }))
+//!     .layer(RateLimitLayer::limit(per_user, user));
+//! # let _ = app;
+//! # Ok(()) }
+//! ```
+//!
+//! Per user 10 per second and per tenant 1000 per minute, shared by the
+//! tenant's users (`examples/j2_layer.rs` is the whole service, tested):
+//!
+//! ```no_run
+//! use axum::{routing::get, Router};
+//! use http::{request::Parts, StatusCode};
+//! use nolock::client::Scope;
+//! use nolock::layer::{Identity, RateLimitLayer};
+//! use nolock::rate::Quota;
+//!
+//! fn tenant_and_user(req: &Parts) -> Identity<Scope> {
+//!     let header = |name| req.headers.get(name).and_then(|v| v.to_str().ok());
+//!     match (header("x-tenant"), header("x-user")) {
+//!         (Some(tenant), Some(user)) if !tenant.is_empty() && !user.is_empty() => {
+//!             Identity::Limited(Scope::new(tenant).member(user))
+//!         }
+//!         _ => Identity::Rejected(StatusCode::UNAUTHORIZED),
+//!     }
+//! }
+//!
+//! # async fn run() -> nolock::Result<()> {
+//! let client = nolock::Client::connect("redis://127.0.0.1/").await?;
+//! let limits = client
+//!     .rate_limits("api")
+//!     .per_member("user", Quota::per_second(10)?)
+//!     .per_scope("tenant", Quota::per_minute(1000)?)
+//!     .build()?;
+//! let app: Router = Router::new()
+//!     .route("/", get(|| async { "hello" }))
+//!     .layer(RateLimitLayer::scoped(limits, tenant_and_user));
+//! # let _ = app;
+//! # Ok(()) }
+//! ```
+//!
+//! What the layer answers:
 //!
 //! * admitted: the inner service runs, and its response gets the
 //!   `RateLimit-Policy` and `RateLimit` headers;
@@ -24,9 +97,11 @@
 //!   [`OnFailure::Open`] passes the request without `RateLimit` headers;
 //!   [`OnFailure::Local`] decides in process and answers like Redis would.
 //! * a cost above the limit's burst (it could never pass): `429` without
-//!   `Retry-After`; any other invalid input (an empty key, keys in two
-//!   cluster slots, a shared-limit name the [`MultiLimiter`] does not have):
-//!   `500` with a one-line text body naming the problem, reported as a
+//!   `Retry-After`; any other invalid input (an empty or too long id, a
+//!   scope without the member its limits need; with the operation-level
+//!   forms, an empty key, keys in two cluster slots, a shared-limit name the
+//!   [`MultiLimiter`] does not have): `500` with a one-line text body naming
+//!   the problem (never the id or the key), reported as a
 //!   `tracing` error event (feature `tracing`) and counted in
 //!   `nolock_layer_failures_total` (feature `metrics`).
 //!
@@ -39,6 +114,8 @@
 //! response body needs `From<String>`, for the bodies the layer writes
 //! (empty for a `429`, one line of text otherwise): axum's `Body`,
 //! `http_body_util::Full<Bytes>` and `String` have it.
+//!
+//! The operation-level form, with a key written by hand:
 //!
 //! ```no_run
 //! use axum::{routing::get, Router};
@@ -106,9 +183,11 @@ type MultiKeyFn = dyn Fn(&Parts) -> Identity<Result<MultiKey>> + Send + Sync;
 /// one of the three, written out: a request is never unlimited because a
 /// header was missing.
 ///
-/// `K` is the key type of the layer (`String` for [`RateLimitLayer::new`]
-/// and [`ConcurrencyLimitLayer::new`], [`MultiKey`] for
-/// [`RateLimitLayer::multi`]).
+/// `K` is what the layer limits by: an id (`String`) for
+/// [`RateLimitLayer::limit`], a [`Scope`] for [`RateLimitLayer::scoped`],
+/// a Redis key (`String`) for [`RateLimitLayer::new`] and
+/// [`ConcurrencyLimitLayer::new`], a [`MultiKey`] for
+/// [`RateLimitLayer::multi`].
 ///
 /// ```
 /// use http::{Request, StatusCode};
