@@ -2,18 +2,91 @@
 //! [`RateLimitLayer`] (requests per period) and [`ConcurrencyLimitLayer`]
 //! (requests in flight, on [`crate::semaphore`]).
 //!
-//! [`RateLimitLayer`] runs a [`Limiter`] or a [`MultiLimiter`] before the
-//! inner service, with a key taken from the request (client IP, a header, an
-//! authenticated user in the request extensions) and an optional cost. The
-//! key function says what to do with every request, as an [`Identity`]:
-//! [`Identity::Limited`] with its key, [`Identity::Unlimited`] for a request
-//! that is deliberately not limited (a health check, an internal caller: it
-//! passes untouched, without headers), or [`Identity::Rejected`] with a
-//! status for a request that has no identity to be limited by (answered with
-//! that status, e.g. `401`, and a short body; the inner service never sees
-//! it). There is no implicit bypass: a missing header is whatever the key
-//! function writes for it, and [`Identity::required`] makes "no key" a
-//! rejection.
+//! Build a [`RateLimitLayer`] from a [`Client`](crate::Client) handle: the
+//! layer runs on the handle's connection and derives every Redis key from
+//! the handle's name and the id the request carries, so the code passes
+//! neither a connection nor a key.
+//!
+//! * [`RateLimitLayer::limit`] with a [`client::RateLimit`]: one limit per
+//!   id (a user, an API key, a client address);
+//! * [`RateLimitLayer::scoped`] with a [`client::RateLimits`]: several
+//!   limits at once, all or nothing, per member (a user) and shared per
+//!   [`Scope`] (their tenant); the headers list every limit.
+//!
+//! [`RateLimitLayer::new`] and [`RateLimitLayer::multi`] are the
+//! operation-level forms: a [`Limiter`] or a [`MultiLimiter`] on a
+//! connection you pass, with Redis keys you write.
+//!
+//! The id function says what to do with every request, as an
+//! [`Identity`]: [`Identity::Limited`] with its id (or scope, or key),
+//! [`Identity::Unlimited`] for a request that is deliberately not limited
+//! (a health check, an internal caller: it passes untouched, without
+//! headers), or [`Identity::Rejected`] with a status for a request that has
+//! no identity to be limited by (answered with that status, e.g. `401`, and
+//! a short body; the inner service never sees it). There is no implicit
+//! bypass: a missing header is whatever the id function writes for it, and
+//! [`Identity::required`] makes "no id" a rejection.
+//!
+//! ```no_run
+//! use axum::{routing::get, Router};
+//! use http::{request::Parts, StatusCode};
+//! use nolock::layer::{Identity, RateLimitLayer};
+//! use nolock::rate::Quota;
+//!
+//! fn user(req: &Parts) -> Identity<String> {
+//!     if req.uri.path() == "/health" {
+//!         return Identity::Unlimited; // written out: not limited
+//!     }
+//!     let user = req.headers.get("x-user").and_then(|v| v.to_str().ok());
+//!     let user = user.filter(|u| !u.is_empty()).map(str::to_owned);
+//!     Identity::required(user, StatusCode::UNAUTHORIZED)
+//! }
+//!
+//! # async fn run() -> nolock::Result<()> {
+//! let client = nolock::Client::connect("redis://127.0.0.1/").await?;
+//! let per_user = client.rate_limit("per-user", Quota::per_second(10)?)?;
+//! let app: Router = Router::new()
+//!     .route("/", get(|| async { "hello" }))
+//!     .layer(RateLimitLayer::limit(per_user, user));
+//! # let _ = app;
+//! # Ok(()) }
+//! ```
+//!
+//! Per user 10 per second and per tenant 1000 per minute, shared by the
+//! tenant's users (`examples/j2_layer.rs` is the whole service, tested):
+//!
+//! ```no_run
+//! use axum::{routing::get, Router};
+//! use http::{request::Parts, StatusCode};
+//! use nolock::client::Scope;
+//! use nolock::layer::{Identity, RateLimitLayer};
+//! use nolock::rate::Quota;
+//!
+//! fn tenant_and_user(req: &Parts) -> Identity<Scope> {
+//!     let header = |name| req.headers.get(name).and_then(|v| v.to_str().ok());
+//!     match (header("x-tenant"), header("x-user")) {
+//!         (Some(tenant), Some(user)) if !tenant.is_empty() && !user.is_empty() => {
+//!             Identity::Limited(Scope::new(tenant).member(user))
+//!         }
+//!         _ => Identity::Rejected(StatusCode::UNAUTHORIZED),
+//!     }
+//! }
+//!
+//! # async fn run() -> nolock::Result<()> {
+//! let client = nolock::Client::connect("redis://127.0.0.1/").await?;
+//! let limits = client
+//!     .rate_limits("api")
+//!     .per_member("user", Quota::per_second(10)?)
+//!     .per_scope("tenant", Quota::per_minute(1000)?)
+//!     .build()?;
+//! let app: Router = Router::new()
+//!     .route("/", get(|| async { "hello" }))
+//!     .layer(RateLimitLayer::scoped(limits, tenant_and_user));
+//! # let _ = app;
+//! # Ok(()) }
+//! ```
+//!
+//! What the layer answers:
 //!
 //! * admitted: the inner service runs, and its response gets the
 //!   `RateLimit-Policy` and `RateLimit` headers;
@@ -24,9 +97,11 @@
 //!   [`OnFailure::Open`] passes the request without `RateLimit` headers;
 //!   [`OnFailure::Local`] decides in process and answers like Redis would.
 //! * a cost above the limit's burst (it could never pass): `429` without
-//!   `Retry-After`; any other invalid input (an empty key, keys in two
-//!   cluster slots, a shared-limit name the [`MultiLimiter`] does not have):
-//!   `500` with a one-line text body naming the problem, reported as a
+//!   `Retry-After`; any other invalid input (an empty or too long id, a
+//!   scope without the member its limits need; with the operation-level
+//!   forms, an empty key, keys in two cluster slots, a shared-limit name the
+//!   [`MultiLimiter`] does not have): `500` with a one-line text body naming
+//!   the problem (never the id or the key), reported as a
 //!   `tracing` error event (feature `tracing`) and counted in
 //!   `nolock_layer_failures_total` (feature `metrics`).
 //!
@@ -39,6 +114,8 @@
 //! response body needs `From<String>`, for the bodies the layer writes
 //! (empty for a `429`, one line of text otherwise): axum's `Body`,
 //! `http_body_util::Full<Bytes>` and `String` have it.
+//!
+//! The operation-level form, with a key written by hand:
 //!
 //! ```no_run
 //! use axum::{routing::get, Router};
@@ -84,6 +161,7 @@ mod concurrency;
 
 pub use concurrency::{ConcurrencyLimitLayer, ConcurrencyLimitService};
 
+use crate::client::{self, Connection, Scope};
 use crate::observe;
 use crate::policy::{DecidedBy, Guard, OnFailure};
 use crate::rate::{Headers, Limiter, MultiKey, MultiLimiter};
@@ -93,16 +171,23 @@ use crate::{Error, Result};
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
 
 type KeyFn = dyn Fn(&Parts) -> Identity<String> + Send + Sync;
-type MultiKeyFn = dyn Fn(&Parts) -> Identity<MultiKey> + Send + Sync;
+
+/// A key function as the rate layer runs it: a handle-based layer derives the
+/// key from the id, which can fail (an empty or too long id), and the
+/// failure answers `500` with a body.
+type CheckedKeyFn = dyn Fn(&Parts) -> Identity<Result<String>> + Send + Sync;
+type MultiKeyFn = dyn Fn(&Parts) -> Identity<Result<MultiKey>> + Send + Sync;
 
 /// What a layer does with one request, as its key function says: limit it
 /// under a key, let it through unlimited, or refuse it. Every request gets
 /// one of the three, written out: a request is never unlimited because a
 /// header was missing.
 ///
-/// `K` is the key type of the layer (`String` for [`RateLimitLayer::new`]
-/// and [`ConcurrencyLimitLayer::new`], [`MultiKey`] for
-/// [`RateLimitLayer::multi`]).
+/// `K` is what the layer limits by: an id (`String`) for
+/// [`RateLimitLayer::limit`], a [`Scope`] for [`RateLimitLayer::scoped`],
+/// a Redis key (`String`) for [`RateLimitLayer::new`] and
+/// [`ConcurrencyLimitLayer::new`], a [`MultiKey`] for
+/// [`RateLimitLayer::multi`].
 ///
 /// ```
 /// use http::{Request, StatusCode};
@@ -154,6 +239,15 @@ impl<K> Identity<K> {
             None => Identity::Rejected(status),
         }
     }
+
+    /// The key turned into another, the other two answers kept.
+    fn map<T>(self, f: impl FnOnce(K) -> T) -> Identity<T> {
+        match self {
+            Identity::Limited(key) => Identity::Limited(f(key)),
+            Identity::Unlimited => Identity::Unlimited,
+            Identity::Rejected(status) => Identity::Rejected(status),
+        }
+    }
 }
 
 /// The body of an [`Identity::Rejected`] answer.
@@ -183,6 +277,12 @@ fn invalid_request(layer: &'static str, err: &Error) -> String {
         } => "a shared-limit key is missing, repeated, or names a limit the \
               MultiLimiter does not have"
             .to_owned(),
+        // A handle's id or scope: the reason names what is wrong (a length,
+        // a missing member), never the id itself.
+        Error::InvalidArgument {
+            what: what @ ("id" | "member id" | "scope"),
+            reason,
+        } => format!("the {what} of the request is invalid: {reason}"),
         Error::InvalidArgument { what, .. } => format!("invalid {what}"),
         other => other.to_string(),
     };
@@ -200,7 +300,7 @@ type CostFn = dyn Fn(&Parts) -> u64 + Send + Sync;
 
 #[derive(Clone)]
 enum Limits {
-    One(Limiter, Arc<KeyFn>),
+    One(Limiter, Arc<CheckedKeyFn>),
     Multi(MultiLimiter, Arc<MultiKeyFn>),
 }
 
@@ -216,7 +316,12 @@ struct Shared<C> {
 
 /// Rate-limits every request through the wrapped service. See the
 /// [module docs](self).
-pub struct RateLimitLayer<C> {
+///
+/// Built from a handle ([`RateLimitLayer::limit`], [`RateLimitLayer::scoped`])
+/// it runs on the handle's [`Connection`] (the default `C`); built from a
+/// limiter and keys ([`RateLimitLayer::new`], [`RateLimitLayer::multi`]), on
+/// the connection given.
+pub struct RateLimitLayer<C = Connection> {
     shared: Arc<Shared<C>>,
 }
 
@@ -239,6 +344,113 @@ impl<C> fmt::Debug for RateLimitLayer<C> {
     }
 }
 
+impl RateLimitLayer<Connection> {
+    /// Limit each request with the handle `limit`, under the id
+    /// `id(request)` names ([`Identity::Limited`]): a user, an API key, a
+    /// client address. The layer derives the Redis key from the handle's
+    /// name and the id, as [`client::RateLimit::check`] does, on the
+    /// handle's connection; the handle's settings (algorithm, local deny
+    /// cache, debt cap) apply. [`Identity::Unlimited`] passes the request
+    /// without a check, [`Identity::Rejected`] answers its status.
+    ///
+    /// Everything about the limit was checked when the handle was built.
+    /// An id that is bad at request time (empty, or longer than
+    /// [`client::MAX_ID_LEN`] bytes) is a bug of the id function, not of
+    /// the caller: it answers `500` with a one-line body naming the problem
+    /// (reported through `tracing` and `metrics` when enabled), and the
+    /// inner service never sees the request. Have the id function answer
+    /// [`Identity::Rejected`] for a header that is missing or empty.
+    ///
+    /// ```no_run
+    /// use axum::{routing::get, Router};
+    /// use http::{request::Parts, StatusCode};
+    /// use nolock::layer::{Identity, RateLimitLayer};
+    /// use nolock::rate::Quota;
+    ///
+    /// fn user(req: &Parts) -> Identity<String> {
+    ///     let user = req.headers.get("x-user").and_then(|v| v.to_str().ok());
+    ///     let user = user.filter(|u| !u.is_empty()).map(str::to_owned);
+    ///     Identity::required(user, StatusCode::UNAUTHORIZED)
+    /// }
+    ///
+    /// # async fn run() -> nolock::Result<()> {
+    /// let client = nolock::Client::connect("redis://127.0.0.1/").await?;
+    /// let per_user = client.rate_limit("per-user", Quota::per_second(10)?)?;
+    /// let app: Router = Router::new()
+    ///     .route("/", get(|| async { "hello" }))
+    ///     .layer(RateLimitLayer::limit(per_user, user));
+    /// # let _ = app;
+    /// # Ok(()) }
+    /// ```
+    pub fn limit(
+        limit: client::RateLimit,
+        id: impl Fn(&Parts) -> Identity<String> + Send + Sync + 'static,
+    ) -> Self {
+        let conn = limit.connection();
+        let limiter = limit.limiter().clone();
+        let key = move |parts: &Parts| id(parts).map(|id| limit.key(&id));
+        Self::build(conn, Limits::One(limiter, Arc::new(key)))
+    }
+
+    /// Limit each request with every limit of the handle `limits` at once,
+    /// all or nothing, for the [`Scope`] `scope(request)` names: the scope
+    /// (a tenant) for the limits shared per scope, and its member (a user of
+    /// that tenant) for the limits per member. The layer derives every key
+    /// from the handle's name, the scope and the member, as
+    /// [`client::RateLimits::check`] does: they share one cluster slot by
+    /// construction, and each limit's key is chosen by the handle, never
+    /// matched by name per request. The response headers list every limit.
+    ///
+    /// Everything about the limits was checked when the handle was built
+    /// ([`client::RateLimitsBuilder::build`]). A scope that is bad at
+    /// request time (an empty or too long id, no member for limits per
+    /// member, a member for limits without any) is a bug of the scope
+    /// function: it answers `500` with a one-line body naming the problem,
+    /// as [`RateLimitLayer::limit`] does for a bad id.
+    ///
+    /// ```no_run
+    /// use axum::{routing::get, Router};
+    /// use http::{request::Parts, StatusCode};
+    /// use nolock::client::Scope;
+    /// use nolock::layer::{Identity, RateLimitLayer};
+    /// use nolock::rate::Quota;
+    ///
+    /// /// A request without both headers is refused with 401, never let
+    /// /// through unlimited.
+    /// fn tenant_user(req: &Parts) -> Identity<Scope> {
+    ///     let header = |name| req.headers.get(name).and_then(|v| v.to_str().ok());
+    ///     match (header("x-tenant"), header("x-user")) {
+    ///         (Some(tenant), Some(user)) if !tenant.is_empty() && !user.is_empty() => {
+    ///             Identity::Limited(Scope::new(tenant).member(user))
+    ///         }
+    ///         _ => Identity::Rejected(StatusCode::UNAUTHORIZED),
+    ///     }
+    /// }
+    ///
+    /// # async fn run() -> nolock::Result<()> {
+    /// let client = nolock::Client::connect("redis://127.0.0.1/").await?;
+    /// let limits = client
+    ///     .rate_limits("api")
+    ///     .per_member("user", Quota::per_second(10)?)
+    ///     .per_scope("tenant", Quota::per_minute(1000)?)
+    ///     .build()?;
+    /// let app: Router = Router::new()
+    ///     .route("/", get(|| async { "hello" }))
+    ///     .layer(RateLimitLayer::scoped(limits, tenant_user));
+    /// # let _ = app;
+    /// # Ok(()) }
+    /// ```
+    pub fn scoped(
+        limits: client::RateLimits,
+        scope: impl Fn(&Parts) -> Identity<Scope> + Send + Sync + 'static,
+    ) -> Self {
+        let conn = limits.connection();
+        let limiter = limits.limiter().clone();
+        let key = move |parts: &Parts| scope(parts).map(|scope| limits.multi_key(&scope));
+        Self::build(conn, Limits::Multi(limiter, Arc::new(key)))
+    }
+}
+
 impl<C> RateLimitLayer<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
@@ -254,6 +466,7 @@ where
         limiter: Limiter,
         key: impl Fn(&Parts) -> Identity<String> + Send + Sync + 'static,
     ) -> Self {
+        let key = move |parts: &Parts| key(parts).map(Ok);
         Self::build(conn, Limits::One(limiter, Arc::new(key)))
     }
 
@@ -306,6 +519,7 @@ where
                 reason: "a MultiLimiter needs at least one limit".to_owned(),
             });
         }
+        let key = move |parts: &Parts| key(parts).map(Ok);
         Ok(Self::build(conn, Limits::Multi(limiter, Arc::new(key))))
     }
 
@@ -354,7 +568,7 @@ impl<S, C> Layer<S> for RateLimitLayer<C> {
 }
 
 /// The service [`RateLimitLayer`] wraps around another.
-pub struct RateLimitService<S, C> {
+pub struct RateLimitService<S, C = Connection> {
     inner: S,
     shared: Arc<Shared<C>>,
 }
@@ -392,7 +606,8 @@ where
         let (guarded, headers) = match &self.limits {
             Limits::One(limiter, key) => {
                 let key = match key(parts) {
-                    Identity::Limited(key) => key,
+                    Identity::Limited(Ok(key)) => key,
+                    Identity::Limited(Err(e)) => return (invalid(&e), None),
                     Identity::Unlimited => return (Verdict::Pass(None), None),
                     Identity::Rejected(status) => return (rejected(status), None),
                 };
@@ -406,7 +621,8 @@ where
             }
             Limits::Multi(limiter, key) => {
                 let key = match key(parts) {
-                    Identity::Limited(key) => key,
+                    Identity::Limited(Ok(key)) => key,
+                    Identity::Limited(Err(e)) => return (invalid(&e), None),
                     Identity::Unlimited => return (Verdict::Pass(None), None),
                     Identity::Rejected(status) => return (rejected(status), None),
                 };
@@ -441,16 +657,18 @@ where
                 Verdict::Refuse(StatusCode::TOO_MANY_REQUESTS, None, String::new()),
                 None,
             ),
-            Err(e) => (
-                Verdict::Refuse(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    None,
-                    invalid_request("rate", &e),
-                ),
-                None,
-            ),
+            Err(e) => (invalid(&e), None),
         }
     }
+}
+
+/// A request whose input is invalid: `500` with a body naming the problem.
+fn invalid(err: &Error) -> Verdict {
+    Verdict::Refuse(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        None,
+        invalid_request("rate", err),
+    )
 }
 
 fn rejected(status: StatusCode) -> Verdict {
