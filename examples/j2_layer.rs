@@ -1,8 +1,9 @@
 //! J2: rate-limit an endpoint with a tower layer, per user 10 per second and
 //! per tenant 1000 per minute shared by its users, with the `RateLimit` and
-//! `RateLimit-Policy` headers. Names five nolock items: `Client`,
-//! `rate::Quota`, `client::Scope`, `layer::RateLimitLayer` and
-//! `layer::Identity`; no connection and no Redis key.
+//! `RateLimit-Policy` headers. The service names four nolock items:
+//! `Client`, `quota!`, `layer::RateLimitLayer` and `layer::Identity`; no
+//! connection and no Redis key (`rate::Quota` only so that the test can
+//! pass smaller quotas).
 //!
 //! ```text
 //! cargo run --example j2_layer --features tower
@@ -19,7 +20,6 @@
 
 use axum::http::{request::Parts, StatusCode};
 use axum::{routing::get, Router};
-use nolock::client::Scope;
 use nolock::layer::{Identity, RateLimitLayer};
 use nolock::rate::Quota;
 use nolock::Client;
@@ -30,7 +30,9 @@ mod server;
 
 /// The service: `GET /hello`, at most `per_user` per user and `per_tenant`
 /// per tenant, the tenant's quota shared by all its users. A request must
-/// fit both; a denied one takes from neither.
+/// fit both; a denied one takes from neither. (The quotas are parameters so
+/// that the test can use a small tenant quota; `main` passes
+/// `quota!(10 per second)` and `quota!(1000 per minute)`.)
 pub fn app(client: &Client, per_user: Quota, per_tenant: Quota) -> nolock::Result<Router> {
     let limits = client
         .rate_limits("j2-api")
@@ -39,21 +41,21 @@ pub fn app(client: &Client, per_user: Quota, per_tenant: Quota) -> nolock::Resul
         .build()?;
     Ok(Router::new()
         .route("/hello", get(|| async { "hello\n" }))
-        .layer(RateLimitLayer::scoped(limits, tenant_and_user)))
+        .layer(RateLimitLayer::scoped(limits, |req| {
+            // Who is calling: the `x-tenant` and `x-user` headers here, an
+            // authenticated principal in a real service. Either missing or
+            // empty: `401`, before any limit.
+            match (header(req, "x-tenant"), header(req, "x-user")) {
+                (Some(tenant), Some(user)) => Identity::member(tenant, user),
+                _ => Identity::Rejected(StatusCode::UNAUTHORIZED),
+            }
+        })))
 }
 
-/// Who is calling: the `x-tenant` and `x-user` headers here, an
-/// authenticated principal in a real service. Either missing or empty:
-/// `401`, before any limit.
-fn tenant_and_user(req: &Parts) -> Identity<Scope> {
-    let header = |name| {
-        let value = req.headers.get(name)?.to_str().ok()?;
-        Some(value).filter(|v| !v.is_empty())
-    };
-    match (header("x-tenant"), header("x-user")) {
-        (Some(tenant), Some(user)) => Identity::Limited(Scope::new(tenant).member(user)),
-        _ => Identity::Rejected(StatusCode::UNAUTHORIZED),
-    }
+/// A header's value, when it is there, text and not empty.
+fn header<'r>(req: &'r Parts, name: &str) -> Option<&'r str> {
+    let value = req.headers.get(name)?.to_str().ok()?;
+    Some(value).filter(|v| !v.is_empty())
 }
 
 #[tokio::main]
@@ -64,7 +66,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .and_then(|p| p.parse().ok())
         .unwrap_or(3000);
     let client = Client::connect(url).await?;
-    let app = app(&client, Quota::per_second(10)?, Quota::per_minute(1000)?)?;
+    let app = app(
+        &client,
+        nolock::quota!(10 per second),
+        nolock::quota!(1000 per minute),
+    )?;
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
     println!("listening on 127.0.0.1:{port}");
     axum::serve(listener, app).await?;

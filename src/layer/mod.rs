@@ -250,6 +250,31 @@ impl<K> Identity<K> {
     }
 }
 
+impl Identity<Scope> {
+    /// [`Identity::Limited`] as `member` of `scope`: the scope function of
+    /// [`RateLimitLayer::scoped`] without naming [`Scope`].
+    ///
+    /// ```
+    /// use nolock::client::Scope;
+    /// use nolock::layer::Identity;
+    ///
+    /// assert_eq!(
+    ///     Identity::member("acme", "alice"),
+    ///     Identity::Limited(Scope::new("acme").member("alice"))
+    /// );
+    /// ```
+    pub fn member(scope: impl Into<String>, member: impl Into<String>) -> Self {
+        Identity::Limited(Scope::new(scope).member(member))
+    }
+
+    /// [`Identity::Limited`] as the whole of `scope`, no member: for
+    /// [`RateLimits`](crate::client::RateLimits) that have only per-scope
+    /// limits.
+    pub fn scope(scope: impl Into<String>) -> Self {
+        Identity::Limited(Scope::new(scope))
+    }
+}
+
 /// The body of an [`Identity::Rejected`] answer.
 const NO_IDENTITY: &str = "no identity to limit this request by\n";
 
