@@ -403,6 +403,20 @@ impl RedisCluster {
             .unwrap_or_else(|e| panic!("connect to node :{port}: {e}"))
     }
 
+    /// A connection to one node for administration (slot moves), whose
+    /// replies may be slow: Valkey 8+ answers `CLUSTER SETSLOT` only once
+    /// the node's replicas have it (up to 2 s when one is paused), past the
+    /// 500 ms that a plain connection waits.
+    pub async fn admin_node(&self, port: u16) -> MultiplexedConnection {
+        let config = redis::AsyncConnectionConfig::new()
+            .set_response_timeout(Some(std::time::Duration::from_secs(15)));
+        redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+            .expect("valid url")
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .unwrap_or_else(|e| panic!("connect to node :{port}: {e}"))
+    }
+
     /// A plain connection to every node, with its port.
     pub async fn nodes(&self) -> Vec<(u16, MultiplexedConnection)> {
         let mut conns = Vec::new();

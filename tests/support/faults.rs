@@ -121,8 +121,8 @@ pub async fn migrate_slot(cluster: &RedisCluster, slot: u16, to: u16, pause: Dur
     }
     let (from_id, to_id) = (node_id(cluster, from).await, node_id(cluster, to).await);
     let slot_arg = slot.to_string();
-    let mut source = cluster.node(from).await;
-    let mut target = cluster.node(to).await;
+    let mut source = cluster.admin_node(from).await;
+    let mut target = cluster.admin_node(to).await;
     let setslot = |state: &'static str, id: String| {
         let mut cmd = redis::cmd("CLUSTER");
         cmd.arg("SETSLOT").arg(slot).arg(state).arg(id);
