@@ -368,6 +368,63 @@ pub enum Error {
         /// Why the reply did not fit.
         detail: String,
     },
+
+    /// No configuration is stored under this name ([`crate::config`]).
+    /// Nothing was written.
+    #[error("no {family} named {name:?} is stored")]
+    UnknownConfig {
+        /// The family asked for (`rate-limit`, `counter`, ...).
+        family: &'static str,
+        /// The name asked for.
+        name: String,
+    },
+
+    /// The registry of named configurations holds, at `key` (and `field`,
+    /// when one field is the problem), something nolock did not write.
+    /// Nothing was written.
+    #[error("foreign data at configuration key {key} {field}: {reason}")]
+    ForeignConfig {
+        /// The registry key.
+        key: String,
+        /// The field, empty when the key itself is the problem.
+        field: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// A handle asked to [`insist`](crate::client::RateLimit::insist) on its
+    /// own numbers, and the server holds other numbers under its name.
+    /// Nothing was written.
+    #[error("{family} {name:?} is stored as `{stored}`, this process has `{ours}`")]
+    ConfigMismatch {
+        /// The handle's family.
+        family: &'static str,
+        /// The handle's name.
+        name: String,
+        /// The stored numbers.
+        stored: String,
+        /// This process's numbers.
+        ours: String,
+    },
+
+    /// An operator blocked this name ([`crate::config::Configs::block`]):
+    /// a semaphore or a lock grants nothing until it is unblocked. Nothing
+    /// was written.
+    #[error("{family} {name:?} is blocked by its stored configuration")]
+    Blocked {
+        /// The handle's family.
+        family: &'static str,
+        /// The handle's name.
+        name: String,
+    },
+
+    /// A compare-and-set kept losing to other writers; nothing was written.
+    /// Retry later.
+    #[error("the {what} kept changing under this call; nothing was written")]
+    Contended {
+        /// What kept changing.
+        what: &'static str,
+    },
 }
 
 impl Error {

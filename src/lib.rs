@@ -215,6 +215,7 @@ pub mod acl;
 mod backoff;
 pub mod cas;
 pub mod client;
+pub mod config;
 mod error;
 /// What the exported macros expand to; not part of the API.
 #[doc(hidden)]

@@ -260,3 +260,36 @@ pub(crate) fn lease_lost() {
     #[cfg(feature = "metrics")]
     metrics::counter!("nolock_lease_losses_total").increment(1);
 }
+
+/// A handle decides by stored numbers that differ from its own.
+pub(crate) fn config_differs(family: &'static str, name: &str, stored: &str, ours: &str) {
+    let _ = (family, name, stored, ours);
+    #[cfg(feature = "tracing")]
+    tracing::warn!(
+        family,
+        name,
+        stored,
+        ours,
+        "nolock: this process's numbers differ from the stored configuration; deciding by the stored ones"
+    );
+    #[cfg(feature = "metrics")]
+    metrics::counter!("nolock_config_differs_total", "family" => family, "name" => name.to_owned())
+        .increment(1);
+}
+
+/// The poll of the registry failed; the cached numbers stay in use.
+pub(crate) fn config_poll_failed(err: &crate::Error) {
+    let _ = err;
+    #[cfg(feature = "tracing")]
+    tracing::warn!(%err, "nolock: reading the stored configurations failed");
+    #[cfg(feature = "metrics")]
+    metrics::counter!("nolock_config_poll_failures_total").increment(1);
+}
+
+/// A call admitted without a decision by an unlimited configuration.
+pub(crate) fn unlimited(family: &'static str, name: &str) {
+    let _ = (family, name);
+    #[cfg(feature = "metrics")]
+    metrics::counter!("nolock_unlimited_total", "family" => family, "name" => name.to_owned())
+        .increment(1);
+}

@@ -26,6 +26,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
 use redis::cluster::ClusterClient;
@@ -37,6 +38,7 @@ mod answer;
 mod axum;
 mod counter;
 mod lock;
+mod managed;
 mod rate;
 mod rate_limits;
 mod semaphore;
@@ -48,6 +50,7 @@ pub use rate::RateLimit;
 pub use rate_limits::{RateLimits, RateLimitsBuilder, Scope};
 pub use semaphore::Semaphore;
 
+use crate::config::{Configs, Registry, DEFAULT_POLL};
 use crate::script::BatchConnection;
 use crate::{Error, Result, Scripts};
 
@@ -146,6 +149,7 @@ impl BatchConnection for Connection {
 #[derive(Clone, Debug)]
 pub struct Client {
     conn: Connection,
+    registry: Arc<Registry>,
 }
 
 impl Client {
@@ -200,7 +204,39 @@ impl Client {
     pub async fn from_connection(conn: impl Into<Connection>) -> Result<Client> {
         let mut conn = conn.into();
         Scripts::load(&mut conn).await?;
-        Ok(Client { conn })
+        let registry = Arc::new(Registry::new(conn.clone(), DEFAULT_POLL));
+        Ok(Client { conn, registry })
+    }
+
+    /// The same client, reading the registry's epoch every `every` instead
+    /// of every 250 ms ([`crate::config::DEFAULT_POLL`]): the bound on how
+    /// long a process decides by numbers that were changed. Call it before
+    /// making handles: handles made before keep the client's registry.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ZeroDuration`] for zero.
+    pub fn config_poll(self, every: Duration) -> Result<Client> {
+        if every.is_zero() {
+            return Err(Error::ZeroDuration {
+                what: "config poll",
+            });
+        }
+        let registry = Arc::new(Registry::new(self.conn.clone(), every));
+        Ok(Client { registry, ..self })
+    }
+
+    /// The registry of named configurations: list, read and change the
+    /// numbers every handle of every process decides by
+    /// ([`crate::config`]).
+    pub fn configs(&self) -> Configs {
+        Configs {
+            registry: Arc::clone(&self.registry),
+        }
+    }
+
+    pub(crate) fn registry(&self) -> Arc<Registry> {
+        Arc::clone(&self.registry)
     }
 
     /// The connection, for the operation-level API (operation values,
@@ -222,6 +258,9 @@ impl Client {
 pub(crate) struct Name {
     kind: &'static str,
     name: Arc<str>,
+    /// How many times the stored configuration was reset; in the keys when
+    /// above 0 (`{nolock:<kind>:<name>~<generation>:<id>}`).
+    generation: u64,
 }
 
 impl fmt::Debug for Name {
@@ -240,6 +279,31 @@ impl Name {
     /// `name` for a handle of `kind` (lowercase ASCII letters and `-`, one
     /// per handle type: it is written into every key).
     pub(crate) fn new(kind: &'static str, name: &str) -> Result<Name> {
+        check_name(name)?;
+        debug_assert!(
+            !kind.is_empty() && kind.bytes().all(|b| b.is_ascii_lowercase() || b == b'-'),
+            "{kind:?}"
+        );
+        Ok(Name {
+            kind,
+            name: Arc::from(name),
+            generation: 0,
+        })
+    }
+
+    /// The same name, in generation `generation` of its configuration.
+    pub(crate) fn generation(&self, generation: u64) -> Name {
+        Name {
+            generation,
+            ..self.clone()
+        }
+    }
+}
+
+/// Checks a handle's name: 1 to [`MAX_NAME_LEN`] ASCII letters, digits,
+/// `_`, `-` and `.`, starting with a letter or a digit.
+pub(crate) fn check_name(name: &str) -> Result<()> {
+    {
         let invalid = |reason: String| Error::InvalidArgument {
             what: "name",
             reason,
@@ -260,22 +324,17 @@ impl Name {
                  starting with a letter or a digit"
             )));
         }
-        debug_assert!(
-            !kind.is_empty() && kind.bytes().all(|b| b.is_ascii_lowercase() || b == b'-'),
-            "{kind:?}"
-        );
-        Ok(Name {
-            kind,
-            name: Arc::from(name),
-        })
+        Ok(())
     }
+}
 
+impl Name {
     /// The same name for another kind of handle (a rate limit whose
     /// algorithm changed).
     pub(crate) fn with_kind(&self, kind: &'static str) -> Name {
         Name {
             kind,
-            name: Arc::clone(&self.name),
+            ..self.clone()
         }
     }
 
@@ -295,6 +354,10 @@ impl Name {
         key.push_str(self.kind);
         key.push(':');
         key.push_str(&self.name);
+        if self.generation > 0 {
+            key.push('~');
+            key.push_str(&self.generation.to_string());
+        }
         key.push(':');
         push_escaped(&mut key, id);
         key.push('}');
@@ -307,6 +370,10 @@ impl Name {
             .and_then(|rest| rest.strip_prefix(self.kind))
             .and_then(|rest| rest.strip_prefix(':'))
             .and_then(|rest| rest.strip_prefix(&*self.name))
+            .and_then(|rest| match self.generation {
+                0 => Some(rest),
+                g => rest.strip_prefix('~')?.strip_prefix(g.to_string().as_str()),
+            })
             .and_then(|rest| rest.strip_prefix(':'))
             .and_then(|rest| rest.strip_suffix('}'))
             .is_some_and(|id| !id.is_empty() && !id.contains('}'))
