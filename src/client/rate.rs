@@ -77,7 +77,7 @@ pub struct RateLimit {
 
 /// The kind of handle of a rate limit, in its keys: one per algorithm,
 /// since each stores its state its own way.
-pub(super) fn kind(algorithm: Algorithm) -> &'static str {
+pub(crate) fn kind(algorithm: Algorithm) -> &'static str {
     match algorithm {
         Algorithm::Gcra => "gcra",
         Algorithm::TokenBucket => "bucket",

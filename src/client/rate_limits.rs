@@ -567,7 +567,7 @@ fn no_limit() -> Error {
 }
 
 /// The kind of handle of several rate limits, in their keys.
-fn multi_kind(algorithm: Algorithm) -> &'static str {
+pub(crate) fn multi_kind(algorithm: Algorithm) -> &'static str {
     match algorithm {
         Algorithm::Gcra => "multi-gcra",
         Algorithm::TokenBucket => "multi-bucket",
