@@ -65,7 +65,7 @@
 //! # Example
 //!
 //! ```no_run
-//! use nolock::config::{Change, Family, Spec};
+//! use nolock::config::{Change, Spec};
 //! use nolock::rate::Quota;
 //!
 //! # async fn run() -> nolock::Result<()> {
@@ -76,7 +76,7 @@
 //! // An operator raises it, keeping what every user used so far.
 //! let configs = client.configs();
 //! let spec = Spec::rate_limit(nolock::rate::Algorithm::Gcra, Quota::per_minute(200)?);
-//! configs.set(Family::RateLimit, "api", spec, Change::Keep).await?;
+//! configs.set("api", spec, Change::Keep).await?;
 //! for config in configs.list().await? {
 //!     println!("{} {} {}", config.family, config.name, config.spec);
 //! }
