@@ -39,6 +39,9 @@ pub(crate) struct Managed<E> {
     own: Spec,
     make: Arc<Make<E>>,
     built: Arc<RwLock<Option<Arc<Current<E>>>>>,
+    /// One declaration at a time per handle (and its clones): 64 tasks
+    /// making their first call at once send one, not 64.
+    declaring: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl<E> Clone for Managed<E> {
@@ -51,6 +54,7 @@ impl<E> Clone for Managed<E> {
             own: self.own.clone(),
             make: Arc::clone(&self.make),
             built: Arc::clone(&self.built),
+            declaring: Arc::clone(&self.declaring),
         }
     }
 }
@@ -82,6 +86,7 @@ impl<E> Managed<E> {
             own,
             make: Arc::new(make),
             built: Arc::new(RwLock::new(None)),
+            declaring: Arc::new(tokio::sync::Mutex::new(())),
         }
     }
 
@@ -91,9 +96,15 @@ impl<E> Managed<E> {
         let config = match self.registry.cached(&self.field) {
             Some(config) => config,
             None => {
-                self.registry
-                    .declare(self.family, self.name.as_str(), &self.own)
-                    .await?
+                let _one = self.declaring.lock().await;
+                match self.registry.cached(&self.field) {
+                    Some(config) => config,
+                    None => {
+                        self.registry
+                            .declare(self.family, self.name.as_str(), &self.own)
+                            .await?
+                    }
+                }
             }
         };
         if let Some(current) = self.latest() {
