@@ -50,6 +50,11 @@ impl Client {
     /// A bounded counter named `name`: at most `limit` per `window`
     /// (millisecond precision) for each id. Nothing is sent to Redis.
     ///
+    /// The numbers are a declaration ([`crate::config`]): the handle's
+    /// first call stores them under its name unless numbers are stored
+    /// already, and the handle decides by the stored ones from then on
+    /// (reporting a difference; [`insist`](Counter::insist) refuses one).
+    ///
     /// # Errors
     ///
     /// [`crate::Error::InvalidArgument`] for a bad name (see

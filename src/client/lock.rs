@@ -62,6 +62,11 @@ impl Client {
     /// name and TTL (other kinds of handle under the same name keep keys of
     /// their own).
     ///
+    /// The numbers are a declaration ([`crate::config`]): the handle's
+    /// first call stores them under its name unless numbers are stored
+    /// already, and the handle decides by the stored ones from then on
+    /// (reporting a difference; [`insist`](Lock::insist) refuses one).
+    ///
     /// # Errors
     ///
     /// Before any I/O: [`Error::InvalidArgument`] for a name that is not 1

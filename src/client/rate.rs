@@ -26,6 +26,11 @@ impl Client {
     /// two handles with one name share their state, so give each limit its
     /// own name.
     ///
+    /// The numbers are a declaration ([`crate::config`]): the handle's
+    /// first call stores them under its name unless numbers are stored
+    /// already, and the handle decides by the stored ones from then on
+    /// (reporting a difference; [`insist`](RateLimit::insist) refuses one).
+    ///
     /// # Errors
     ///
     /// [`Error::InvalidArgument`] for a bad name: 1 to

@@ -22,6 +22,11 @@ impl Client {
     /// them on the builder; the input is checked by
     /// [`RateLimitsBuilder::build`].
     ///
+    /// The numbers are a declaration ([`crate::config`]): the handle's
+    /// first call stores them under its name unless numbers are stored
+    /// already, and the handle decides by the stored ones from then on
+    /// (reporting a difference; [`insist`](RateLimits::insist) refuses one).
+    ///
     /// # Example
     ///
     /// ```no_run

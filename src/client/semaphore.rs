@@ -57,6 +57,11 @@ impl Client {
     /// name, size and TTL (other kinds of handle under the same name keep
     /// keys of their own).
     ///
+    /// The numbers are a declaration ([`crate::config`]): the handle's
+    /// first call stores them under its name unless numbers are stored
+    /// already, and the handle decides by the stored ones from then on
+    /// (reporting a difference; [`insist`](Semaphore::insist) refuses one).
+    ///
     /// # Errors
     ///
     /// Before any I/O: [`Error::InvalidArgument`] for a bad name (see
