@@ -132,7 +132,7 @@ async fn metrics_and_spans_match_the_decisions() {
     let minute = Duration::from_secs(60);
     let client = nolock::Client::connect(redis.url()).await.unwrap();
     let first = client.counter("metrics-config", 5, minute).unwrap();
-    first.increment("u").await.unwrap();
+    let _ = first.increment("u").await.unwrap();
     let other = client.counter("metrics-config", 6, minute).unwrap();
     assert_eq!(other.increment("u").await.unwrap().remaining, 3);
     let configs = client.configs();
@@ -141,7 +141,7 @@ async fn metrics_and_spans_match_the_decisions() {
         .await
         .unwrap();
     configs.refresh().await.unwrap();
-    other.increment("u").await.unwrap();
+    let _ = other.increment("u").await.unwrap();
     let open = Guard::new(Duration::from_millis(100), OnFailure::Open).unwrap();
     redis.kill();
     for _ in 0..2 {
