@@ -651,6 +651,7 @@ impl RateLimits {
 }
 
 impl Parts {
+    #[cfg(feature = "tower")]
     pub(crate) fn limiter(&self) -> &MultiLimiter {
         &self.limiter
     }
