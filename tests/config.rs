@@ -413,14 +413,88 @@ async fn foreign_data_at_the_registry_is_named(d: &Deployment) {
     ));
     // A handle of that name refuses too, with nothing written.
     let api = client.counter(&name, 5, MINUTE).unwrap();
-    assert!(matches!(
-        api.increment("u").await,
-        Err(Rejection::Failed(Error::Redis(_)))
-    ));
+    match api.increment("u").await {
+        Err(Rejection::Failed(Error::ForeignConfig { key, field, .. })) => {
+            assert_eq!(key, nolock::config::REGISTRY_KEY);
+            assert_eq!(field, format!("counter:{name}"));
+        }
+        other => panic!("{other:?}"),
+    }
     let _: () = redis::cmd("HDEL")
         .arg(nolock::config::REGISTRY_KEY)
         .arg(format!("counter:{name}"))
         .query_async(&mut conn)
         .await
         .unwrap();
+
+    // The registry or its epoch holding another type: named, nothing
+    // written. (Set aside under a key of the same slot, and put back.)
+    let backup = "{nolock:config}:test-backup";
+    let registry = nolock::config::REGISTRY_KEY;
+    let epoch = nolock::config::EPOCH_KEY;
+    let moved: bool = redis::cmd("EXISTS")
+        .arg(registry)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    if moved {
+        let _: () = redis::cmd("RENAME")
+            .arg(registry)
+            .arg(backup)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    let _: () = redis::cmd("SET")
+        .arg(registry)
+        .arg("not a hash")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    match configs.list().await {
+        Err(Error::ForeignConfig { key, .. }) => assert_eq!(key, registry),
+        other => panic!("{other:?}"),
+    }
+    match configs
+        .set(&unique("x"), Spec::counter(1, MINUTE), Change::Keep)
+        .await
+    {
+        Err(Error::ForeignConfig { key, .. }) => assert_eq!(key, registry),
+        other => panic!("{other:?}"),
+    }
+    let _: () = redis::cmd("DEL")
+        .arg(registry)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    if moved {
+        let _: () = redis::cmd("RENAME")
+            .arg(backup)
+            .arg(registry)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    let old_epoch: Option<String> = redis::cmd("GET")
+        .arg(epoch)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("SET")
+        .arg(epoch)
+        .arg("0x10")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    match configs.list().await {
+        Err(Error::ForeignConfig { key, .. }) => assert_eq!(key, epoch),
+        other => panic!("{other:?}"),
+    }
+    let _: () = redis::cmd("SET")
+        .arg(epoch)
+        .arg(old_epoch.unwrap_or_else(|| "0".to_owned()))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    configs.list().await.unwrap();
 }
