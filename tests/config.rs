@@ -33,6 +33,7 @@ both!(
         the_kill_switch_blocks_and_unlimits_without_redis,
         bad_input_is_refused_before_anything_is_written,
         a_change_under_load_reaches_every_task_within_the_poll_bound,
+        a_semaphore_grown_under_load_is_never_full_after_the_bound,
     ],
     exclusive: [
         foreign_data_at_the_registry_is_named,
@@ -318,45 +319,43 @@ async fn bad_input_is_refused_before_anything_is_written(d: &Deployment) {
     assert_eq!(configs.get(Family::Semaphore, &name).await.unwrap(), None);
 }
 
-/// 4 clients x 16 tasks decide on one rate limit while an operator changes
-/// its burst: after the poll bound no task decides by the old numbers
-/// (every answer carries the limit it was decided by).
-async fn a_change_under_load_reaches_every_task_within_the_poll_bound(d: &Deployment) {
-    let name = unique("load");
-    let old = Quota::per_second(1_000_000).unwrap();
-    let new = Quota::per_second(1_000_000)
-        .unwrap()
-        .with_burst(2_000_000)
-        .unwrap();
-    let operator = client(d).await;
-    let mut clients = Vec::new();
-    for _ in 0..4 {
-        let handle = client(d).await.rate_limit(&name, old).unwrap();
-        let _ = handle.check("warm").await.unwrap();
-        clients.push(handle);
-    }
+/// Runs 4 clients x 16 tasks: each task calls `decide(handle, id)` in a
+/// loop, which answers whether that decision was by the old numbers; the
+/// operator's `change` runs after a warm-up. Answers how long after the
+/// change returned the last call by old numbers was sent (zero when none
+/// was).
+async fn lateness_under_load<H, D, DF, C, CF>(handles: Vec<H>, decide: D, change: C) -> Duration
+where
+    H: Clone + Send + Sync + 'static,
+    D: Fn(H, String) -> DF + Clone + Send + Sync + 'static,
+    DF: std::future::Future<Output = bool> + Send,
+    C: FnOnce() -> CF,
+    CF: std::future::Future<Output = ()>,
+{
     let stop = Arc::new(AtomicBool::new(false));
     let changed_at = Arc::new(std::sync::Mutex::new(None::<Instant>));
     let late = Arc::new(AtomicU64::new(0));
+    let decided = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
-    for (i, handle) in clients.iter().enumerate() {
+    for (i, handle) in handles.iter().enumerate() {
         for t in 0..16 {
-            let (handle, stop, changed_at, late) = (
+            let (handle, decide, stop, changed_at, late, decided) = (
                 handle.clone(),
+                decide.clone(),
                 Arc::clone(&stop),
                 Arc::clone(&changed_at),
                 Arc::clone(&late),
+                Arc::clone(&decided),
             );
             tasks.push(tokio::spawn(async move {
                 let id = format!("{i}-{t}");
                 while !stop.load(Ordering::Relaxed) {
                     let sent = Instant::now();
-                    let admitted = handle.check(&id).await.unwrap();
+                    let by_old = decide(handle.clone(), id.clone()).await;
+                    decided.fetch_add(1, Ordering::Relaxed);
                     let changed = *changed_at.lock().unwrap();
-                    if let Some(changed) = changed {
-                        // Sent after the change returned, decided by the
-                        // old burst: how late after the change.
-                        if admitted.limit == old.burst() && sent > changed {
+                    if let (true, Some(changed)) = (by_old, changed) {
+                        if sent > changed {
                             let after = (sent - changed).as_micros() as u64;
                             late.fetch_max(after, Ordering::Relaxed);
                         }
@@ -366,26 +365,102 @@ async fn a_change_under_load_reaches_every_task_within_the_poll_bound(d: &Deploy
         }
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
-    operator
-        .configs()
-        .set(&name, Spec::rate_limit(Algorithm::Gcra, new), Change::Keep)
-        .await
-        .unwrap();
+    let before = decided.load(Ordering::Relaxed);
+    change().await;
     *changed_at.lock().unwrap() = Some(Instant::now());
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
     stop.store(true, Ordering::Relaxed);
     for task in tasks {
         task.await.unwrap();
     }
-    let late = Duration::from_micros(late.load(Ordering::Relaxed));
-    println!("the last decision by the old numbers came {late:?} after the change (poll {POLL:?})");
-    assert!(
-        late < POLL + Duration::from_millis(400),
-        "old numbers {late:?} after the change"
-    );
-    for handle in &clients {
-        assert_eq!(handle.check("after").await.unwrap().limit, new.burst());
+    assert!(before > 64, "the tasks were deciding before the change");
+    Duration::from_micros(late.load(Ordering::Relaxed))
+}
+
+/// The bound a change must reach every task in: the poll, a registry
+/// read, and room for a loaded machine.
+const BOUND: Duration = Duration::from_millis(450);
+
+/// 4 clients x 16 tasks decide on one rate limit while an operator changes
+/// its numbers, keeping or resetting the state, for every algorithm: after
+/// the poll bound no task decides by the old numbers (every answer carries
+/// the limit it was decided by).
+async fn a_change_under_load_reaches_every_task_within_the_poll_bound(d: &Deployment) {
+    let old = Quota::per_second(500_000).unwrap();
+    let new = Quota::per_second(1_000_000).unwrap();
+    for algorithm in Algorithm::ALL {
+        for change in [Change::Keep, Change::Reset] {
+            let name = unique("load");
+            let operator = client(d).await;
+            let mut handles = Vec::new();
+            for _ in 0..4 {
+                let handle = client(d)
+                    .await
+                    .rate_limit(&name, old)
+                    .unwrap()
+                    .with_algorithm(algorithm)
+                    .unwrap();
+                let _ = handle.check("warm").await.unwrap();
+                handles.push(handle);
+            }
+            let decide = move |h: nolock::client::RateLimit, id: String| async move {
+                h.check(&id).await.unwrap().limit == old.burst()
+            };
+            let set = || async {
+                operator
+                    .configs()
+                    .set(&name, Spec::rate_limit(algorithm, new), change)
+                    .await
+                    .unwrap();
+            };
+            let late = lateness_under_load(handles.clone(), decide, set).await;
+            println!(
+                "{algorithm} {change:?}: old numbers {late:?} after the change (poll {POLL:?})"
+            );
+            assert!(
+                late < BOUND,
+                "{algorithm} {change:?}: old numbers {late:?} after"
+            );
+            for handle in &handles {
+                assert_eq!(handle.check("after").await.unwrap().limit, new.burst());
+            }
+        }
     }
+}
+
+/// The same for a semaphore grown from 4 to 64 permits under 64 tasks that
+/// each hold at most one: after the bound, no task finds it full.
+async fn a_semaphore_grown_under_load_is_never_full_after_the_bound(d: &Deployment) {
+    let name = unique("grow");
+    let operator = client(d).await;
+    let mut handles = Vec::new();
+    for _ in 0..4 {
+        handles.push(client(d).await.semaphore(&name, 4, MINUTE).unwrap());
+    }
+    let decide = |h: nolock::client::Semaphore, id: String| async move {
+        let _ = id;
+        match h.acquire("shared").await.unwrap() {
+            PermitAttempt::Acquired(lease) => {
+                let _ = lease.release().await.unwrap();
+                false
+            }
+            PermitAttempt::Full { .. } => true,
+        }
+    };
+    let set = || async {
+        operator
+            .configs()
+            .set(&name, Spec::semaphore(64, MINUTE), Change::Keep)
+            .await
+            .unwrap();
+    };
+    let late = lateness_under_load(handles.clone(), decide, set).await;
+    println!("semaphore: full by the old size {late:?} after the change (poll {POLL:?})");
+    assert!(
+        late < BOUND,
+        "full by the old size {late:?} after the change"
+    );
+    assert_eq!(handles[0].permits(), 64);
 }
 
 async fn foreign_data_at_the_registry_is_named(d: &Deployment) {
