@@ -98,7 +98,10 @@ async fn two_semaphores_of_other_sizes_agree_on_the_stored_size(d: &Deployment) 
         other => panic!("{other:?}"),
     }
     for lease in held {
-        lease.release().await.unwrap();
+        assert_eq!(
+            lease.release().await.unwrap(),
+            nolock::semaphore::PermitRelease::Released
+        );
     }
 }
 
@@ -137,8 +140,8 @@ async fn a_fast_rate_limit_decides_by_the_stored_slow_one(d: &Deployment) {
         .await
         .rate_limit(&name, Quota::per_second(100).unwrap())
         .unwrap();
-    slow.check("u").await.unwrap();
-    slow.check("u").await.unwrap();
+    let _ = slow.check("u").await.unwrap();
+    let _ = slow.check("u").await.unwrap();
     // Before: "allowed: false, remaining: 0" with no word of why. Now the
     // fast handle decides by the stored 2/min, and says so in its answer.
     let l = limited(fast.check("u").await);
@@ -160,8 +163,8 @@ async fn another_algorithm_on_a_stored_name_decides_by_the_stored_one(d: &Deploy
         .unwrap()
         .with_algorithm(Algorithm::FixedWindow)
         .unwrap();
-    gcra.check("u").await.unwrap();
-    gcra.check("u").await.unwrap();
+    let _ = gcra.check("u").await.unwrap();
+    let _ = gcra.check("u").await.unwrap();
     // Before: the fixed window read the stored GCRA time as a count. Now
     // it decides by the stored algorithm, on the same state.
     assert_eq!(fixed.check("u").await.unwrap().remaining, 0);
@@ -247,7 +250,7 @@ async fn the_kill_switch_blocks_and_unlimits_without_redis(d: &Deployment) {
         .await
         .rate_limit(&name, Quota::per_minute(1).unwrap())
         .unwrap();
-    api.check("u").await.unwrap();
+    let _ = api.check("u").await.unwrap();
     limited(api.check("u").await);
 
     configs.unlimit(Family::RateLimit, &name).await.unwrap();
@@ -257,7 +260,7 @@ async fn the_kill_switch_blocks_and_unlimits_without_redis(d: &Deployment) {
     })
     .await;
     for _ in 0..20 {
-        api.check("u").await.unwrap();
+        let _ = api.check("u").await.unwrap();
     }
 
     configs.block(Family::RateLimit, &name).await.unwrap();
@@ -332,7 +335,7 @@ async fn a_change_under_load_reaches_every_task_within_the_poll_bound(d: &Deploy
     let mut clients = Vec::new();
     for _ in 0..4 {
         let handle = client(d).await.rate_limit(&name, old).unwrap();
-        handle.check("warm").await.unwrap();
+        let _ = handle.check("warm").await.unwrap();
         clients.push(handle);
     }
     let stop = Arc::new(AtomicBool::new(false));

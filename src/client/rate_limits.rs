@@ -646,6 +646,8 @@ impl RateLimits {
 }
 
 impl Parts {
+    // Only the tower layer reads the limiter of a version directly.
+    #[cfg(feature = "tower")]
     pub(crate) fn limiter(&self) -> &MultiLimiter {
         &self.limiter
     }
