@@ -13,8 +13,10 @@
 //! own, and keeps, for every decision, the wall-clock time the call was sent
 //! and whether it was decided by the old numbers (every answer carries the
 //! burst it was decided by: `Admitted::limit`, `Limited::limit`). Once every
-//! task decided, the parent raises the burst with `Configs::set(..,
-//! Change::Keep)`, notes the time the call returned, lets the workers run
+//! task decided, the parent waits 300 ms plus a random part of one poll
+//! interval (so that the change lands at a random point of the workers'
+//! poll cycles), raises the burst with `Configs::set(.., Change::Keep)`,
+//! notes the time the call returned, lets the workers run
 //! 1.5 s more, and closes their stdin. Each worker then prints one JSON line:
 //! its decision counts and the send time of its last decision by the old
 //! numbers. The bound of a round is the latest of those, over the 4
@@ -24,8 +26,9 @@
 //! machine, so their wall clocks are one clock.
 //!
 //! The numbers to compare it with: a client reads the epoch every poll
-//! interval, then the registry when it moved, so the bound is at most one
-//! interval plus one registry read, plus the time a call already sent takes.
+//! interval, then the registry when it moved (`TYPE`, `HGETALL`), so the
+//! bound is one interval plus those three round trips, and more when a
+//! loaded process runs its poll late.
 //!
 //! Starts its own `redis-server` and a local 3×2 cluster (needs
 //! `redis-server` and `redis-cli` on the PATH), unless `REDIS_URL` (a single
@@ -54,7 +57,8 @@ use serde::{Deserialize, Serialize};
 const WORKERS: usize = 4;
 const TASKS: usize = 64;
 const ROUNDS: usize = 5;
-/// How long the workers run at full load before the change.
+/// How long the workers run at full load before the change (plus a
+/// random part of one poll interval).
 const BEFORE: Duration = Duration::from_millis(300);
 /// How long they run after it.
 const AFTER: Duration = Duration::from_millis(1500);
@@ -344,7 +348,11 @@ fn round(
             return Err(format!("a worker said {line:?}"));
         }
     }
-    std::thread::sleep(BEFORE);
+    // At a random point of the workers' poll cycle: they all started
+    // polling when they declared, so a fixed pause would land the change
+    // at the same phase every round and measure one point of the range.
+    let phase = Duration::from_micros(fastrand::u64(0..poll.as_micros() as u64));
+    std::thread::sleep(BEFORE + phase);
     let spec = Spec::rate_limit(Algorithm::Gcra, quota(NEW_BURST));
     runtime
         .block_on(operator.configs().set(name, spec, Change::Keep))
