@@ -760,8 +760,13 @@ impl Registry {
         let weak: Weak<Registry> = Arc::downgrade(self);
         let poll = self.poll;
         runtime.spawn(async move {
+            // A fixed period, whatever a read takes (a late tick is not
+            // made up in a burst).
+            let mut ticks = tokio::time::interval(poll);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            ticks.tick().await;
             loop {
-                tokio::time::sleep(poll).await;
+                ticks.tick().await;
                 let Some(registry) = weak.upgrade() else {
                     return;
                 };
