@@ -1,7 +1,8 @@
 //! J1: limit each user to 100 requests per minute in an axum handler, with
 //! 429 + `Retry-After` and the `RateLimit` headers, no layer. Names three
-//! nolock items: `Client`, `rate::Quota` and `client::RateLimit` (the
-//! handler's error type, `client::Rejection`, is a fourth).
+//! nolock items: `Client`, `quota!` and `client::RateLimit`. The check's
+//! answer is itself a response (feature `axum`), so the handler returns it
+//! without naming its types.
 //!
 //! ```text
 //! cargo run --example j1_handler --features axum
@@ -18,8 +19,7 @@ use axum::extract::{FromRequestParts, State};
 use axum::http::{request::Parts, StatusCode};
 use axum::response::IntoResponse;
 use axum::{routing::get, Router};
-use nolock::client::{RateLimit, Rejection};
-use nolock::rate::Quota;
+use nolock::client::RateLimit;
 use nolock::Client;
 
 #[cfg(test)]
@@ -28,21 +28,20 @@ mod server;
 
 /// The service: `GET /hello`, 100 per minute per user.
 pub fn app(client: &Client) -> nolock::Result<Router> {
-    let per_user = client.rate_limit("per-user", Quota::per_minute(100)?)?;
+    let per_user = client.rate_limit("per-user", nolock::quota!(100 per minute))?;
     Ok(Router::new()
         .route("/hello", get(hello))
         .with_state(per_user))
 }
 
-/// A denial returns early through `?`: 429 with `RateLimit-Policy`,
-/// `RateLimit` and `Retry-After` (503 when Redis does not answer). An
-/// admission adds `RateLimit-Policy` and `RateLimit` to the response.
-async fn hello(
-    State(per_user): State<RateLimit>,
-    User(user): User,
-) -> Result<impl IntoResponse, Rejection> {
-    let admitted = per_user.check(&user).await?;
-    Ok((admitted, format!("hello {user}\n")))
+/// The check's answer is the response: a denial is 429 with
+/// `RateLimit-Policy`, `RateLimit` and `Retry-After` (503 when Redis does
+/// not answer); an admission adds `RateLimit-Policy` and `RateLimit` to the
+/// handler's own response. (In a handler that does more, `?` on the check
+/// returns the denial early: its error type is `client::Rejection`.)
+async fn hello(State(per_user): State<RateLimit>, User(user): User) -> impl IntoResponse {
+    let answer = per_user.check(&user).await;
+    answer.map(|admitted| (admitted, format!("hello {user}\n")))
 }
 
 /// Who is calling: the `x-user` header here, an authenticated user id in a
@@ -122,7 +121,7 @@ mod tests {
         // A user of its own, for a shared REDIS_URL.
         let alice = format!("alice-{}", std::process::id());
         client
-            .rate_limit("per-user", Quota::per_minute(100).unwrap())
+            .rate_limit("per-user", nolock::quota!(100 per minute))
             .unwrap()
             .reset(&alice)
             .await
