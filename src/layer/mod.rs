@@ -635,44 +635,25 @@ where
         let mut conn = self.conn.clone();
         let (guarded, headers) = match &self.limits {
             Limits::One(limiter, key) => {
-                let key = match key(parts) {
-                    Identity::Limited(Ok(key)) => key,
-                    Identity::Limited(Err(e)) => return (invalid(&e), None),
-                    Identity::Unlimited => return (Verdict::Pass(None), None),
-                    Identity::Rejected(status) => return (rejected(status), None),
+                let key = match limited(key(parts)) {
+                    Ok(Ok(key)) => key,
+                    Ok(Err(e)) => return (invalid(&e), None),
+                    Err(verdict) => return (verdict, None),
                 };
-                match self.guard.check(limiter, &mut conn, &key, cost()).await {
-                    Ok(g) => {
-                        let headers = g.decision().map(|d| limiter.headers(d));
-                        (Ok((g.allowed(), g.source())), headers)
-                    }
-                    Err(e) => (Err(e), None),
-                }
+                self.one(limiter, &mut conn, &key, cost()).await
             }
             Limits::Multi(limiter, key) => {
-                let key = match key(parts) {
-                    Identity::Limited(Ok(key)) => key,
-                    Identity::Limited(Err(e)) => return (invalid(&e), None),
-                    Identity::Unlimited => return (Verdict::Pass(None), None),
-                    Identity::Rejected(status) => return (rejected(status), None),
+                let key = match limited(key(parts)) {
+                    Ok(Ok(key)) => key,
+                    Ok(Err(e)) => return (invalid(&e), None),
+                    Err(verdict) => return (verdict, None),
                 };
-                match self
-                    .guard
-                    .check_multi(limiter, &mut conn, key, cost())
-                    .await
-                {
-                    Ok(g) => {
-                        let headers = g.decision().map(|d| limiter.headers(d));
-                        (Ok((g.allowed(), g.source())), headers)
-                    }
-                    Err(e) => (Err(e), None),
-                }
+                self.multi(limiter, &mut conn, key, cost()).await
             }
             Limits::Handle(handle, id) => {
-                let id = match id(parts) {
-                    Identity::Limited(id) => id,
-                    Identity::Unlimited => return (Verdict::Pass(None), None),
-                    Identity::Rejected(status) => return (rejected(status), None),
+                let id = match limited(id(parts)) {
+                    Ok(id) => id,
+                    Err(verdict) => return (verdict, None),
                 };
                 let current = match handle.managed.current().await {
                     Ok(current) => current,
@@ -685,21 +666,14 @@ where
                 };
                 match client::switched(&current, cost()) {
                     Ok(Some(d)) => (Ok((d.allowed, DecidedBy::Redis)), Some(limiter.headers(&d))),
-                    Ok(None) => match self.guard.check(limiter, &mut conn, &key, cost()).await {
-                        Ok(g) => {
-                            let headers = g.decision().map(|d| limiter.headers(d));
-                            (Ok((g.allowed(), g.source())), headers)
-                        }
-                        Err(e) => (Err(e), None),
-                    },
+                    Ok(None) => self.one(limiter, &mut conn, &key, cost()).await,
                     Err(e) => (Err(e), None),
                 }
             }
             Limits::Scoped(handle, scope) => {
-                let scope = match scope(parts) {
-                    Identity::Limited(scope) => scope,
-                    Identity::Unlimited => return (Verdict::Pass(None), None),
-                    Identity::Rejected(status) => return (rejected(status), None),
+                let scope = match limited(scope(parts)) {
+                    Ok(scope) => scope,
+                    Err(verdict) => return (verdict, None),
                 };
                 let current = match handle.managed.current().await {
                     Ok(current) => current,
@@ -713,17 +687,7 @@ where
                 let limiter = limits.limiter();
                 match client::switched_multi(limits, current.mode(), cost()) {
                     Ok(Some(d)) => (Ok((d.allowed, DecidedBy::Redis)), Some(limiter.headers(&d))),
-                    Ok(None) => match self
-                        .guard
-                        .check_multi(limiter, &mut conn, key, cost())
-                        .await
-                    {
-                        Ok(g) => {
-                            let headers = g.decision().map(|d| limiter.headers(d));
-                            (Ok((g.allowed(), g.source())), headers)
-                        }
-                        Err(e) => (Err(e), None),
-                    },
+                    Ok(None) => self.multi(limiter, &mut conn, key, cost()).await,
                     Err(e) => (Err(e), None),
                 }
             }
@@ -748,6 +712,52 @@ where
             ),
             Err(e) => (invalid(&e), None),
         }
+    }
+}
+
+type Guarded = (Result<(bool, DecidedBy)>, Option<Headers>);
+
+impl<C> Shared<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// One limit's decision through the failure policy, with its headers.
+    async fn one(&self, limiter: &Limiter, conn: &mut C, key: &str, cost: u64) -> Guarded {
+        match self.guard.check(limiter, conn, key, cost).await {
+            Ok(g) => {
+                let headers = g.decision().map(|d| limiter.headers(d));
+                (Ok((g.allowed(), g.source())), headers)
+            }
+            Err(e) => (Err(e), None),
+        }
+    }
+
+    /// Several limits' decision through the failure policy, with their
+    /// headers.
+    async fn multi(
+        &self,
+        limiter: &MultiLimiter,
+        conn: &mut C,
+        key: MultiKey,
+        cost: u64,
+    ) -> Guarded {
+        match self.guard.check_multi(limiter, conn, key, cost).await {
+            Ok(g) => {
+                let headers = g.decision().map(|d| limiter.headers(d));
+                (Ok((g.allowed(), g.source())), headers)
+            }
+            Err(e) => (Err(e), None),
+        }
+    }
+}
+
+/// What the identity function said: limit as this, or the verdict without
+/// a limit (let through, or refused with its status).
+fn limited<T>(identity: Identity<T>) -> std::result::Result<T, Verdict> {
+    match identity {
+        Identity::Limited(id) => Ok(id),
+        Identity::Unlimited => Err(Verdict::Pass(None)),
+        Identity::Rejected(status) => Err(rejected(status)),
     }
 }
 
