@@ -156,6 +156,86 @@ async fn a_rate_limit_handle_limits_each_id() {
     }
 }
 
+/// An operator's switch reaches the layers built from handles: a blocked
+/// name answers 429 without `Retry-After`, an unlimited one 200, for one
+/// limit and for several, and unblocking brings back the numbers with the
+/// state they had.
+#[tokio::test]
+async fn the_layers_follow_the_kill_switch() {
+    use nolock::config::Family;
+
+    let redis = RedisServer::start();
+    let client = Client::from_connection(redis.conn().await).await.unwrap();
+    let configs = client.configs();
+    let per_user = client
+        .rate_limit("switched", Quota::per_hour(1).unwrap())
+        .unwrap();
+    let one = serve(RateLimitLayer::limit(per_user, user)).await;
+    let limits = client
+        .rate_limits("switched-multi")
+        .per_member("user", Quota::per_hour(1).unwrap())
+        .per_scope("tenant", Quota::per_hour(10).unwrap())
+        .build()
+        .unwrap();
+    let several = serve(RateLimitLayer::scoped(limits, tenant_user)).await;
+    let alice = [("x-user", "alice")];
+    let acme_alice = [("x-tenant", "acme"), ("x-user", "alice")];
+    for (addr, headers) in [(one, &alice[..]), (several, &acme_alice[..])] {
+        assert_eq!(get(addr, headers).await.status, 200);
+        assert_eq!(get(addr, headers).await.status, 429);
+    }
+
+    for family in [Family::RateLimit, Family::RateLimits] {
+        let name = if family == Family::RateLimit {
+            "switched"
+        } else {
+            "switched-multi"
+        };
+        configs.unlimit(family, name).await.unwrap();
+    }
+    configs.refresh().await.unwrap();
+    for (addr, headers) in [(one, &alice[..]), (several, &acme_alice[..])] {
+        for _ in 0..3 {
+            let r = get(addr, headers).await;
+            assert_eq!(r.status, 200, "unlimited: {}", r.body);
+        }
+    }
+
+    configs.block(Family::RateLimit, "switched").await.unwrap();
+    configs
+        .block(Family::RateLimits, "switched-multi")
+        .await
+        .unwrap();
+    configs.refresh().await.unwrap();
+    for (addr, headers) in [
+        (one, &[("x-user", "bob")][..]),
+        (several, &[("x-tenant", "acme"), ("x-user", "bob")][..]),
+    ] {
+        let r = get(addr, headers).await;
+        assert_eq!(r.status, 429, "blocked: {}", r.body);
+        assert_eq!(r.header("retry-after"), None);
+        assert!(r.header("ratelimit").is_some());
+    }
+
+    configs
+        .unblock(Family::RateLimit, "switched")
+        .await
+        .unwrap();
+    configs
+        .unblock(Family::RateLimits, "switched-multi")
+        .await
+        .unwrap();
+    configs.refresh().await.unwrap();
+    for (addr, headers) in [(one, &alice[..]), (several, &acme_alice[..])] {
+        assert_eq!(
+            get(addr, headers).await.status,
+            429,
+            "alice's state is kept"
+        );
+    }
+    assert_eq!(get(one, &[("x-user", "carol")]).await.status, 200);
+}
+
 #[tokio::test]
 async fn rate_limits_handle_limits_per_member_and_shares_per_scope() {
     let redis = RedisServer::start();
