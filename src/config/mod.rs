@@ -914,6 +914,9 @@ impl Configs {
     }
 }
 
+mod inspect;
+pub use inspect::*;
+
 #[cfg(test)]
 mod tests {
     use super::*;
