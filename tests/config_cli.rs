@@ -1,0 +1,731 @@
+//! The `nolock` binary (feature `cli`) end to end, against throwaway
+//! servers: set → list → show → block/unblock/unlimit → inspect of state
+//! written through the library, bad input (exit 2, nothing written),
+//! unknown names (exit 3), foreign data in the registry (exit 4), the
+//! `--json` shapes, and the same main flow on a 3×2 cluster.
+//!
+//! State for `inspect` is written by the operation-level API on the very
+//! key a handle of that name uses (`{nolock:<kind>:<name>:<id>}`), so
+//! these tests hold whether or not the handles read the registry yet.
+
+mod support;
+
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use nolock::rate::{Algorithm, Limiter, Quota};
+use serde_json::Value;
+use support::cluster::RedisCluster;
+use support::RedisServer;
+
+/// Runs the binary against `url` (never the caller's `REDIS_URL`).
+fn nolock(url: &str, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_nolock"))
+        .env_remove("REDIS_URL")
+        .arg("--url")
+        .arg(url)
+        .args(args)
+        .output()
+        .expect("run the nolock binary")
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Runs a command that must succeed, and returns its standard output.
+fn ok(url: &str, args: &[&str]) -> String {
+    let out = nolock(url, args);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{args:?}: stdout {} stderr {}",
+        stdout(&out),
+        stderr(&out)
+    );
+    stdout(&out)
+}
+
+/// Runs a `--json` command that must succeed, and parses its output.
+fn ok_json(url: &str, args: &[&str]) -> Value {
+    let mut all = args.to_vec();
+    all.push("--json");
+    let text = ok(url, &all);
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{args:?}: {e}: {text}"))
+}
+
+/// Runs a command that must fail with `code`, and returns its one line of stderr.
+fn fails(url: &str, args: &[&str], code: i32) -> String {
+    let out = nolock(url, args);
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "{args:?}: stdout {} stderr {}",
+        stdout(&out),
+        stderr(&out)
+    );
+    assert!(stdout(&out).is_empty(), "{args:?}: {}", stdout(&out));
+    stderr(&out)
+}
+
+/// The line a failure printed: exactly one, starting `nolock: `.
+fn one_line(err: &str) -> &str {
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(lines[0].starts_with("nolock: "), "{err}");
+    lines[0]
+}
+
+async fn exists(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> bool {
+    redis::cmd("EXISTS")
+        .arg(key)
+        .query_async::<u64>(conn)
+        .await
+        .unwrap()
+        == 1
+}
+
+/// Sets one configuration of each family; `api` is both a rate limit and a counter.
+fn set_all(url: &str) {
+    ok(
+        url,
+        &[
+            "set",
+            "rate-limit",
+            "api",
+            "--algorithm",
+            "gcra",
+            "--rate",
+            "10",
+            "--per",
+            "1m",
+            "--burst",
+            "10",
+        ],
+    );
+    ok(
+        url,
+        &["set", "counter", "api", "--limit", "5", "--window", "60s"],
+    );
+    ok(
+        url,
+        &["set", "semaphore", "jobs", "--permits", "3", "--ttl", "30s"],
+    );
+    ok(url, &["set", "lock", "payout", "--ttl", "10s"]);
+    ok(
+        url,
+        &[
+            "set",
+            "rate-limits",
+            "tiers",
+            "--member-limit",
+            "user=10/1s:20",
+            "--scope-limit",
+            "tenant=1000/1m",
+        ],
+    );
+}
+
+/// The main flow: set, list (table and JSON), show, switches.
+fn main_flow(url: &str) {
+    set_all(url);
+
+    let table = ok(url, &["list"]);
+    let lines: Vec<&str> = table.lines().collect();
+    assert_eq!(lines.len(), 6, "{table}");
+    assert!(lines[0].starts_with("FAMILY"), "{table}");
+    for row in [
+        "gcra 10/1min burst 10",
+        "counter 5/1min",
+        "semaphore 3 ttl 30s",
+        "lock ttl 10s",
+        "user per member 10/1s burst 20, tenant per scope 1000/1min burst 1000",
+    ] {
+        assert!(table.contains(row), "{row:?} not in\n{table}");
+    }
+
+    let list = ok_json(url, &["list"]);
+    let list = list.as_array().expect("list --json is an array");
+    let seen: Vec<(String, String)> = list
+        .iter()
+        .map(|c| {
+            (
+                c["family"].as_str().unwrap().to_owned(),
+                c["name"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    let expected = [
+        ("rate-limit", "api"),
+        ("rate-limits", "tiers"),
+        ("counter", "api"),
+        ("semaphore", "jobs"),
+        ("lock", "payout"),
+    ];
+    assert_eq!(
+        seen,
+        expected
+            .iter()
+            .map(|(f, n)| (f.to_string(), n.to_string()))
+            .collect::<Vec<_>>()
+    );
+    let rate = &list[0];
+    assert_eq!(rate["spec"]["kind"], "rate-limit");
+    assert_eq!(rate["spec"]["algorithm"], "gcra");
+    assert_eq!(rate["spec"]["rate"], 10);
+    assert_eq!(rate["spec"]["period_ms"], 60_000);
+    assert_eq!(rate["spec"]["burst"], 10);
+    assert_eq!(rate["mode"], "normal");
+    assert_eq!(rate["generation"], 0);
+    assert!(rate["epoch"].as_u64().unwrap() >= 1);
+    assert!(rate["changed_at_ms"].as_u64().unwrap() > 1_700_000_000_000);
+    let tiers = &list[1]["spec"]["limits"];
+    assert_eq!(tiers[0]["name"], "user", "the order given is kept");
+    assert_eq!(tiers[0]["per"], "member");
+    assert_eq!(tiers[0]["burst"], 20);
+    assert_eq!(tiers[1]["name"], "tenant");
+    assert_eq!(tiers[1]["burst"], 1000);
+
+    // show: every family of a name, or one.
+    let both = ok_json(url, &["show", "api"]);
+    let families: Vec<&str> = both
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["family"].as_str().unwrap())
+        .collect();
+    assert_eq!(families, ["rate-limit", "counter"]);
+    let shown = ok(url, &["show", "api"]);
+    assert_eq!(shown.lines().count(), 3, "{shown}");
+    let counter = ok_json(url, &["show", "api", "--family", "counter"]);
+    assert_eq!(counter.as_array().unwrap().len(), 1);
+    assert_eq!(counter[0]["spec"]["limit"], 5);
+
+    // Switches: the JSON of the written configuration, and the table.
+    let blocked = ok_json(url, &["block", "counter", "api"]);
+    assert_eq!(blocked["mode"], "blocked");
+    assert_eq!(blocked["family"], "counter");
+    assert!(ok(url, &["show", "api", "--family", "counter"]).contains("blocked"));
+    // The rate limit of the same name is untouched.
+    assert_eq!(
+        ok_json(url, &["show", "api", "--family", "rate-limit"])[0]["mode"],
+        "normal"
+    );
+    assert_eq!(
+        ok_json(url, &["unblock", "counter", "api"])["mode"],
+        "normal"
+    );
+    assert_eq!(
+        ok_json(url, &["unlimit", "semaphore", "jobs"])["mode"],
+        "unlimited"
+    );
+    assert_eq!(
+        ok_json(url, &["unblock", "semaphore", "jobs"])["mode"],
+        "normal"
+    );
+    // A lock cannot be unlimited: bad input.
+    let err = fails(url, &["unlimit", "lock", "payout"], 2);
+    assert!(one_line(&err).contains("lock"), "{err}");
+
+    // A change keeps the mode, and a reset moves the generation.
+    ok(url, &["block", "rate-limit", "api"]);
+    let changed = ok_json(
+        url,
+        &[
+            "set",
+            "rate-limit",
+            "api",
+            "--rate",
+            "20",
+            "--per",
+            "1m",
+            "--reset",
+        ],
+    );
+    assert_eq!(changed["mode"], "blocked");
+    assert_eq!(changed["generation"], 1);
+    assert_eq!(
+        changed["spec"]["burst"], 20,
+        "the burst defaults to the rate"
+    );
+    ok(url, &["unblock", "rate-limit", "api"]);
+}
+
+#[test]
+fn the_main_flow_on_one_server() {
+    let server = RedisServer::start();
+    main_flow(&server.url());
+    // REDIS_URL is the default URL.
+    let out = Command::new(env!("CARGO_BIN_EXE_nolock"))
+        .env("REDIS_URL", server.url())
+        .args(["list", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let list: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(list.as_array().unwrap().len(), 5);
+}
+
+#[test]
+fn the_main_flow_on_a_cluster() {
+    let cluster = RedisCluster::start();
+    let urls = cluster.urls().join(",");
+    let run = |args: &[&str]| {
+        let mut all = vec!["--cluster"];
+        all.extend_from_slice(args);
+        all.iter().map(|s| s.to_string()).collect::<Vec<_>>()
+    };
+    // `main_flow` with --cluster: the URL list is the seed nodes.
+    let flow = |args: &[&str]| {
+        ok(
+            &urls,
+            &run(args).iter().map(String::as_str).collect::<Vec<_>>(),
+        )
+    };
+    flow(&["set", "lock", "payout", "--ttl", "10s"]);
+    flow(&["set", "counter", "api", "--limit", "5", "--window", "60s"]);
+    let list: Value =
+        serde_json::from_str(&flow(&["list", "--json"])).expect("list --json on a cluster");
+    assert_eq!(list.as_array().unwrap().len(), 2);
+    assert_eq!(list[0]["family"], "counter");
+    assert!(flow(&["block", "counter", "api"]).contains("blocked"));
+    assert!(flow(&["unblock", "counter", "api"]).contains("normal"));
+    assert!(flow(&["show", "payout"]).contains("lock ttl 10s"));
+
+    // Inspect state written through the library, on the key's own node.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let client = nolock::Client::connect_cluster(cluster.urls())
+            .await
+            .unwrap();
+        let mut conn = client.connection();
+        let counter = nolock::limits::Counter::new(5, Duration::from_secs(60)).unwrap();
+        for _ in 0..2 {
+            let _ = counter
+                .try_increment(&mut conn, "{nolock:counter:api:bob}")
+                .await
+                .unwrap();
+        }
+        let lock = nolock::fence::Lock::new(Duration::from_secs(10)).unwrap();
+        let _ = lock
+            .acquire(&mut conn, "{nolock:lock:payout:t7}")
+            .await
+            .unwrap();
+    });
+    let seen: Value = serde_json::from_str(&flow(&["inspect", "counter", "api", "bob", "--json"]))
+        .expect("inspect --json");
+    assert_eq!(seen["state"]["count"], 2);
+    assert_eq!(seen["state"]["remaining"], 3);
+    let seen: Value = serde_json::from_str(&flow(&["inspect", "lock", "payout", "t7", "--json"]))
+        .expect("inspect --json");
+    assert_eq!(seen["state"]["held"], true);
+    assert_eq!(seen["state"]["fence"], 1);
+
+    // Durability: one report per primary.
+    let reports: Value = serde_json::from_str(&flow(&["durability", "--json"])).unwrap();
+    let reports = reports.as_array().unwrap();
+    assert_eq!(reports.len(), 3, "{reports:?}");
+    assert!(reports.iter().all(|r| r["role"] == "master"));
+    assert!(reports.iter().all(|r| r["connected_replicas"] == 1));
+
+    // Several URLs without --cluster are a usage error.
+    let err = fails(&urls, &["list"], 2);
+    assert!(one_line(&err).contains("--cluster"), "{err}");
+}
+
+#[tokio::test]
+async fn inspect_reads_what_the_library_wrote() {
+    let server = RedisServer::start();
+    let url = server.url();
+    set_all(&url);
+    let mut conn = server.conn().await;
+
+    // A rate limit: 3 of 10 taken on the key the handle `api` uses.
+    let limiter = Limiter::new(Algorithm::Gcra, Quota::per_minute(10).unwrap()).unwrap();
+    let _ = limiter
+        .check(&mut conn, "{nolock:gcra:api:alice}", 3)
+        .await
+        .unwrap();
+    let seen = ok_json(&url, &["inspect", "rate-limit", "api", "alice"]);
+    assert_eq!(seen["family"], "rate-limit");
+    assert_eq!(seen["id"], "alice");
+    let state = &seen["state"];
+    assert_eq!(state["kind"], "rate-limit");
+    assert_eq!(state["key"], "{nolock:gcra:api:alice}");
+    assert_eq!(
+        (state["remaining"].as_u64(), state["limit"].as_u64()),
+        (Some(7), Some(10))
+    );
+    let reset = state["reset_after_ms"].as_u64().unwrap();
+    assert!(reset > 0 && reset <= 18_000, "3 units of 6 s: {reset}");
+    assert_eq!(state["retry_after_ms"], Value::Null);
+    assert_eq!(state["debt"], 0);
+    let text = ok(&url, &["inspect", "rate-limit", "api", "alice"]);
+    assert!(text.contains("remaining   7 of 10"), "{text}");
+    // Inspecting wrote nothing: a second look sees the same remaining.
+    let again = ok_json(&url, &["inspect", "rate-limit", "api", "alice"]);
+    assert_eq!(again["state"]["remaining"], 7);
+    // An id nobody used is full.
+    let fresh = ok_json(&url, &["inspect", "rate-limit", "api", "nobody"]);
+    assert_eq!(fresh["state"]["remaining"], 10);
+    assert!(!exists(&mut conn, "{nolock:gcra:api:nobody}").await);
+
+    // A counter: 2 of 5.
+    let counter = nolock::limits::Counter::new(5, Duration::from_secs(60)).unwrap();
+    for _ in 0..2 {
+        let _ = counter
+            .try_increment(&mut conn, "{nolock:counter:api:bob}")
+            .await
+            .unwrap();
+    }
+    let seen = ok_json(&url, &["inspect", "counter", "api", "bob"]);
+    let state = &seen["state"];
+    assert_eq!(
+        (state["count"].as_u64(), state["limit"].as_u64()),
+        (Some(2), Some(5))
+    );
+    assert_eq!(state["remaining"], 3);
+    let reset = state["reset_after_ms"].as_u64().unwrap();
+    assert!(reset > 50_000 && reset <= 60_001, "{reset}");
+
+    // A semaphore: one holder of 2 permits, then one of 1.
+    let semaphore = nolock::semaphore::Semaphore::new(3, Duration::from_secs(30)).unwrap();
+    let key = "{nolock:semaphore:jobs:exports}";
+    let first = semaphore.acquire_weighted(&mut conn, key, 2).await.unwrap();
+    assert!(first.is_acquired());
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let second = semaphore.acquire(&mut conn, key).await.unwrap();
+    assert!(second.is_acquired());
+    let seen = ok_json(&url, &["inspect", "semaphore", "jobs", "exports"]);
+    let state = &seen["state"];
+    assert_eq!(
+        (state["in_use"].as_u64(), state["permits"].as_u64()),
+        (Some(3), Some(3))
+    );
+    let holders = state["holders"].as_array().unwrap();
+    assert_eq!(holders.len(), 2, "{holders:?}");
+    assert_eq!(holders[0]["weight"], 2, "soonest to expire first");
+    assert_eq!(holders[1]["weight"], 1);
+    for h in holders {
+        let left = h["expires_in_ms"].as_u64().unwrap();
+        assert!(left > 20_000 && left <= 30_000, "{left}");
+    }
+    // No permit id is shown: it is a secret.
+    let text = ok(&url, &["inspect", "semaphore", "jobs", "exports"]);
+    assert!(text.contains("in use      3 of 3"), "{text}");
+    let members: Vec<String> = redis::cmd("ZRANGE")
+        .arg(key)
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    for member in &members {
+        let id = &member[..32];
+        assert!(!text.contains(id), "{text}");
+        assert!(!seen.to_string().contains(id));
+    }
+
+    // A lock: free, then held with fence 1; never the owner token.
+    let free = ok_json(&url, &["inspect", "lock", "payout", "t7"]);
+    assert_eq!(free["state"]["held"], false);
+    assert_eq!(free["state"]["counter"], 0);
+    assert_eq!(free["state"]["resource"], "{nolock:lock:payout:t7}");
+    let lock = nolock::fence::Lock::new(Duration::from_secs(10)).unwrap();
+    let token = nolock::fence::Token::random().unwrap();
+    let _ = lock
+        .acquire_as(&mut conn, "{nolock:lock:payout:t7}", &token)
+        .await
+        .unwrap();
+    let held = ok_json(&url, &["inspect", "lock", "payout", "t7"]);
+    let state = &held["state"];
+    assert_eq!(
+        (state["held"].as_bool(), state["fence"].as_u64()),
+        (Some(true), Some(1))
+    );
+    assert_eq!(state["counter"], 1);
+    let left = state["expires_in_ms"].as_u64().unwrap();
+    assert!(left > 5_000 && left <= 10_000, "{left}");
+    let text = ok(&url, &["inspect", "lock", "payout", "t7"]);
+    assert!(text.contains("fence 1"), "{text}");
+    assert!(!text.contains(token.as_str()) && !held.to_string().contains(token.as_str()));
+
+    // Rate limits decided together: 4 units for alice at acme.
+    let client = nolock::Client::connect(url.as_str()).await.unwrap();
+    let tiers = client
+        .rate_limits("tiers")
+        .per_member(
+            "user",
+            Quota::per_second(10).unwrap().with_burst(20).unwrap(),
+        )
+        .per_scope("tenant", Quota::per_minute(1000).unwrap())
+        .build()
+        .unwrap();
+    let alice = nolock::client::Scope::new("acme").member("alice");
+    let admitted = tiers.check_cost(&alice, 4).await.unwrap();
+    assert_eq!(admitted.remaining, 16);
+    let both = ok_json(
+        &url,
+        &[
+            "inspect",
+            "rate-limits",
+            "tiers",
+            "acme",
+            "--member",
+            "alice",
+        ],
+    );
+    assert_eq!(both["member"], "alice");
+    let limits = both["state"]["limits"].as_array().unwrap();
+    assert_eq!(limits.len(), 2);
+    assert_eq!(limits[0]["limit_name"], "user");
+    assert_eq!(limits[0]["remaining"], 16);
+    assert_eq!(limits[1]["limit_name"], "tenant");
+    assert_eq!(limits[1]["remaining"], 996);
+    // Without a member, the scope's limits only.
+    let scope = ok_json(&url, &["inspect", "rate-limits", "tiers", "acme"]);
+    let limits = scope["state"]["limits"].as_array().unwrap();
+    assert_eq!(limits.len(), 1);
+    assert_eq!(limits[0]["per"], "scope");
+    assert_eq!(limits[0]["remaining"], 996);
+    // --member belongs to rate-limits only.
+    fails(
+        &url,
+        &["inspect", "counter", "api", "bob", "--member", "x"],
+        2,
+    );
+
+    // After a reset the next generation's keys are read: alice is full again.
+    ok(
+        &url,
+        &[
+            "set",
+            "rate-limit",
+            "api",
+            "--rate",
+            "10",
+            "--per",
+            "1m",
+            "--reset",
+        ],
+    );
+    let reset = ok_json(&url, &["inspect", "rate-limit", "api", "alice"]);
+    assert_eq!(reset["generation"], 1);
+    assert_eq!(reset["state"]["key"], "{nolock:gcra:api~1:alice}");
+    assert_eq!(reset["state"]["remaining"], 10);
+}
+
+#[tokio::test]
+async fn bad_input_exits_2_and_writes_nothing() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let cases: &[&[&str]] = &[
+        &["set", "counter", "api", "--limit", "ten", "--window", "60s"],
+        &["set", "counter", "api", "--limit", "10", "--window", "60"],
+        &["set", "counter", "api", "--limit", "10", "--window", "1w"],
+        &["set", "counter", "api", "--limit", "10"],
+        &["set", "counter", "api", "--limit", "0", "--window", "60s"],
+        &[
+            "set",
+            "counter",
+            "api",
+            "--limit",
+            "10",
+            "--window",
+            "60s",
+            "--permits",
+            "3",
+        ],
+        &["set", "kounter", "api", "--limit", "10", "--window", "60s"],
+        &["set", "counter", "a b", "--limit", "10", "--window", "60s"],
+        &["set", "lock", "payout", "--ttl", "10s", "--reset"],
+        &[
+            "set",
+            "rate-limit",
+            "api",
+            "--rate",
+            "10",
+            "--per",
+            "1m",
+            "--algorithm",
+            "leaky",
+        ],
+        &[
+            "set",
+            "rate-limit",
+            "api",
+            "--rate",
+            "10",
+            "--per",
+            "1m",
+            "--algorithm",
+            "fixed_window",
+            "--burst",
+            "20",
+        ],
+        &["set", "rate-limits", "tiers"],
+        &["set", "rate-limits", "tiers", "--member-limit", "user=10"],
+        &[
+            "set",
+            "rate-limits",
+            "tiers",
+            "--member-limit",
+            "u=1/1s",
+            "--scope-limit",
+            "u=1/1s",
+        ],
+        &["block", "kounter", "api"],
+        &["inspect", "counter", "a b", "x"],
+        &["list", "--bogus"],
+        &[],
+    ];
+    for args in cases {
+        let out = nolock(&url, args);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{args:?}: stdout {} stderr {}",
+            stdout(&out),
+            stderr(&out)
+        );
+        assert!(!stderr(&out).is_empty(), "{args:?}");
+    }
+    // Our own refusals are one line; clap's usage errors are clap's.
+    let err = fails(&url, &["set", "counter", "api", "--limit", "10"], 2);
+    assert!(one_line(&err).contains("--window"), "{err}");
+    let err = fails(
+        &url,
+        &[
+            "set", "counter", "api", "--limit", "10", "--window", "60s", "--ttl", "1s",
+        ],
+        2,
+    );
+    assert!(
+        one_line(&err).contains("--ttl does not apply to a counter"),
+        "{err}"
+    );
+    let mut conn = server.conn().await;
+    assert!(!exists(&mut conn, nolock::config::REGISTRY_KEY).await);
+    assert!(!exists(&mut conn, nolock::config::EPOCH_KEY).await);
+
+    // --help documents the exit codes.
+    let help = ok(&url, &["--help"]);
+    for line in [
+        "0  done",
+        "1  Redis",
+        "2  usage",
+        "3  not found",
+        "4  foreign",
+    ] {
+        assert!(help.contains(line), "{line:?} not in\n{help}");
+    }
+}
+
+#[test]
+fn unknown_names_exit_3() {
+    let server = RedisServer::start();
+    let url = server.url();
+    ok(&url, &["set", "lock", "payout", "--ttl", "10s"]);
+    for args in [
+        &["show", "nope"][..],
+        &["show", "payout", "--family", "counter"],
+        &["block", "counter", "nope"],
+        &["unblock", "lock", "nope"],
+        &["unlimit", "semaphore", "nope"],
+        &["inspect", "counter", "payout", "x"],
+    ] {
+        let err = fails(&url, args, 3);
+        let line = one_line(&err);
+        assert!(line.contains("nope") || line.contains("payout"), "{line}");
+    }
+    // Nothing was created by the refusals.
+    assert_eq!(ok_json(&url, &["list"]).as_array().unwrap().len(), 1);
+    // An empty registry lists as empty, not as an error.
+    let empty = RedisServer::start();
+    assert_eq!(ok_json(&empty.url(), &["list"]), Value::Array(vec![]));
+    assert!(ok(&empty.url(), &["list"]).contains("no configurations"));
+}
+
+#[tokio::test]
+async fn foreign_data_in_the_registry_exits_4_naming_the_key() {
+    let server = RedisServer::start();
+    let url = server.url();
+    ok(&url, &["set", "lock", "payout", "--ttl", "10s"]);
+    let mut conn = server.conn().await;
+    let _: () = redis::cmd("HSET")
+        .arg(nolock::config::REGISTRY_KEY)
+        .arg("counter:x")
+        .arg("garbage")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    for args in [
+        &["list"][..],
+        &["show", "x"],
+        &["show", "x", "--family", "counter"],
+        &["inspect", "counter", "x", "bob"],
+        &["block", "counter", "x"],
+        &["set", "counter", "x", "--limit", "1", "--window", "1s"],
+    ] {
+        let err = fails(&url, args, 4);
+        let line = one_line(&err);
+        assert!(line.contains("{nolock:config}"), "{args:?}: {line}");
+        assert!(line.contains("counter:x"), "{args:?}: {line}");
+    }
+    // The garbage was left as it was.
+    let kept: String = redis::cmd("HGET")
+        .arg(nolock::config::REGISTRY_KEY)
+        .arg("counter:x")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(kept, "garbage");
+
+    // The registry key holding a string.
+    let _: () = redis::cmd("DEL")
+        .arg(nolock::config::REGISTRY_KEY)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("SET")
+        .arg(nolock::config::REGISTRY_KEY)
+        .arg("not a hash")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let err = fails(&url, &["list"], 4);
+    assert!(one_line(&err).contains("{nolock:config}"), "{err}");
+}
+
+#[test]
+fn an_unreachable_server_exits_1() {
+    let port = support::server::free_port();
+    let started = Instant::now();
+    let err = fails(&format!("redis://127.0.0.1:{port}/"), &["list"], 1);
+    one_line(&err);
+    assert!(started.elapsed() < Duration::from_secs(30));
+    // A malformed URL is bad input: exit 2, one line.
+    let err = fails("not-a-url", &["list"], 2);
+    assert!(one_line(&err).contains("not-a-url"), "{err}");
+}
+
+#[test]
+fn durability_reports_a_lone_server() {
+    let server = RedisServer::start();
+    let reports = ok_json(&server.url(), &["durability"]);
+    let report = &reports.as_array().unwrap()[0];
+    assert_eq!(report["role"], "master");
+    assert_eq!(report["connected_replicas"], 0);
+    assert!(report["appendonly"].is_boolean());
+    assert_eq!(
+        report["fences_can_go_back"].as_bool(),
+        Some(report["restart"] != "Keeps")
+    );
+    let table = ok(&server.url(), &["durability"]);
+    assert!(table.starts_with("NODE"), "{table}");
+    assert!(table.contains("master"), "{table}");
+}
