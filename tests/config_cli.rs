@@ -729,3 +729,90 @@ fn durability_reports_a_lone_server() {
     assert!(table.starts_with("NODE"), "{table}");
     assert!(table.contains("master"), "{table}");
 }
+
+#[tokio::test]
+async fn inspect_through_the_library_names_what_is_wrong() {
+    use nolock::config::{Family, LimitSpec, Per, Spec};
+    use nolock::Error;
+
+    let server = RedisServer::start();
+    let client = nolock::Client::connect(server.url()).await.unwrap();
+    let configs = client.configs();
+
+    match configs.inspect(Family::Counter, "nope", "x").await {
+        Err(Error::UnknownConfig { family, name }) => {
+            assert_eq!((family, name.as_str()), ("counter", "nope"));
+        }
+        other => panic!("{other:?}"),
+    }
+
+    // Limits per member only: a scope alone reads nothing, so it is refused.
+    let per_member = Spec::RateLimits {
+        algorithm: Algorithm::Gcra,
+        limits: vec![LimitSpec {
+            name: "user".into(),
+            per: Per::Member,
+            rate: 10,
+            period_ms: 1000,
+            burst: 10,
+        }],
+    };
+    configs.declare("m", per_member).await.unwrap();
+    assert!(matches!(
+        configs.inspect(Family::RateLimits, "m", "acme").await,
+        Err(Error::InvalidArgument { .. })
+    ));
+    let seen = configs.inspect_member("m", "acme", "alice").await.unwrap();
+    assert_eq!(seen.member.as_deref(), Some("alice"));
+    assert!(seen.to_string().contains("user (per member)"), "{seen}");
+    // A member of a counter, an empty id: refused.
+    configs
+        .declare("c", Spec::counter(5, Duration::from_secs(1)))
+        .await
+        .unwrap();
+    assert!(matches!(
+        configs.inspect_member("c", "acme", "alice").await,
+        Err(Error::UnknownConfig { .. })
+    ));
+    assert!(matches!(
+        configs.inspect(Family::Counter, "c", "").await,
+        Err(Error::InvalidArgument { .. })
+    ));
+
+    // Foreign state at the keys read: a definite error naming the key,
+    // and the key left as it was.
+    configs
+        .declare("jobs", Spec::semaphore(3, Duration::from_secs(30)))
+        .await
+        .unwrap();
+    configs
+        .declare("payout", Spec::lock(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    let mut conn = server.conn().await;
+    let semaphore = "{nolock:semaphore:jobs:x}";
+    let counter = nolock::keys::derive("{nolock:lock:payout:t7}", "fence");
+    for key in [semaphore, counter.as_str()] {
+        let _: () = redis::cmd("SET")
+            .arg(key)
+            .arg("not nolock's")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    for (family, name, id, key) in [
+        (Family::Semaphore, "jobs", "x", semaphore),
+        (Family::Lock, "payout", "t7", counter.as_str()),
+    ] {
+        match configs.inspect(family, name, id).await {
+            Err(err @ Error::Redis(_)) => assert!(err.to_string().contains(key), "{err}"),
+            other => panic!("{family}: {other:?}"),
+        }
+        let kept: String = redis::cmd("GET")
+            .arg(key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(kept, "not nolock's");
+    }
+}
