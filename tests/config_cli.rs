@@ -102,7 +102,7 @@ fn set_all(url: &str) {
             "--rate",
             "10",
             "--per",
-            "1m",
+            "1h",
             "--burst",
             "10",
         ],
@@ -123,9 +123,9 @@ fn set_all(url: &str) {
             "rate-limits",
             "tiers",
             "--member-limit",
-            "user=10/1s:20",
+            "user=10/1h:20",
             "--scope-limit",
-            "tenant=1000/1m",
+            "tenant=1000/1d",
         ],
     );
 }
@@ -139,11 +139,11 @@ fn main_flow(url: &str) {
     assert_eq!(lines.len(), 6, "{table}");
     assert!(lines[0].starts_with("FAMILY"), "{table}");
     for row in [
-        "gcra 10/1min burst 10",
+        "gcra 10/1h burst 10",
         "counter 5/1min",
         "semaphore 3 ttl 30s",
         "lock ttl 10s",
-        "user per member 10/1s burst 20, tenant per scope 1000/1min burst 1000",
+        "user per member 10/1h burst 20, tenant per scope 1000/1d burst 1000",
     ] {
         assert!(table.contains(row), "{row:?} not in\n{table}");
     }
@@ -177,7 +177,7 @@ fn main_flow(url: &str) {
     assert_eq!(rate["spec"]["kind"], "rate-limit");
     assert_eq!(rate["spec"]["algorithm"], "gcra");
     assert_eq!(rate["spec"]["rate"], 10);
-    assert_eq!(rate["spec"]["period_ms"], 60_000);
+    assert_eq!(rate["spec"]["period_ms"], 3_600_000);
     assert_eq!(rate["spec"]["burst"], 10);
     assert_eq!(rate["mode"], "normal");
     assert_eq!(rate["generation"], 0);
@@ -345,7 +345,7 @@ async fn inspect_reads_what_the_library_wrote() {
     let mut conn = server.conn().await;
 
     // A rate limit: 3 of 10 taken on the key the handle `api` uses.
-    let limiter = Limiter::new(Algorithm::Gcra, Quota::per_minute(10).unwrap()).unwrap();
+    let limiter = Limiter::new(Algorithm::Gcra, Quota::per_hour(10).unwrap()).unwrap();
     let _ = limiter
         .check(&mut conn, "{nolock:gcra:api:alice}", 3)
         .await
@@ -361,7 +361,10 @@ async fn inspect_reads_what_the_library_wrote() {
         (Some(7), Some(10))
     );
     let reset = state["reset_after_ms"].as_u64().unwrap();
-    assert!(reset > 0 && reset <= 18_000, "3 units of 6 s: {reset}");
+    assert!(
+        reset > 1_000_000 && reset <= 1_080_000,
+        "3 units of 6 min: {reset}"
+    );
     assert_eq!(state["retry_after_ms"], Value::Null);
     assert_eq!(state["debt"], 0);
     let text = ok(&url, &["inspect", "rate-limit", "api", "alice"]);
@@ -458,11 +461,11 @@ async fn inspect_reads_what_the_library_wrote() {
     let client = nolock::Client::connect(url.as_str()).await.unwrap();
     let tiers = client
         .rate_limits("tiers")
-        .per_member(
-            "user",
-            Quota::per_second(10).unwrap().with_burst(20).unwrap(),
+        .per_member("user", Quota::per_hour(10).unwrap().with_burst(20).unwrap())
+        .per_scope(
+            "tenant",
+            Quota::per(1000, Duration::from_secs(86_400)).unwrap(),
         )
-        .per_scope("tenant", Quota::per_minute(1000).unwrap())
         .build()
         .unwrap();
     let alice = nolock::client::Scope::new("acme").member("alice");
@@ -509,7 +512,7 @@ async fn inspect_reads_what_the_library_wrote() {
             "--rate",
             "10",
             "--per",
-            "1m",
+            "1h",
             "--reset",
         ],
     );
@@ -541,6 +544,17 @@ async fn bad_input_exits_2_and_writes_nothing() {
             "3",
         ],
         &["set", "kounter", "api", "--limit", "10", "--window", "60s"],
+        &[
+            "set",
+            "counter",
+            "api",
+            "--limit",
+            "10",
+            "--window",
+            "60s",
+            "--algorithm",
+            "gcra",
+        ],
         &["set", "counter", "a b", "--limit", "10", "--window", "60s"],
         &["set", "lock", "payout", "--ttl", "10s", "--reset"],
         &[

@@ -32,6 +32,7 @@ use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use nolock::config::{Change, Config, Configs, Family, LimitSpec, Per, Spec};
 use nolock::rate::Algorithm;
@@ -295,6 +296,15 @@ impl SetArgs {
             Family::Semaphore => &["--permits", "--ttl"],
             Family::Lock => &["--ttl"],
         };
+        let algorithm_given = matches
+            .and_then(|m| m.value_source("algorithm"))
+            .is_some_and(|source| source == ValueSource::CommandLine);
+        if algorithm_given && !matches!(family, Family::RateLimit | Family::RateLimits) {
+            return Err(Failure::usage(format!(
+                "--algorithm does not apply to a {family} (it takes {})",
+                allowed.join(", ")
+            )));
+        }
         if let Some((option, _)) = given
             .iter()
             .find(|(option, set)| *set && !allowed.contains(option))

@@ -40,8 +40,10 @@ static INSPECT_SEMAPHORE: Script = embedded!("config/inspect_semaphore");
 static INSPECT_LOCK: Script = embedded!("config/inspect_lock");
 
 /// What [`Configs::inspect`] found: the stored configuration and the state
-/// of one id under it.
+/// of one id under it. Its types are `#[non_exhaustive]`: an inspection
+/// may learn to show more.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct Inspection {
     /// The configuration's family.
     pub family: Family,
@@ -66,6 +68,7 @@ pub struct Inspection {
 /// The state of one id, by family.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "kind", rename_all = "kebab-case")]
+#[non_exhaustive]
 pub enum State {
     /// A rate limit's state.
     RateLimit(LimitState),
@@ -84,6 +87,7 @@ pub enum State {
 
 /// One rate limit's state, as a check of one unit would see it now.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct LimitState {
     /// The limit's name, for rate limits decided together.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -110,6 +114,7 @@ pub struct LimitState {
 
 /// A counter's state.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct CounterState {
     /// The Redis key read.
     pub key: String,
@@ -126,6 +131,7 @@ pub struct CounterState {
 
 /// A semaphore's state.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct SemaphoreState {
     /// The Redis key read.
     pub key: String,
@@ -139,6 +145,7 @@ pub struct SemaphoreState {
 
 /// One holder of a semaphore's permits, without its permit id (a secret).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct Holder {
     /// How many permits it holds.
     pub weight: u64,
@@ -149,6 +156,7 @@ pub struct Holder {
 
 /// A lock's state, without the holder's owner token (a secret).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct LockState {
     /// The lock's resource name (its keys are derived from it, see
     /// [`crate::fence`]).
