@@ -28,17 +28,24 @@
 //!
 //! Errors go to stderr, one line each.
 
-use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand};
-use nolock::config::{Change, Config, Configs, Family, LimitSpec, Per, Spec};
+use nolock::config::{Change, Config, Configs, Family};
 use nolock::rate::Algorithm;
 use nolock::redis::IntoConnectionInfo;
-use nolock::{BatchConnection, Client, Error};
-use serde::Serialize;
+use nolock::{Client, Error};
+
+// Beside this file (a `mod` of a binary's root would be looked for in
+// src/bin/, where cargo takes every file for a binary of its own).
+#[path = "nolock/output.rs"]
+mod output;
+#[path = "nolock/parse.rs"]
+mod parse;
+
+use output::{config_out, configs_out, durability, json};
+use parse::{parse_algorithm, parse_duration, parse_family, parse_limit, LimitArg};
 
 const EXIT_CODES: &str = "\
 Exit codes:
@@ -165,15 +172,6 @@ struct SetArgs {
     reset: bool,
 }
 
-/// One `--member-limit` or `--scope-limit`.
-#[derive(Debug, Clone)]
-struct LimitArg {
-    name: String,
-    rate: u64,
-    period: Duration,
-    burst: Option<u64>,
-}
-
 /// A failure, with the exit code it maps to.
 #[derive(Debug)]
 struct Failure {
@@ -212,177 +210,6 @@ fn exit_code(err: &Error) -> u8 {
         | Error::OutOfRange { .. }
         | Error::InsufficientCapacity { .. } => 2,
         _ => 1,
-    }
-}
-
-fn parse_family(s: &str) -> Result<Family, String> {
-    s.parse::<Family>().map_err(|e| e.to_string())
-}
-
-fn parse_algorithm(s: &str) -> Result<Algorithm, String> {
-    let wanted = s.replace('-', "_");
-    Algorithm::ALL
-        .into_iter()
-        .find(|a| a.name() == wanted)
-        .ok_or_else(|| format!("{s:?}: one of gcra, token_bucket, sliding_window, fixed_window"))
-}
-
-/// `500ms`, `10s`, `1m` or `1min`, `1h`, `1d`: a whole number and a unit.
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    let digits = s.bytes().take_while(u8::is_ascii_digit).count();
-    let (number, unit) = s.split_at(digits);
-    let bad = || format!("{s:?}: a duration is a whole number and a unit (500ms, 10s, 1m, 1h, 1d)");
-    let n: u64 = number.parse().map_err(|_| bad())?;
-    let ms_per = match unit {
-        "ms" => 1,
-        "s" => 1_000,
-        "m" | "min" => 60_000,
-        "h" => 3_600_000,
-        "d" => 86_400_000,
-        _ => return Err(bad()),
-    };
-    n.checked_mul(ms_per)
-        .map(Duration::from_millis)
-        .ok_or_else(|| format!("{s:?}: too long"))
-}
-
-/// `NAME=RATE/PERIOD[:BURST]`, e.g. `user=10/1s` or `tenant=1000/1m:2000`.
-fn parse_limit(s: &str) -> Result<LimitArg, String> {
-    let bad = |why: &str| format!("{s:?}: {why} (NAME=RATE/PERIOD[:BURST], e.g. user=10/1s:20)");
-    let (name, rest) = s.split_once('=').ok_or_else(|| bad("no '='"))?;
-    let (rate, rest) = rest.split_once('/').ok_or_else(|| bad("no '/'"))?;
-    let (period, burst) = match rest.split_once(':') {
-        Some((period, burst)) => (period, Some(burst)),
-        None => (rest, None),
-    };
-    Ok(LimitArg {
-        name: name.to_owned(),
-        rate: rate
-            .parse()
-            .map_err(|_| bad("the rate is not a whole number"))?,
-        period: parse_duration(period)?,
-        burst: burst
-            .map(|b| {
-                b.parse()
-                    .map_err(|_| bad("the burst is not a whole number"))
-            })
-            .transpose()?,
-    })
-}
-
-fn ms(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
-impl SetArgs {
-    /// The spec these options describe, refusing options of another family.
-    fn spec(&self, matches: Option<&ArgMatches>) -> Result<Spec, Failure> {
-        let family = self.family;
-        let given: [(&str, bool); 9] = [
-            ("--rate", self.rate.is_some()),
-            ("--per", self.per.is_some()),
-            ("--burst", self.burst.is_some()),
-            ("--member-limit", !self.member_limit.is_empty()),
-            ("--scope-limit", !self.scope_limit.is_empty()),
-            ("--limit", self.limit.is_some()),
-            ("--window", self.window.is_some()),
-            ("--permits", self.permits.is_some()),
-            ("--ttl", self.ttl.is_some()),
-        ];
-        let allowed: &[&str] = match family {
-            Family::RateLimit => &["--rate", "--per", "--burst"],
-            Family::RateLimits => &["--member-limit", "--scope-limit"],
-            Family::Counter => &["--limit", "--window"],
-            Family::Semaphore => &["--permits", "--ttl"],
-            Family::Lock => &["--ttl"],
-        };
-        let algorithm_given = matches
-            .and_then(|m| m.value_source("algorithm"))
-            .is_some_and(|source| source == ValueSource::CommandLine);
-        if algorithm_given && !matches!(family, Family::RateLimit | Family::RateLimits) {
-            return Err(Failure::usage(format!(
-                "--algorithm does not apply to a {family} (it takes {})",
-                allowed.join(", ")
-            )));
-        }
-        if let Some((option, _)) = given
-            .iter()
-            .find(|(option, set)| *set && !allowed.contains(option))
-        {
-            return Err(Failure::usage(format!(
-                "{option} does not apply to a {family} (it takes {})",
-                allowed.join(", ")
-            )));
-        }
-        let need = |option: &str| Failure::usage(format!("a {family} needs {option}"));
-        let spec = match family {
-            Family::RateLimit => {
-                let rate = self.rate.ok_or_else(|| need("--rate"))?;
-                Spec::RateLimit {
-                    algorithm: self.algorithm,
-                    rate,
-                    period_ms: ms(self.per.ok_or_else(|| need("--per"))?),
-                    burst: self.burst.unwrap_or(rate),
-                }
-            }
-            Family::RateLimits => Spec::RateLimits {
-                algorithm: self.algorithm,
-                limits: self.limits_in_order(matches)?,
-            },
-            Family::Counter => Spec::Counter {
-                limit: self.limit.ok_or_else(|| need("--limit"))?,
-                window_ms: ms(self.window.ok_or_else(|| need("--window"))?),
-            },
-            Family::Semaphore => Spec::Semaphore {
-                permits: self.permits.ok_or_else(|| need("--permits"))?,
-                ttl_ms: ms(self.ttl.ok_or_else(|| need("--ttl"))?),
-            },
-            Family::Lock => Spec::Lock {
-                ttl_ms: ms(self.ttl.ok_or_else(|| need("--ttl"))?),
-            },
-        };
-        // Checked as the handle checks it, before connecting.
-        spec.validate()?;
-        Ok(spec)
-    }
-
-    /// The limits in the order given on the command line: handles compare
-    /// the stored limits with their own in order.
-    fn limits_in_order(&self, matches: Option<&ArgMatches>) -> Result<Vec<LimitSpec>, Failure> {
-        let indices = |id: &str, n: usize| -> Vec<usize> {
-            matches
-                .and_then(|m| m.indices_of(id))
-                .map(|i| i.collect())
-                .unwrap_or_else(|| (0..n).collect())
-        };
-        let mut all: Vec<(usize, Per, &LimitArg)> = Vec::new();
-        for (per, id, limits) in [
-            (Per::Member, "member_limit", &self.member_limit),
-            (Per::Scope, "scope_limit", &self.scope_limit),
-        ] {
-            let at = indices(id, limits.len());
-            all.extend(limits.iter().enumerate().map(|(i, l)| {
-                // Without indices, members first, then scopes.
-                let place = at.get(i).copied().unwrap_or(i);
-                (place, per, l)
-            }));
-        }
-        if all.is_empty() {
-            return Err(Failure::usage(
-                "rate-limits need --member-limit or --scope-limit (NAME=RATE/PERIOD[:BURST])",
-            ));
-        }
-        all.sort_by_key(|(place, per, _)| (*place, *per == Per::Scope));
-        Ok(all
-            .into_iter()
-            .map(|(_, per, l)| LimitSpec {
-                name: l.name.clone(),
-                per,
-                rate: l.rate,
-                period_ms: ms(l.period),
-                burst: l.burst.unwrap_or(l.rate),
-            })
-            .collect())
     }
 }
 
@@ -546,237 +373,9 @@ async fn show(configs: &Configs, name: &str, family: Option<Family>) -> Result<V
     }
 }
 
-fn json<T: Serialize + ?Sized>(value: &T) -> Result<String, Failure> {
-    serde_json::to_string_pretty(value)
-        .map(|s| s + "\n")
-        .map_err(|e| Failure {
-            code: 1,
-            message: format!("cannot encode the output: {e}"),
-        })
-}
-
-fn config_out(cli: &Cli, config: &Config) -> Result<String, Failure> {
-    if cli.json {
-        json(config)
-    } else {
-        Ok(table(std::slice::from_ref(config)))
-    }
-}
-
-fn configs_out(cli: &Cli, configs: &[Config]) -> Result<String, Failure> {
-    if cli.json {
-        json(configs)
-    } else if configs.is_empty() {
-        Ok("no configurations stored\n".to_owned())
-    } else {
-        Ok(table(configs))
-    }
-}
-
-/// A table: FAMILY NAME MODE GEN CHANGED SPEC, columns padded.
-fn table(configs: &[Config]) -> String {
-    let mut rows = vec![[
-        "FAMILY".to_owned(),
-        "NAME".to_owned(),
-        "MODE".to_owned(),
-        "GEN".to_owned(),
-        "CHANGED".to_owned(),
-        "SPEC".to_owned(),
-    ]];
-    rows.extend(configs.iter().map(|c| {
-        [
-            c.family.to_string(),
-            c.name.clone(),
-            c.mode.to_string(),
-            c.generation.to_string(),
-            utc(c.changed_at_ms),
-            c.spec.to_string(),
-        ]
-    }));
-    render(&rows)
-}
-
-fn render<const N: usize>(rows: &[[String; N]]) -> String {
-    let mut widths = [0; N];
-    for row in rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
-        }
-    }
-    let mut out = String::new();
-    for row in rows {
-        let mut line = String::new();
-        for (i, (cell, w)) in row.iter().zip(widths).enumerate() {
-            if i + 1 == N {
-                line.push_str(cell);
-            } else {
-                line.push_str(&format!("{cell:<w$}  "));
-            }
-        }
-        out.push_str(line.trim_end());
-        out.push('\n');
-    }
-    out
-}
-
-/// Milliseconds since the Unix epoch as `YYYY-MM-DDTHH:MM:SSZ` (UTC).
-fn utc(ms: u64) -> String {
-    let secs = ms / 1000;
-    let (days, rest) = (secs / 86_400, secs % 86_400);
-    // Civil from days (Howard Hinnant's algorithm), for days since 1970.
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        rest / 3600,
-        rest % 3600 / 60,
-        rest % 60
-    )
-}
-
-/// One server's report, as printed.
-#[derive(Debug, Serialize)]
-struct DurabilityOut {
-    node: String,
-    role: String,
-    connected_replicas: u64,
-    appendonly: bool,
-    appendfsync: Option<String>,
-    no_appendfsync_on_rewrite: Option<bool>,
-    save: Option<String>,
-    min_replicas_to_write: Option<u64>,
-    /// `config` (CONFIG GET answered) or `info` (it was refused).
-    source: &'static str,
-    /// What a restart does to fence counters.
-    restart: String,
-    fences_can_go_back: bool,
-    reasons: Vec<String>,
-}
-
-async fn durability(cli: &Cli, client: &Client) -> Result<String, Failure> {
-    let mut conn = client.connection();
-    let reports = match conn.as_cluster() {
-        Some(cluster) => nolock::fence::cluster_durability(cluster).await?,
-        None => {
-            let node = cli.url.first().cloned().unwrap_or_default();
-            vec![(node, nolock::fence::durability(&mut conn).await?)]
-        }
-    };
-    let out: Vec<DurabilityOut> = reports
-        .into_iter()
-        .map(|(node, d)| DurabilityOut {
-            node,
-            source: match d.source {
-                nolock::fence::ConfigSource::Config => "config",
-                _ => "info",
-            },
-            restart: format!("{:?}", d.restart),
-            fences_can_go_back: d.fences_can_go_back(),
-            reasons: d.reasons(),
-            role: d.role,
-            connected_replicas: d.connected_replicas,
-            appendonly: d.appendonly,
-            appendfsync: d.appendfsync,
-            no_appendfsync_on_rewrite: d.no_appendfsync_on_rewrite,
-            save: d.save,
-            min_replicas_to_write: d.min_replicas_to_write,
-        })
-        .collect();
-    if cli.json {
-        return json(&out);
-    }
-    let unknown = || "?".to_owned();
-    let mut rows = vec![[
-        "NODE".to_owned(),
-        "ROLE".to_owned(),
-        "REPLICAS".to_owned(),
-        "APPENDONLY".to_owned(),
-        "APPENDFSYNC".to_owned(),
-        "RESTART".to_owned(),
-    ]];
-    let mut reasons = BTreeMap::new();
-    for r in &out {
-        rows.push([
-            r.node.clone(),
-            r.role.clone(),
-            r.connected_replicas.to_string(),
-            if r.appendonly { "yes" } else { "no" }.to_owned(),
-            r.appendfsync.clone().unwrap_or_else(unknown),
-            r.restart.clone(),
-        ]);
-        reasons.insert(r.node.clone(), r.reasons.clone());
-    }
-    let mut text = render(&rows);
-    for (node, why) in reasons {
-        for reason in why {
-            text.push_str(&format!("{node}: {reason}\n"));
-        }
-    }
-    Ok(text)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn durations_take_a_whole_number_and_a_unit() {
-        let ok = [
-            ("500ms", 500),
-            ("10s", 10_000),
-            ("1m", 60_000),
-            ("1min", 60_000),
-            ("2h", 7_200_000),
-            ("1d", 86_400_000),
-            ("0s", 0),
-        ];
-        for (text, ms) in ok {
-            assert_eq!(
-                parse_duration(text),
-                Ok(Duration::from_millis(ms)),
-                "{text}"
-            );
-        }
-        for bad in [
-            "",
-            "10",
-            "s",
-            "1.5s",
-            "-1s",
-            "10 s",
-            "10S",
-            "1w",
-            "99999999999999999999d",
-        ] {
-            assert!(parse_duration(bad).is_err(), "{bad:?}");
-        }
-        assert!(parse_duration("18446744073709551615d").is_err());
-    }
-
-    #[test]
-    fn limits_parse_with_an_optional_burst() {
-        let l = parse_limit("user=10/1s:20").unwrap();
-        assert_eq!((l.name.as_str(), l.rate, l.burst), ("user", 10, Some(20)));
-        assert_eq!(l.period, Duration::from_secs(1));
-        assert_eq!(parse_limit("tenant=1000/1m").unwrap().burst, None);
-        for bad in ["user", "user=10", "user=x/1s", "user=10/1s:x", "user=10/1x"] {
-            assert!(parse_limit(bad).is_err(), "{bad:?}");
-        }
-    }
-
-    #[test]
-    fn times_print_in_utc() {
-        assert_eq!(utc(0), "1970-01-01T00:00:00Z");
-        assert_eq!(utc(951_782_400_000), "2000-02-29T00:00:00Z");
-        assert_eq!(utc(1_796_459_999_999), "2026-12-05T08:39:59Z");
-    }
 
     #[test]
     fn errors_map_to_exit_codes() {

@@ -22,6 +22,9 @@
 //! the scope and reports the limits per scope only;
 //! [`Configs::inspect_member`] takes a scope and a member and reports every
 //! limit, as a check for that member would see them.
+//!
+//! Over 500 lines only with its `Display` and unit tests (the reads are
+//! about 200).
 
 use std::fmt;
 use std::time::Duration;
