@@ -376,6 +376,21 @@ async fn inspect_reads_what_the_library_wrote() {
     let fresh = ok_json(&url, &["inspect", "rate-limit", "api", "nobody"]);
     assert_eq!(fresh["state"]["remaining"], 10);
     assert!(!exists(&mut conn, "{nolock:gcra:api:nobody}").await);
+    // Checks made through the handles, with the stored numbers (whether the
+    // handles read the registry or send their own, the numbers agree).
+    let client = nolock::Client::connect(url.as_str()).await.unwrap();
+    let api = client
+        .rate_limit("api", Quota::per_hour(10).unwrap())
+        .unwrap();
+    let counted = client.counter("api", 5, Duration::from_secs(60)).unwrap();
+    for _ in 0..2 {
+        let _ = api.check("carol").await.unwrap();
+        let _ = counted.increment("carol").await.unwrap();
+    }
+    let carol = ok_json(&url, &["inspect", "rate-limit", "api", "carol"]);
+    assert_eq!(carol["state"]["remaining"], 8);
+    let carol = ok_json(&url, &["inspect", "counter", "api", "carol"]);
+    assert_eq!(carol["state"]["count"], 2);
 
     // A counter: 2 of 5.
     let counter = nolock::limits::Counter::new(5, Duration::from_secs(60)).unwrap();
@@ -458,7 +473,6 @@ async fn inspect_reads_what_the_library_wrote() {
     assert!(!text.contains(token.as_str()) && !held.to_string().contains(token.as_str()));
 
     // Rate limits decided together: 4 units for alice at acme.
-    let client = nolock::Client::connect(url.as_str()).await.unwrap();
     let tiers = client
         .rate_limits("tiers")
         .per_member("user", Quota::per_hour(10).unwrap().with_burst(20).unwrap())
