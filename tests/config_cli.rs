@@ -18,15 +18,20 @@ use serde_json::Value;
 use support::cluster::RedisCluster;
 use support::RedisServer;
 
-/// Runs the binary against `url` (never the caller's `REDIS_URL`).
+/// Runs the binary against `url` (never the caller's `REDIS_URL`); a `url`
+/// written `cluster=<seed>,<seed>,...` runs it with `--cluster`, so one
+/// flow serves a server and a cluster.
 fn nolock(url: &str, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_nolock"))
-        .env_remove("REDIS_URL")
-        .arg("--url")
-        .arg(url)
-        .args(args)
-        .output()
-        .expect("run the nolock binary")
+    let (cluster, url) = match url.strip_prefix("cluster=") {
+        Some(seeds) => (true, seeds),
+        None => (false, url),
+    };
+    let mut command = Command::new(env!("CARGO_BIN_EXE_nolock"));
+    command.env_remove("REDIS_URL").arg("--url").arg(url);
+    if cluster {
+        command.arg("--cluster");
+    }
+    command.args(args).output().expect("run the nolock binary")
 }
 
 fn stdout(out: &Output) -> String {
@@ -273,28 +278,8 @@ fn the_main_flow_on_one_server() {
 #[test]
 fn the_main_flow_on_a_cluster() {
     let cluster = RedisCluster::start();
-    let urls = cluster.urls().join(",");
-    let run = |args: &[&str]| {
-        let mut all = vec!["--cluster"];
-        all.extend_from_slice(args);
-        all.iter().map(|s| s.to_string()).collect::<Vec<_>>()
-    };
-    // `main_flow` with --cluster: the URL list is the seed nodes.
-    let flow = |args: &[&str]| {
-        ok(
-            &urls,
-            &run(args).iter().map(String::as_str).collect::<Vec<_>>(),
-        )
-    };
-    flow(&["set", "lock", "payout", "--ttl", "10s"]);
-    flow(&["set", "counter", "api", "--limit", "5", "--window", "60s"]);
-    let list: Value =
-        serde_json::from_str(&flow(&["list", "--json"])).expect("list --json on a cluster");
-    assert_eq!(list.as_array().unwrap().len(), 2);
-    assert_eq!(list[0]["family"], "counter");
-    assert!(flow(&["block", "counter", "api"]).contains("blocked"));
-    assert!(flow(&["unblock", "counter", "api"]).contains("normal"));
-    assert!(flow(&["show", "payout"]).contains("lock ttl 10s"));
+    let seeds = format!("cluster={}", cluster.urls().join(","));
+    main_flow(&seeds);
 
     // Inspect state written through the library, on the key's own node.
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -316,24 +301,22 @@ fn the_main_flow_on_a_cluster() {
             .await
             .unwrap();
     });
-    let seen: Value = serde_json::from_str(&flow(&["inspect", "counter", "api", "bob", "--json"]))
-        .expect("inspect --json");
+    let seen = ok_json(&seeds, &["inspect", "counter", "api", "bob"]);
     assert_eq!(seen["state"]["count"], 2);
     assert_eq!(seen["state"]["remaining"], 3);
-    let seen: Value = serde_json::from_str(&flow(&["inspect", "lock", "payout", "t7", "--json"]))
-        .expect("inspect --json");
+    let seen = ok_json(&seeds, &["inspect", "lock", "payout", "t7"]);
     assert_eq!(seen["state"]["held"], true);
     assert_eq!(seen["state"]["fence"], 1);
 
     // Durability: one report per primary.
-    let reports: Value = serde_json::from_str(&flow(&["durability", "--json"])).unwrap();
+    let reports = ok_json(&seeds, &["durability"]);
     let reports = reports.as_array().unwrap();
     assert_eq!(reports.len(), 3, "{reports:?}");
     assert!(reports.iter().all(|r| r["role"] == "master"));
     assert!(reports.iter().all(|r| r["connected_replicas"] == 1));
 
     // Several URLs without --cluster are a usage error.
-    let err = fails(&urls, &["list"], 2);
+    let err = fails(&cluster.urls().join(","), &["list"], 2);
     assert!(one_line(&err).contains("--cluster"), "{err}");
 }
 
