@@ -721,7 +721,17 @@ fn an_unreachable_server_exits_1() {
     assert!(started.elapsed() < Duration::from_secs(30));
     // A malformed URL is bad input: exit 2, one line.
     let err = fails("not-a-url", &["list"], 2);
-    assert!(one_line(&err).contains("not-a-url"), "{err}");
+    assert!(one_line(&err).contains("--url number 1"), "{err}");
+    // A password in a URL never reaches the output.
+    let secret = format!("redis://:hunter2@127.0.0.1:{port}/");
+    let err = fails(&secret, &["list"], 1);
+    assert!(!one_line(&err).contains("hunter2"), "{err}");
+    let help = Command::new(env!("CARGO_BIN_EXE_nolock"))
+        .env("REDIS_URL", &secret)
+        .arg("--help")
+        .output()
+        .unwrap();
+    assert!(!stdout(&help).contains("hunter2"), "{}", stdout(&help));
 }
 
 #[test]
@@ -736,6 +746,7 @@ fn durability_reports_a_lone_server() {
         report["fences_can_go_back"].as_bool(),
         Some(report["restart"] != "Keeps")
     );
+    assert_eq!(report["node"], format!("127.0.0.1:{}", server.port));
     let table = ok(&server.url(), &["durability"]);
     assert!(table.starts_with("NODE"), "{table}");
     assert!(table.contains("master"), "{table}");

@@ -57,6 +57,15 @@ Exit codes:
 
 Durations: 500ms, 10s, 1m (or 1min), 1h, 1d.";
 
+const SET_EXAMPLES: &str = "\
+Examples:
+  nolock set rate-limit api --algorithm gcra --rate 100 --per 1m --burst 100
+  nolock set rate-limits api --member-limit user=10/1s --scope-limit tenant=1000/1m:2000
+  nolock set counter api --limit 100 --window 60s
+  nolock set semaphore jobs --permits 3 --ttl 30s
+  nolock set lock payout --ttl 10s
+  nolock set counter api --limit 200 --window 60s --reset   # every id starts afresh";
+
 /// How long connecting may take before the command gives up (exit 1).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -68,6 +77,8 @@ struct Cli {
     #[arg(
         long,
         env = "REDIS_URL",
+        // A URL may carry a password: --help does not show the variable's value.
+        hide_env_values = true,
         default_value = "redis://127.0.0.1:6379/",
         value_delimiter = ',',
         global = true
@@ -96,6 +107,7 @@ enum Command {
         family: Option<Family>,
     },
     /// Store new numbers (creating the configuration when missing).
+    #[command(after_help = SET_EXAMPLES)]
     Set(SetArgs),
     /// Refuse everything for FAMILY NAME.
     Block(Target),
@@ -247,9 +259,10 @@ fn one_line(text: &str) -> String {
 }
 
 async fn connect(cli: &Cli) -> Result<Client, Failure> {
-    for url in &cli.url {
+    // URLs may carry passwords: errors name a URL by its place, never its text.
+    for (i, url) in cli.url.iter().enumerate() {
         if let Err(err) = url.as_str().into_connection_info() {
-            return Err(Failure::usage(format!("--url {url:?}: {err}")));
+            return Err(Failure::usage(format!("--url number {}: {err}", i + 1)));
         }
     }
     let connecting = async {
@@ -278,10 +291,7 @@ async fn connect(cli: &Cli) -> Result<Client, Failure> {
         Ok(client) => Ok(client?),
         Err(_) => Err(Failure {
             code: 1,
-            message: format!(
-                "could not connect to {} within {CONNECT_TIMEOUT:?}",
-                cli.url.join(",")
-            ),
+            message: format!("could not connect within {CONNECT_TIMEOUT:?}"),
         }),
     }
 }
@@ -376,6 +386,28 @@ async fn show(configs: &Configs, name: &str, family: Option<Family>) -> Result<V
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_set_examples_parse_into_valid_specs() {
+        let examples: Vec<&str> = SET_EXAMPLES
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("nolock "))
+            .collect();
+        assert_eq!(examples.len(), 6);
+        for example in examples {
+            let words = example.split('#').next().unwrap_or_default();
+            let cli =
+                Cli::try_parse_from(std::iter::once("nolock").chain(words.split_whitespace()))
+                    .unwrap_or_else(|e| panic!("{example}: {e}"));
+            let Command::Set(args) = &cli.command else {
+                panic!("{example}: not a set");
+            };
+            let spec = args
+                .spec(None)
+                .unwrap_or_else(|e| panic!("{example}: {}", e.message));
+            assert_eq!(spec.family(), args.family, "{example}");
+        }
+    }
 
     #[test]
     fn errors_map_to_exit_codes() {

@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 
 use nolock::config::Config;
+use nolock::redis::IntoConnectionInfo;
 use nolock::{BatchConnection, Client};
 use serde::Serialize;
 
@@ -127,7 +128,13 @@ pub(super) async fn durability(cli: &Cli, client: &Client) -> Result<String, Fai
     let reports = match conn.as_cluster() {
         Some(cluster) => nolock::fence::cluster_durability(cluster).await?,
         None => {
-            let node = cli.url.first().cloned().unwrap_or_default();
+            // host:port, not the URL, which may carry a password.
+            let node = cli
+                .url
+                .first()
+                .and_then(|url| url.as_str().into_connection_info().ok())
+                .map(|info| info.addr().to_string())
+                .unwrap_or_default();
             vec![(node, nolock::fence::durability(&mut conn).await?)]
         }
     };
