@@ -717,7 +717,7 @@ fn an_unreachable_server_exits_1() {
     let port = support::server::free_port();
     let started = Instant::now();
     let err = fails(&format!("redis://127.0.0.1:{port}/"), &["list"], 1);
-    one_line(&err);
+    assert!(one_line(&err).contains("cannot connect"), "{err}");
     assert!(started.elapsed() < Duration::from_secs(30));
     // A malformed URL is bad input: exit 2, one line.
     let err = fails("not-a-url", &["list"], 2);
@@ -747,6 +747,8 @@ fn durability_reports_a_lone_server() {
         Some(report["restart"] != "Keeps")
     );
     assert_eq!(report["node"], format!("127.0.0.1:{}", server.port));
+    assert_eq!(report["source"], "config");
+    assert_eq!(report["appendfsync"], "everysec");
     let table = ok(&server.url(), &["durability"]);
     assert!(table.starts_with("NODE"), "{table}");
     assert!(table.contains("master"), "{table}");
@@ -837,4 +839,23 @@ async fn inspect_through_the_library_names_what_is_wrong() {
             .unwrap();
         assert_eq!(kept, "not nolock's");
     }
+}
+
+#[test]
+fn durability_reads_info_where_config_get_is_refused() {
+    let server = RedisServer::start();
+    let mut conn = server.client().get_connection().unwrap();
+    redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("operator")
+        .arg(&["on", ">op-pw", "~*", "&*", "+@all", "-config"][..])
+        .query::<()>(&mut conn)
+        .unwrap();
+    let url = server.url().replace("redis://", "redis://operator:op-pw@");
+    let reports = ok_json(&url, &["durability"]);
+    let report = &reports[0];
+    assert_eq!(report["source"], "info");
+    assert_eq!(report["role"], "master");
+    assert_eq!(report["appendfsync"], Value::Null);
+    assert!(report["appendonly"].is_boolean());
 }

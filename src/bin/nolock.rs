@@ -288,6 +288,10 @@ async fn connect(cli: &Cli) -> Result<Client, Failure> {
         }
     };
     match tokio::time::timeout(CONNECT_TIMEOUT, connecting).await {
+        Ok(Err(Error::Redis(err) | Error::Indeterminate(err))) => Err(Failure {
+            code: 1,
+            message: format!("cannot connect (or load nolock's scripts): {err}"),
+        }),
         Ok(client) => Ok(client?),
         Err(_) => Err(Failure {
             code: 1,
