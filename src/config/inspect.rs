@@ -370,12 +370,6 @@ impl Configs {
                 })
             }
         };
-        if member.is_some() && !matches!(state, State::RateLimits { .. }) {
-            return Err(Error::InvalidArgument {
-                what: "member",
-                reason: format!("a {} has no members", config.family),
-            });
-        }
         Ok(Inspection {
             family: config.family,
             name: config.name,
