@@ -11,6 +11,9 @@
 //! same prefixes after a `{`: keys that nolock derives (fence lock and
 //! counter keys, `MultiLimiter` limits) turn an untagged key into a hash tag
 //! (`app:job` gives `{app:job}:lock`; see [`crate::keys::derive`]).
+//! The [`Client`](crate::Client) handles keep every key under `{nolock:`,
+//! their stored configurations included (`{nolock:config}`, see
+//! [`crate::config`]): grant `~{nolock:*` for them.
 //!
 //! ```text
 //! ACL SETUSER app-limits on >secret resetkeys ~app:* ~{app:* resetchannels -@all

@@ -454,10 +454,11 @@ mod responses {
     }
 }
 
-/// Handles of two kinds, or two algorithms, under one name never share
-/// state: a fixed window does not read a GCRA limit's stored time as a
-/// count, and a counter does not add to either (each would misread the
-/// other's state).
+/// A rate limit's name is one stored configuration, algorithm included:
+/// a handle built with another algorithm decides by the stored one, on the
+/// same state, so it never reads a GCRA limit's stored time as a count. A
+/// handle of another kind (a counter) under the same name is another
+/// configuration and keeps its own state.
 #[tokio::test]
 async fn handles_of_other_kinds_under_one_name_keep_their_own_state() {
     let server = RedisServer::start();
@@ -471,10 +472,15 @@ async fn handles_of_other_kinds_under_one_name_keep_their_own_state() {
         let _ = gcra.check("alice").await.unwrap();
     }
     limited(gcra.check("alice").await);
-    // The other two are untouched by the GCRA limit's ten admissions.
-    let a = fixed.check("alice").await.unwrap();
-    assert_eq!(a.remaining, 9);
+    // The fixed-window handle decides by the stored GCRA limit.
+    let l = limited(fixed.check("alice").await);
+    assert_eq!(l.limit, 10);
+    assert_eq!(gcra.key("alice").unwrap(), fixed.key("alice").unwrap());
+    assert!(matches!(
+        fixed.insist().await,
+        Err(Error::ConfigMismatch { .. })
+    ));
+    // The counter is untouched by the GCRA limit's ten admissions.
     let c = counter.increment("alice").await.unwrap();
     assert_eq!(c.remaining, 9);
-    assert_ne!(gcra.key("alice").unwrap(), fixed.key("alice").unwrap());
 }

@@ -127,6 +127,21 @@ async fn metrics_and_spans_match_the_decisions() {
     }
     #[cfg(feature = "tower")]
     assert_eq!(layer_answer_to_an_empty_key(conn.clone()).await, 500);
+    // A process built with other numbers decides by the stored ones and
+    // says so, once per change it learns of; an unlimited name is counted.
+    let minute = Duration::from_secs(60);
+    let client = nolock::Client::connect(redis.url()).await.unwrap();
+    let first = client.counter("metrics-config", 5, minute).unwrap();
+    let _ = first.increment("u").await.unwrap();
+    let other = client.counter("metrics-config", 6, minute).unwrap();
+    assert_eq!(other.increment("u").await.unwrap().remaining, 3);
+    let configs = client.configs();
+    configs
+        .unlimit(nolock::config::Family::Counter, "metrics-config")
+        .await
+        .unwrap();
+    configs.refresh().await.unwrap();
+    let _ = other.increment("u").await.unwrap();
     let open = Guard::new(Duration::from_millis(100), OnFailure::Open).unwrap();
     redis.kill();
     for _ in 0..2 {
@@ -205,6 +220,15 @@ async fn metrics_and_spans_match_the_decisions() {
     );
     assert!(samples >= 7, "one latency sample per call: {samples}");
     assert!(count("nolock_lease_losses_total{}") >= 1);
+    assert_eq!(
+        count("nolock_config_differs_total{family=counter,name=metrics-config}"),
+        2,
+        "once at the first call, once after the switch"
+    );
+    assert_eq!(
+        count("nolock_unlimited_total{family=counter,name=metrics-config}"),
+        1
+    );
     #[cfg(feature = "tower")]
     assert_eq!(count("nolock_layer_failures_total{layer=rate}"), 1);
 
@@ -238,6 +262,9 @@ async fn metrics_and_spans_match_the_decisions() {
     assert!(all.iter().any(
         |(n, f)| n == "event:WARN" && f.get("policy").map(String::as_str) == Some("fail_open")
     ));
+    assert!(all.iter().any(|(n, f)| n == "event:WARN"
+        && f.get("stored").map(String::as_str) == Some("counter 5/1min")
+        && f.get("ours").map(String::as_str) == Some("counter 6/1min")));
     #[cfg(feature = "tower")]
     assert!(all.iter().any(|(n, f)| n == "event:ERROR"
         && f.get("layer").map(String::as_str) == Some("rate")

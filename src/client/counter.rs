@@ -4,8 +4,10 @@
 
 use std::time::Duration;
 
+use super::managed::Managed;
 use super::{Admitted, Client, Connection, Limited, Name, Rejection};
-use crate::limits::{self, CounterUsage};
+use crate::config::{Config, Mode, Spec};
+use crate::limits::{self, Admission, CounterUsage};
 use crate::Result;
 
 /// A named bounded counter: each id may be counted at most `limit` times per
@@ -37,6 +39,9 @@ use crate::Result;
 #[derive(Debug, Clone)]
 pub struct Counter {
     name: Name,
+    /// The counter of the stored numbers, rebuilt when they change.
+    managed: Managed<limits::Counter>,
+    /// This process's own numbers.
     counter: limits::Counter,
     conn: Connection,
 }
@@ -44,6 +49,11 @@ pub struct Counter {
 impl Client {
     /// A bounded counter named `name`: at most `limit` per `window`
     /// (millisecond precision) for each id. Nothing is sent to Redis.
+    ///
+    /// The numbers are a declaration ([`crate::config`]): the handle's
+    /// first call stores them under its name unless numbers are stored
+    /// already, and the handle decides by the stored ones from then on
+    /// (reporting a difference; [`insist`](Counter::insist) refuses one).
     ///
     /// # Errors
     ///
@@ -68,8 +78,26 @@ impl Client {
     pub fn counter(&self, name: &str, limit: u64, window: Duration) -> Result<Counter> {
         let name = Name::new("counter", name)?;
         let counter = limits::Counter::new(limit, window)?.named(name.as_str())?;
+        let own = Spec::counter(counter.limit(), counter.window());
+        let managed = Managed::new(
+            self.registry(),
+            name.clone(),
+            own,
+            |config, name| match &config.spec {
+                Spec::Counter { limit, window_ms } => {
+                    let counter = limits::Counter::new(*limit, Duration::from_millis(*window_ms))?
+                        .named(name.as_str())?;
+                    Ok((counter, name))
+                }
+                other => Err(crate::Error::InvalidArgument {
+                    what: "spec",
+                    reason: format!("a counter cannot decide by a {} spec", other.family()),
+                }),
+            },
+        );
         Ok(Counter {
             name,
+            managed,
             counter,
             conn: self.connection(),
         })
@@ -84,12 +112,36 @@ impl Counter {
 
     /// The most admitted per window, for each id.
     pub fn limit(&self) -> u64 {
-        self.counter.limit()
+        self.managed
+            .latest()
+            .map_or(self.counter.limit(), |c| c.engine.limit())
     }
 
     /// The window.
     pub fn window(&self) -> Duration {
-        self.counter.window()
+        self.managed
+            .latest()
+            .map_or(self.counter.window(), |c| c.engine.window())
+    }
+
+    /// Declares this handle's numbers now and refuses to run by others, as
+    /// [`RateLimit::insist`](super::RateLimit::insist).
+    ///
+    /// # Errors
+    ///
+    /// [`crate::Error::ConfigMismatch`] when other numbers are stored under
+    /// the name; [`crate::Error::ForeignConfig`]; errors from Redis.
+    pub async fn insist(&self) -> Result<Config> {
+        self.managed.insist().await
+    }
+
+    /// The stored configuration this handle decides by.
+    ///
+    /// # Errors
+    ///
+    /// As [`Counter::insist`], without the mismatch.
+    pub async fn config(&self) -> Result<Config> {
+        self.managed.config().await
     }
 
     /// Count 1 for `id` if that keeps it at most the limit in this window.
@@ -136,10 +188,41 @@ impl Counter {
     /// # Ok(()) }
     /// ```
     pub async fn increment_by(&self, id: &str, n: u64) -> std::result::Result<Admitted, Rejection> {
-        let op = limits::TryIncrement::by(&self.counter, &self.name.key(id)?, n)?;
-        let mut conn = self.conn.clone();
-        let admission = crate::script::run_one(&op, &mut conn).await?;
-        let headers = self.counter.headers(&admission);
+        self.name.key(id)?;
+        crate::validate::positive("n", n)?;
+        let current = self.managed.current().await?;
+        let counter = &current.engine;
+        let key = current.name.key(id)?;
+        let limit = counter.limit();
+        let switched = |admitted: bool| Admission {
+            admitted,
+            count: if admitted { 0 } else { limit },
+            limit,
+            remaining: if admitted { limit } else { 0 },
+            reset_after: Some(Duration::ZERO),
+        };
+        let admission = match current.mode() {
+            Mode::Normal => {
+                let op = limits::TryIncrement::by(counter, &key, n)?;
+                let mut conn = self.conn.clone();
+                crate::script::run_one(&op, &mut conn).await?
+            }
+            Mode::Blocked => {
+                let headers = counter.headers(&switched(false));
+                return Err(Rejection::Limited(Limited {
+                    limit,
+                    retry_after: None,
+                    reset_after: Duration::ZERO,
+                    headers,
+                }));
+            }
+            Mode::Unlimited => {
+                crate::validate::positive("n", n)?;
+                self.managed.count_unlimited();
+                switched(true)
+            }
+        };
+        let headers = counter.headers(&admission);
         // nolock's scripts never leave a counter without expiry; were one
         // found, it would be "no window to wait for".
         let reset_after = admission.reset_after.unwrap_or_default();
@@ -176,7 +259,9 @@ impl Counter {
     /// # Ok(()) }
     /// ```
     pub async fn peek(&self, id: &str) -> Result<CounterUsage> {
-        let key = self.name.key(id)?;
+        self.name.key(id)?;
+        let current = self.managed.current().await?;
+        let key = current.name.key(id)?;
         let mut conn = self.conn.clone();
         limits::peek(&mut conn, &key).await
     }

@@ -2,9 +2,12 @@
 //! ids ([`Client::lock`]).
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
+use super::managed::Managed;
 use super::{Client, Connection, Name};
+use crate::config::{Config, Mode, Registry, Spec};
 use crate::fence::{self, Advance, AdvanceAttempt, Fence, Fenced, Lease, LockAttempt, Write};
 use crate::{Backoff, Error, Result, Work};
 
@@ -43,7 +46,11 @@ use crate::{Backoff, Error, Result, Work};
 pub struct Lock {
     conn: Connection,
     name: Name,
+    /// This process's own TTL and settings.
     lock: fence::Lock,
+    /// The lock of the stored TTL, rebuilt when it changes.
+    managed: Managed<fence::Lock>,
+    registry: Arc<Registry>,
 }
 
 impl Client {
@@ -54,6 +61,11 @@ impl Client {
     /// Every process that locks the same ids should build it with the same
     /// name and TTL (other kinds of handle under the same name keep keys of
     /// their own).
+    ///
+    /// The numbers are a declaration ([`crate::config`]): the handle's
+    /// first call stores them under its name unless numbers are stored
+    /// already, and the handle decides by the stored ones from then on
+    /// (reporting a difference; [`insist`](Lock::insist) refuses one).
     ///
     /// # Errors
     ///
@@ -72,15 +84,72 @@ impl Client {
     /// # Ok(()) }
     /// ```
     pub fn lock(&self, name: &str, ttl: Duration) -> Result<Lock> {
-        Ok(Lock {
-            conn: self.connection(),
-            name: Name::new("lock", name)?,
-            lock: fence::Lock::new(ttl)?,
-        })
+        Ok(Lock::build(
+            self.registry(),
+            Name::new("lock", name)?,
+            fence::Lock::new(ttl)?,
+            self.connection(),
+        ))
     }
 }
 
 impl Lock {
+    fn build(registry: Arc<Registry>, name: Name, lock: fence::Lock, conn: Connection) -> Lock {
+        let local = lock.clone();
+        let own = Spec::lock(lock.ttl());
+        let managed = Managed::new(
+            Arc::clone(&registry),
+            name.clone(),
+            own,
+            move |config, name| match &config.spec {
+                Spec::Lock { ttl_ms } => {
+                    Ok((local.with_ttl(Duration::from_millis(*ttl_ms))?, name))
+                }
+                other => Err(Error::InvalidArgument {
+                    what: "spec",
+                    reason: format!("a lock cannot decide by a {} spec", other.family()),
+                }),
+            },
+        );
+        Lock {
+            conn,
+            name,
+            lock,
+            managed,
+            registry,
+        }
+    }
+
+    /// The lock of the stored TTL; a blocked name refuses here (a lock is
+    /// never unlimited: [`crate::config::Configs::unlimit`] refuses it).
+    async fn current(&self) -> Result<fence::Lock> {
+        let current = self.managed.current().await?;
+        match current.mode() {
+            Mode::Normal => Ok(current.engine.clone()),
+            _ => Err(self.managed.blocked()),
+        }
+    }
+
+    /// Declares this handle's TTL now and refuses to run by another, as
+    /// [`RateLimit::insist`](super::RateLimit::insist).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ConfigMismatch`] when another TTL is stored under the name;
+    /// [`Error::ForeignConfig`]; errors from Redis.
+    pub async fn insist(&self) -> Result<Config> {
+        self.managed.insist().await
+    }
+
+    /// The stored configuration this handle decides by.
+    ///
+    /// # Errors
+    ///
+    /// As [`Lock::insist`], without the mismatch.
+    pub async fn config(&self) -> Result<Config> {
+        self.managed.config().await
+    }
+
     /// The same lock, whose acquires wait while the id is held, with `wait`:
     /// jittered exponential sleeps, never past the holder's expiry, until
     /// `wait.timeout` after the first attempt.
@@ -96,10 +165,8 @@ impl Lock {
     /// # Ok(()) }
     /// ```
     pub fn with_wait(self, wait: Backoff) -> Lock {
-        Lock {
-            lock: self.lock.with_wait(wait),
-            ..self
-        }
+        let lock = self.lock.with_wait(wait);
+        Lock::build(self.registry, self.name, lock, self.conn)
     }
 
     /// The same lock, whose grants count only once `replicas` replicas
@@ -130,10 +197,8 @@ impl Lock {
     /// # Ok(()) }
     /// ```
     pub fn acknowledged(self, replicas: u64, timeout: Duration) -> Result<Lock> {
-        Ok(Lock {
-            lock: self.lock.acknowledged(replicas, timeout)?,
-            ..self
-        })
+        let lock = self.lock.acknowledged(replicas, timeout)?;
+        Ok(Lock::build(self.registry, self.name, lock, self.conn))
     }
 
     /// The lock's name.
@@ -143,7 +208,9 @@ impl Lock {
 
     /// The TTL each grant and each renewal sets, in whole milliseconds.
     pub fn ttl(&self) -> Duration {
-        self.lock.ttl()
+        self.managed
+            .latest()
+            .map_or(self.lock.ttl(), |c| c.engine.ttl())
     }
 
     /// How many replicas confirm each grant ([`Lock::acknowledged`]).
@@ -185,7 +252,8 @@ impl Lock {
     /// ```
     pub async fn acquire(&self, id: &str) -> Result<LockAttempt<Lease>> {
         let resource = self.name.key(id)?;
-        self.lock.lease(self.conn.clone(), &resource).await
+        let lock = self.current().await?;
+        lock.lease(self.conn.clone(), &resource).await
     }
 
     /// Run `work` under a renewed lease on `id`, then release it.
@@ -230,9 +298,8 @@ impl Lock {
         Fut: Future<Output = T>,
     {
         let resource = self.name.key(id)?;
-        self.lock
-            .with_lease(self.conn.clone(), &resource, work)
-            .await
+        let lock = self.current().await?;
+        lock.with_lease(self.conn.clone(), &resource, work).await
     }
 
     /// Store `value` as the protected value of the fence's id, only under

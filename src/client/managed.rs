@@ -11,9 +11,9 @@ use super::Name;
 use crate::config::{Config, Family, Mode, Registry, Spec};
 use crate::{observe, Error, Result};
 
-/// Builds what decides from stored numbers and the handle's name with its
+/// Builds what decides from a stored configuration and the handle's name with its
 /// generation; answers it and the name its keys use.
-type Make<E> = dyn Fn(&Spec, Name) -> Result<(E, Name)> + Send + Sync;
+type Make<E> = dyn Fn(&Config, Name) -> Result<(E, Name)> + Send + Sync;
 
 /// What decides for one version of a stored configuration.
 pub(crate) struct Current<E> {
@@ -39,6 +39,9 @@ pub(crate) struct Managed<E> {
     own: Spec,
     make: Arc<Make<E>>,
     built: Arc<RwLock<Option<Arc<Current<E>>>>>,
+    /// One declaration at a time per handle (and its clones): 64 tasks
+    /// making their first call at once send one, not 64.
+    declaring: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl<E> Clone for Managed<E> {
@@ -51,6 +54,7 @@ impl<E> Clone for Managed<E> {
             own: self.own.clone(),
             make: Arc::clone(&self.make),
             built: Arc::clone(&self.built),
+            declaring: Arc::clone(&self.declaring),
         }
     }
 }
@@ -66,15 +70,15 @@ impl<E> fmt::Debug for Managed<E> {
 }
 
 impl<E> Managed<E> {
+    /// `own` must be numbers the handle was built from (checked).
     pub(crate) fn new(
         registry: Arc<Registry>,
         name: Name,
         own: Spec,
-        make: impl Fn(&Spec, Name) -> Result<(E, Name)> + Send + Sync + 'static,
-    ) -> Result<Managed<E>> {
-        own.validate()?;
+        make: impl Fn(&Config, Name) -> Result<(E, Name)> + Send + Sync + 'static,
+    ) -> Managed<E> {
         let family = own.family();
-        Ok(Managed {
+        Managed {
             registry,
             family,
             field: Arc::from(format!("{family}:{}", name.as_str())),
@@ -82,12 +86,8 @@ impl<E> Managed<E> {
             own,
             make: Arc::new(make),
             built: Arc::new(RwLock::new(None)),
-        })
-    }
-
-    /// This process's own numbers.
-    pub(crate) fn own(&self) -> &Spec {
-        &self.own
+            declaring: Arc::new(tokio::sync::Mutex::new(())),
+        }
     }
 
     /// What decides now: the stored numbers as this process last learned
@@ -96,9 +96,15 @@ impl<E> Managed<E> {
         let config = match self.registry.cached(&self.field) {
             Some(config) => config,
             None => {
-                self.registry
-                    .declare(self.family, self.name.as_str(), &self.own)
-                    .await?
+                let _one = self.declaring.lock().await;
+                match self.registry.cached(&self.field) {
+                    Some(config) => config,
+                    None => {
+                        self.registry
+                            .declare(self.family, self.name.as_str(), &self.own)
+                            .await?
+                    }
+                }
             }
         };
         if let Some(current) = self.latest() {
@@ -106,7 +112,7 @@ impl<E> Managed<E> {
                 return Ok(current);
             }
         }
-        let (engine, name) = (self.make)(&config.spec, self.name.generation(config.generation))?;
+        let (engine, name) = (self.make)(&config, self.name.generation(config.generation))?;
         if config.spec != self.own {
             observe::config_differs(
                 self.family.as_str(),

@@ -46,7 +46,11 @@ mod semaphore;
 pub use answer::{Admitted, Limited, Rejection};
 pub use counter::Counter;
 pub use lock::Lock;
+#[cfg(feature = "tower")]
+pub(crate) use rate::switched;
 pub use rate::RateLimit;
+#[cfg(feature = "tower")]
+pub(crate) use rate_limits::switched_multi;
 pub use rate_limits::{RateLimits, RateLimitsBuilder, Scope};
 pub use semaphore::Semaphore;
 

@@ -9,7 +9,12 @@
 
 use std::time::Duration;
 
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use super::managed::{Current, Managed};
 use super::{Admitted, Client, Connection, Limited, Name, Rejection};
+use crate::config::{Config, Mode, Registry, Spec};
 use crate::rate::{self, Algorithm, Decision, Limiter, Quota};
 use crate::{Error, Result};
 
@@ -20,6 +25,11 @@ impl Client {
     /// `RateLimit` headers, and part of every key (`{nolock:<name>:<id>}`):
     /// two handles with one name share their state, so give each limit its
     /// own name.
+    ///
+    /// The numbers are a declaration ([`crate::config`]): the handle's
+    /// first call stores them under its name unless numbers are stored
+    /// already, and the handle decides by the stored ones from then on
+    /// (reporting a difference; [`insist`](RateLimit::insist) refuses one).
     ///
     /// # Errors
     ///
@@ -50,12 +60,7 @@ impl Client {
             debt_cap: None,
             deny_cache: None,
         };
-        Ok(RateLimit {
-            limiter: settings.limiter(&name)?,
-            name,
-            settings,
-            conn: self.connection(),
-        })
+        RateLimit::build(self.registry(), name, settings, self.connection())
     }
 }
 
@@ -68,11 +73,16 @@ impl Client {
 #[derive(Clone, Debug)]
 pub struct RateLimit {
     pub(crate) name: Name,
-    pub(crate) limiter: Limiter,
+    /// The limiter of the stored numbers, rebuilt when they change.
+    pub(crate) managed: Managed<Limiter>,
+    /// The limiter of this process's own numbers (before the first call).
+    limiter: Limiter,
     pub(crate) conn: Connection,
-    /// What the limiter was built from, to build it again with another
-    /// algorithm.
+    /// What this process built the handle with: its own numbers (declared
+    /// when none are stored) and its local settings (kept whatever the
+    /// stored numbers).
     settings: Settings,
+    registry: Arc<Registry>,
 }
 
 /// The kind of handle of a rate limit, in its keys: one per algorithm,
@@ -96,6 +106,21 @@ struct Settings {
 }
 
 impl Settings {
+    /// The same local settings with stored numbers.
+    fn with_spec(self, spec: &Spec) -> Result<Settings> {
+        match spec {
+            Spec::RateLimit { algorithm, .. } => Ok(Settings {
+                algorithm: *algorithm,
+                quota: spec.quota()?,
+                ..self
+            }),
+            other => Err(Error::InvalidArgument {
+                what: "spec",
+                reason: format!("a rate limit cannot decide by a {} spec", other.family()),
+            }),
+        }
+    }
+
     fn limiter(&self, name: &Name) -> Result<Limiter> {
         let mut limiter = Limiter::new(self.algorithm, self.quota)?.named(name.as_str())?;
         if let Some(within) = self.settle_within {
@@ -112,6 +137,81 @@ impl Settings {
 }
 
 impl RateLimit {
+    fn build(
+        registry: Arc<Registry>,
+        name: Name,
+        settings: Settings,
+        conn: Connection,
+    ) -> Result<RateLimit> {
+        let limiter = settings.limiter(&name)?;
+        Ok(RateLimit::assemble(registry, name, settings, limiter, conn))
+    }
+
+    fn assemble(
+        registry: Arc<Registry>,
+        name: Name,
+        settings: Settings,
+        limiter: Limiter,
+        conn: Connection,
+    ) -> RateLimit {
+        let own = Spec::rate_limit(settings.algorithm, settings.quota);
+        let managed = Managed::new(
+            Arc::clone(&registry),
+            name.clone(),
+            own,
+            move |config, name| {
+                let settings = settings.with_spec(&config.spec)?;
+                let name = name.with_kind(kind(settings.algorithm));
+                Ok((settings.limiter(&name)?, name))
+            },
+        );
+        RateLimit {
+            name,
+            limiter,
+            managed,
+            conn,
+            settings,
+            registry,
+        }
+    }
+
+    fn rebuild(self, settings: Settings) -> Result<RateLimit> {
+        let name = self.name.with_kind(kind(settings.algorithm));
+        RateLimit::build(self.registry, name, settings, self.conn)
+    }
+
+    /// Declares this handle's numbers now, at startup, and refuses to run
+    /// by others: when the server holds other numbers under its name, the
+    /// answer is [`Error::ConfigMismatch`] (without `insist`, the handle
+    /// decides by the stored numbers and reports the difference; see
+    /// [`crate::config`]).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ConfigMismatch`]; [`Error::ForeignConfig`] when the
+    /// registry holds something nolock did not write; errors from Redis.
+    ///
+    /// ```no_run
+    /// use nolock::rate::Quota;
+    /// # async fn run(client: nolock::Client) -> nolock::Result<()> {
+    /// let api = client.rate_limit("api", Quota::per_minute(100)?)?;
+    /// api.insist().await?; // fails at startup if "api" is stored with other numbers
+    /// # Ok(()) }
+    /// ```
+    pub async fn insist(&self) -> Result<Config> {
+        self.managed.insist().await
+    }
+
+    /// The stored configuration this handle decides by (declared from its
+    /// own numbers on the first call).
+    ///
+    /// # Errors
+    ///
+    /// As [`RateLimit::insist`], without the mismatch.
+    pub async fn config(&self) -> Result<Config> {
+        self.managed.config().await
+    }
+
     /// The same limit, decided by `algorithm` (see [`rate`]'s "Choosing an
     /// algorithm"). Keeps the settle deadline, debt cap and deny cache set
     /// so far. Each algorithm keeps its state under keys of its own (the
@@ -138,13 +238,7 @@ impl RateLimit {
             ..self.settings
         };
         // Another algorithm reads the state differently: another key.
-        let name = self.name.with_kind(kind(algorithm));
-        Ok(RateLimit {
-            limiter: settings.limiter(&name)?,
-            name,
-            settings,
-            ..self
-        })
+        self.rebuild(settings)
     }
 
     /// The same limit, whose charges can be settled for `within` after
@@ -165,16 +259,11 @@ impl RateLimit {
     /// # Ok(()) }
     /// ```
     pub fn settle_within(self, within: Duration) -> Result<RateLimit> {
-        let limiter = self.limiter.settle_within(within)?;
         let settings = Settings {
             settle_within: Some(within),
             ..self.settings
         };
-        Ok(RateLimit {
-            limiter,
-            settings,
-            ..self
-        })
+        self.rebuild(settings)
     }
 
     /// The same limit, with a cap on the debt a settlement may leave
@@ -190,16 +279,12 @@ impl RateLimit {
     /// # Ok(()) }
     /// ```
     pub fn with_debt_cap(self, units: u64) -> RateLimit {
-        let limiter = self.limiter.with_debt_cap(units);
         let settings = Settings {
             debt_cap: Some(units),
             ..self.settings
         };
-        RateLimit {
-            limiter,
-            settings,
-            ..self
-        }
+        let limiter = self.limiter.with_debt_cap(units);
+        RateLimit::assemble(self.registry, self.name, settings, limiter, self.conn)
     }
 
     /// The same limit, remembering up to `capacity` recent denials in this
@@ -217,16 +302,12 @@ impl RateLimit {
     /// # Ok(()) }
     /// ```
     pub fn with_local_deny_cache(self, capacity: usize) -> RateLimit {
-        let limiter = self.limiter.with_local_deny_cache(capacity);
         let settings = Settings {
             deny_cache: Some(capacity),
             ..self.settings
         };
-        RateLimit {
-            limiter,
-            settings,
-            ..self
-        }
+        let limiter = self.limiter.with_local_deny_cache(capacity);
+        RateLimit::assemble(self.registry, self.name, settings, limiter, self.conn)
     }
 
     /// Take one unit for `id` if it fits. See [`RateLimit::check_cost`].
@@ -273,13 +354,19 @@ impl RateLimit {
     /// # Ok(()) }
     /// ```
     pub async fn check_cost(&self, id: &str, cost: u64) -> Result<Admitted, Rejection> {
-        let key = self.name.key(id)?;
+        checked(&self.name, id, cost)?;
+        let current = self.managed.current().await?;
+        let limiter = &current.engine;
+        let key = current.name.key(id)?;
+        if let Some(decision) = switched(&current, cost)? {
+            return answer(&decision, limiter.headers(&decision));
+        }
         let mut conn = self.conn.clone();
-        match self.limiter.check(&mut conn, &key, cost).await {
-            Ok(decision) => self.answer(&decision),
+        match limiter.check(&mut conn, &key, cost).await {
+            Ok(decision) => answer(&decision, limiter.headers(&decision)),
             Err(Error::InsufficientCapacity { .. }) => {
-                let state = self.limiter.peek(&mut conn, &key, 1).await?;
-                Err(never_fits(state, self.limiter.headers(&state)))
+                let state = limiter.peek(&mut conn, &key, 1).await?;
+                Err(never_fits(state, limiter.headers(&state)))
             }
             Err(err) => Err(Rejection::Failed(err)),
         }
@@ -302,8 +389,10 @@ impl RateLimit {
     /// # Ok(()) }
     /// ```
     pub async fn peek(&self, id: &str) -> Result<rate::RateLimit> {
-        let key = self.name.key(id)?;
-        self.limiter.peek(&mut self.conn.clone(), &key, 1).await
+        self.name.key(id)?;
+        let current = self.managed.current().await?;
+        let key = current.name.key(id)?;
+        current.engine.peek(&mut self.conn.clone(), &key, 1).await
     }
 
     /// Forget the state of `id`: its limit is full again, and the charges
@@ -320,8 +409,10 @@ impl RateLimit {
     /// # Ok(()) }
     /// ```
     pub async fn reset(&self, id: &str) -> Result<()> {
-        let key = self.name.key(id)?;
-        self.limiter.reset(&mut self.conn.clone(), &key).await
+        self.name.key(id)?;
+        let current = self.managed.current().await?;
+        let key = current.name.key(id)?;
+        current.engine.reset(&mut self.conn.clone(), &key).await
     }
 
     /// [`RateLimit::check_cost`] with the whole [`Decision`]: an admission
@@ -351,8 +442,16 @@ impl RateLimit {
     /// # Ok(()) }
     /// ```
     pub async fn decide(&self, id: &str, cost: u64) -> Result<Decision> {
-        let key = self.name.key(id)?;
-        self.limiter.check(&mut self.conn.clone(), &key, cost).await
+        checked(&self.name, id, cost)?;
+        let current = self.managed.current().await?;
+        let key = current.name.key(id)?;
+        if let Some(decision) = switched(&current, cost)? {
+            return Ok(Decision::uncharged(decision));
+        }
+        current
+            .engine
+            .check(&mut self.conn.clone(), &key, cost)
+            .await
     }
 
     /// The handle's answer for a decision of this limit: [`Admitted`], or
@@ -370,7 +469,7 @@ impl RateLimit {
     /// # Ok(()) }
     /// ```
     pub fn answer(&self, decision: &rate::RateLimit) -> Result<Admitted, Rejection> {
-        answer(decision, self.limiter.headers(decision))
+        answer(decision, self.limiter().headers(decision))
     }
 
     /// The handle's name.
@@ -382,8 +481,11 @@ impl RateLimit {
     /// ([`rate::Check`] values in a [`crate::Batch`],
     /// [`Limiter::check_at_most`], [`Limiter::until_ready`]) on the keys of
     /// [`RateLimit::key`].
-    pub fn limiter(&self) -> &Limiter {
-        &self.limiter
+    pub fn limiter(&self) -> Limiter {
+        match self.managed.latest() {
+            Some(current) => current.engine.clone(),
+            None => self.limiter.clone(),
+        }
     }
 
     /// The connection the handle uses (a clone), for the operation-level
@@ -406,8 +508,50 @@ impl RateLimit {
     /// # Ok(()) }
     /// ```
     pub fn key(&self, id: &str) -> Result<String> {
-        self.name.key(id)
+        match self.managed.latest() {
+            Some(current) => current.name.key(id),
+            None => self.name.key(id),
+        }
     }
+}
+
+/// Checks an id and a cost before anything is sent (the first call of a
+/// handle reads the registry).
+fn checked(name: &Name, id: &str, cost: u64) -> Result<()> {
+    name.key(id)?;
+    crate::validate::positive("cost", cost)?;
+    if cost > crate::MAX_INTEGER {
+        return Err(Error::OutOfRange {
+            what: "cost",
+            given: cost,
+            max: crate::MAX_INTEGER,
+        });
+    }
+    Ok(())
+}
+
+/// The answer of an operator's switch ([`Mode`]), decided without Redis:
+/// `None` when the numbers decide.
+pub(crate) fn switched(current: &Current<Limiter>, cost: u64) -> Result<Option<rate::RateLimit>> {
+    let limit = current.engine.quota().burst();
+    let (allowed, remaining) = match current.mode() {
+        Mode::Normal => return Ok(None),
+        Mode::Blocked => (false, 0),
+        Mode::Unlimited => {
+            crate::observe::unlimited("rate-limit", current.name.as_str());
+            (true, limit)
+        }
+    };
+    crate::validate::positive("cost", cost)?;
+    Ok(Some(rate::RateLimit {
+        allowed,
+        limit,
+        remaining,
+        retry_after: None,
+        reset_after: Duration::ZERO,
+        at: SystemTime::now(),
+        debt: 0,
+    }))
 }
 
 /// The admitted or limited answer of a decision, with its headers.

@@ -5,10 +5,13 @@
 //!
 //! Over 500 lines only with its doc examples (the code is about 250).
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
+use super::managed::Managed;
 use super::rate::{answer, never_fits};
 use super::{Admitted, Client, Connection, Name, Rejection};
+use crate::config::{Config, LimitSpec, Mode, Per, Registry, Spec};
 use crate::rate::{self, Algorithm, MultiKey, MultiLimiter, MultiRateLimit, Quota};
 use crate::{keys, Error, Result};
 
@@ -18,6 +21,11 @@ impl Client {
     /// limits shared by the whole scope (the tenant: 1000 per minute). Add
     /// them on the builder; the input is checked by
     /// [`RateLimitsBuilder::build`].
+    ///
+    /// The numbers are a declaration ([`crate::config`]): the handle's
+    /// first call stores them under its name unless numbers are stored
+    /// already, and the handle decides by the stored ones from then on
+    /// (reporting a difference; [`insist`](RateLimits::insist) refuses one).
     ///
     /// # Example
     ///
@@ -39,6 +47,7 @@ impl Client {
         RateLimitsBuilder {
             name: Name::new("multi", name),
             conn: self.connection(),
+            registry: self.registry(),
             algorithm: Algorithm::Gcra,
             limits: Vec::new(),
             settle_within: None,
@@ -110,6 +119,7 @@ impl Scope {
 pub struct RateLimitsBuilder {
     name: Result<Name>,
     conn: Connection,
+    registry: Arc<Registry>,
     algorithm: Algorithm,
     /// Name, quota, and whether the limit is kept per member.
     limits: Vec<(String, Quota, bool)>,
@@ -220,48 +230,117 @@ impl RateLimitsBuilder {
     /// # Ok(()) }
     /// ```
     pub fn build(self) -> Result<RateLimits> {
-        // Each algorithm stores its state its own way: its own keys.
-        let name = self.name?.with_kind(multi_kind(self.algorithm));
+        let name = self.name?;
+        let own = Spec::RateLimits {
+            algorithm: self.algorithm,
+            limits: self
+                .limits
+                .iter()
+                .map(|(limit, quota, per_member)| LimitSpec {
+                    name: limit.clone(),
+                    per: if *per_member { Per::Member } else { Per::Scope },
+                    rate: quota.rate(),
+                    period_ms: quota.period().as_millis() as u64,
+                    burst: quota.burst(),
+                })
+                .collect(),
+        };
         if self.limits.is_empty() {
             return Err(Error::InvalidArgument {
                 what: "limits",
                 reason: format!("the rate limits {name:?} need at least one limit"),
             });
         }
-        let part = |per_member: bool| -> Result<Option<MultiLimiter>> {
-            let mut part = MultiLimiter::new(self.algorithm);
-            for (limit, quota, _) in self.limits.iter().filter(|l| l.2 == per_member) {
-                part = part.shared_limit(limit, *quota)?;
-            }
+        let local = Local {
+            settle_within: self.settle_within,
+            debt_cap: self.debt_cap,
+        };
+        let mine = local.parts(&name, &own)?;
+        let managed = Managed::new(self.registry, name.clone(), own, move |config, name| {
+            let parts = local.parts(&name, &config.spec)?;
+            Ok((parts.clone(), parts.name))
+        });
+        Ok(RateLimits {
+            name,
+            mine,
+            managed,
+            conn: self.conn,
+        })
+    }
+}
+
+/// What a process sets for itself, whatever the stored numbers.
+#[derive(Clone, Copy, Debug)]
+struct Local {
+    settle_within: Option<Duration>,
+    debt_cap: Option<u64>,
+}
+
+impl Local {
+    /// What decides for `spec`, named `name` (its generation included).
+    fn parts(&self, name: &Name, spec: &Spec) -> Result<Parts> {
+        let Spec::RateLimits { algorithm, limits } = spec else {
+            return Err(Error::InvalidArgument {
+                what: "spec",
+                reason: format!("rate limits cannot decide by a {} spec", spec.family()),
+            });
+        };
+        // Each algorithm stores its state its own way: its own keys.
+        let name = name.with_kind(multi_kind(*algorithm));
+        let mut quotas = Vec::with_capacity(limits.len());
+        for limit in limits {
+            quotas.push((
+                limit.name.as_str(),
+                limit.quota()?,
+                limit.per == Per::Member,
+            ));
+        }
+        let settings = |mut multi: MultiLimiter| -> Result<MultiLimiter> {
             if let Some(within) = self.settle_within {
-                part = part.settle_within(within)?;
+                multi = multi.settle_within(within)?;
             }
             if let Some(units) = self.debt_cap {
-                part = part.with_debt_cap(units);
+                multi = multi.with_debt_cap(units);
             }
+            Ok(multi)
+        };
+        let part = |per_member: bool| -> Result<Option<MultiLimiter>> {
+            let mut part = MultiLimiter::new(*algorithm);
+            for (limit, quota, _) in quotas.iter().filter(|l| l.2 == per_member) {
+                part = part.shared_limit(limit, *quota)?;
+            }
+            let part = settings(part)?;
             Ok((!part.is_empty()).then_some(part))
         };
         // Every limit is a shared one of the MultiLimiter: the handle names
         // each limit's key itself, from the scope and the member.
-        let mut all = MultiLimiter::new(self.algorithm);
-        for (limit, quota, _) in &self.limits {
+        let mut all = MultiLimiter::new(*algorithm);
+        for (limit, quota, _) in &quotas {
             all = all.shared_limit(limit, *quota)?;
         }
-        if let Some(within) = self.settle_within {
-            all = all.settle_within(within)?;
-        }
-        if let Some(units) = self.debt_cap {
-            all = all.with_debt_cap(units);
-        }
-        Ok(RateLimits {
-            per_member: self.limits.iter().map(|l| l.2).collect(),
+        Ok(Parts {
+            per_member: quotas.iter().map(|l| l.2).collect(),
             members: part(true)?,
             scopes: part(false)?,
+            limiter: settings(all)?,
             name,
-            limiter: all,
-            conn: self.conn,
         })
     }
+}
+
+/// What decides for one version of the numbers.
+#[derive(Clone, Debug)]
+pub(crate) struct Parts {
+    /// The name every key is built from (algorithm and generation).
+    name: Name,
+    /// Every limit, in the order added, each a shared limit whose key the
+    /// handle builds ([`RateLimits::multi_key`]).
+    limiter: MultiLimiter,
+    /// Per limit of `limiter`: true when kept per member.
+    per_member: Vec<bool>,
+    /// The limits per member alone, and per scope alone (for resets).
+    members: Option<MultiLimiter>,
+    scopes: Option<MultiLimiter>,
 }
 
 /// Several named limits decided together, all or nothing, for a [`Scope`]:
@@ -298,14 +377,10 @@ impl RateLimitsBuilder {
 #[derive(Clone, Debug)]
 pub struct RateLimits {
     pub(crate) name: Name,
-    /// Every limit, in the order added, each a shared limit whose key the
-    /// handle builds ([`RateLimits::multi_key`]).
-    pub(crate) limiter: MultiLimiter,
-    /// Per limit of `limiter`: true when kept per member.
-    pub(crate) per_member: Vec<bool>,
-    /// The limits per member alone, and per scope alone (for resets).
-    members: Option<MultiLimiter>,
-    scopes: Option<MultiLimiter>,
+    /// What this process's own numbers decide (before any call).
+    mine: Parts,
+    /// What the stored numbers decide, rebuilt when they change.
+    pub(crate) managed: Managed<Parts>,
     pub(crate) conn: Connection,
 }
 
@@ -355,13 +430,20 @@ impl RateLimits {
     /// # Ok(()) }
     /// ```
     pub async fn check_cost(&self, scope: &Scope, cost: u64) -> Result<Admitted, Rejection> {
-        let key = self.multi_key(scope)?;
+        self.mine.multi_key(scope)?;
+        crate::validate::positive("cost", cost)?;
+        let current = self.managed.current().await?;
+        let parts = &current.engine;
+        let key = parts.multi_key(scope)?;
+        if let Some(decision) = switched_multi(parts, current.mode(), cost)? {
+            return parts.answer(&decision);
+        }
         let mut conn = self.conn.clone();
-        match self.limiter.check(&mut conn, key.clone(), cost).await {
-            Ok(decision) => self.answer(&decision),
+        match parts.limiter.check(&mut conn, key.clone(), cost).await {
+            Ok(decision) => parts.answer(&decision),
             Err(Error::InsufficientCapacity { .. }) => {
-                let state = self.limiter.peek(&mut conn, key, 1).await?;
-                let headers = self.limiter.headers(&state);
+                let state = parts.limiter.peek(&mut conn, key, 1).await?;
+                let headers = parts.limiter.headers(&state);
                 // The first limit the cost is above.
                 let over = state.limits.iter().find(|l| l.limit < cost);
                 let over = over.or(state.limits.first()).copied();
@@ -390,8 +472,14 @@ impl RateLimits {
     /// # Ok(()) }
     /// ```
     pub async fn peek(&self, scope: &Scope) -> Result<MultiRateLimit> {
-        let key = self.multi_key(scope)?;
-        self.limiter.peek(&mut self.conn.clone(), key, 1).await
+        self.mine.multi_key(scope)?;
+        let current = self.managed.current().await?;
+        let key = current.engine.multi_key(scope)?;
+        current
+            .engine
+            .limiter
+            .peek(&mut self.conn.clone(), key, 1)
+            .await
     }
 
     /// Forget state: with a member, that member's limits (the scope's
@@ -415,6 +503,42 @@ impl RateLimits {
     /// # Ok(()) }
     /// ```
     pub async fn reset(&self, scope: &Scope) -> Result<()> {
+        let current = self.managed.current().await?;
+        current.engine.reset(&mut self.conn.clone(), scope).await
+    }
+
+    /// Declares this handle's numbers now and refuses to run by others, as
+    /// [`RateLimit::insist`](super::RateLimit::insist).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ConfigMismatch`] when other numbers are stored under the
+    /// name; [`Error::ForeignConfig`]; errors from Redis.
+    pub async fn insist(&self) -> Result<Config> {
+        self.managed.insist().await
+    }
+
+    /// The stored configuration this handle decides by.
+    ///
+    /// # Errors
+    ///
+    /// As [`RateLimits::insist`], without the mismatch.
+    pub async fn config(&self) -> Result<Config> {
+        self.managed.config().await
+    }
+
+    /// What decides now, without a call: the latest stored numbers this
+    /// handle used, or its own before its first call.
+    fn parts(&self) -> Parts {
+        match self.managed.latest() {
+            Some(current) => current.engine.clone(),
+            None => self.mine.clone(),
+        }
+    }
+}
+
+impl Parts {
+    async fn reset(&self, conn: &mut Connection, scope: &Scope) -> Result<()> {
         let scope_key = self.name.key(&scope.scope)?;
         let (part, base) = match &scope.member {
             Some(member) => (
@@ -441,27 +565,10 @@ impl RateLimits {
         for limit in (0..part.len()).filter_map(|i| part.name(i)) {
             key = key.shared(limit, &keys::derive(&base, limit));
         }
-        part.reset(&mut self.conn.clone(), key).await
+        part.reset(conn, key).await
     }
 
-    /// The handle's answer for a decision of these limits: [`Admitted`] or
-    /// [`Rejection::Limited`], with every limit in the headers.
-    ///
-    /// # Errors
-    ///
-    /// [`Rejection::Limited`] when the decision did not admit.
-    ///
-    /// ```no_run
-    /// use nolock::client::Scope;
-    /// # async fn run(limits: nolock::client::RateLimits) -> Result<(), nolock::client::Rejection> {
-    /// let key = limits.multi_key(&Scope::new("acme").member("alice"))?;
-    /// let mut conn = limits.connection();
-    /// let decision = limits.limiter().check(&mut conn, key, 1).await?;
-    /// let admitted = limits.answer(&decision)?;
-    /// # let _ = admitted;
-    /// # Ok(()) }
-    /// ```
-    pub fn answer(&self, decision: &MultiRateLimit) -> Result<Admitted, Rejection> {
+    fn answer(&self, decision: &MultiRateLimit) -> Result<Admitted, Rejection> {
         let headers = self.limiter.headers(decision);
         let tightest = if decision.allowed {
             decision.limits.iter().min_by_key(|l| l.remaining)
@@ -481,6 +588,29 @@ impl RateLimits {
             None => Err(Rejection::Failed(no_limit())),
         }
     }
+}
+
+impl RateLimits {
+    /// The handle's answer for a decision of these limits: [`Admitted`] or
+    /// [`Rejection::Limited`], with every limit in the headers.
+    ///
+    /// # Errors
+    ///
+    /// [`Rejection::Limited`] when the decision did not admit.
+    ///
+    /// ```no_run
+    /// use nolock::client::Scope;
+    /// # async fn run(limits: nolock::client::RateLimits) -> Result<(), nolock::client::Rejection> {
+    /// let key = limits.multi_key(&Scope::new("acme").member("alice"))?;
+    /// let mut conn = limits.connection();
+    /// let decision = limits.limiter().check(&mut conn, key, 1).await?;
+    /// let admitted = limits.answer(&decision)?;
+    /// # let _ = admitted;
+    /// # Ok(()) }
+    /// ```
+    pub fn answer(&self, decision: &MultiRateLimit) -> Result<Admitted, Rejection> {
+        self.parts().answer(decision)
+    }
 
     /// The handle's name.
     pub fn name(&self) -> &str {
@@ -490,8 +620,8 @@ impl RateLimits {
     /// The [`MultiLimiter`] underneath (every limit is one of its shared
     /// limits), for the operation-level API: [`rate::MultiCheck`] values,
     /// [`MultiRateLimit::charge_mut`] refunds, settlements.
-    pub fn limiter(&self) -> &MultiLimiter {
-        &self.limiter
+    pub fn limiter(&self) -> MultiLimiter {
+        self.parts().limiter
     }
 
     /// The connection the handle uses (a clone), for the operation-level
@@ -516,6 +646,17 @@ impl RateLimits {
     /// # Ok(()) }
     /// ```
     pub fn multi_key(&self, scope: &Scope) -> Result<MultiKey> {
+        self.parts().multi_key(scope)
+    }
+}
+
+impl Parts {
+    #[cfg(feature = "tower")]
+    pub(crate) fn limiter(&self) -> &MultiLimiter {
+        &self.limiter
+    }
+
+    pub(crate) fn multi_key(&self, scope: &Scope) -> Result<MultiKey> {
         let scope_key = self.name.key(&scope.scope)?;
         let has_members = self.members.is_some();
         let member_key = match (&scope.member, has_members) {
@@ -559,6 +700,40 @@ impl RateLimits {
 
 /// A decision without any limit: cannot happen for built limits (they have
 /// one at least), answered as an error rather than a panic.
+/// The answer of an operator's switch ([`Mode`]), decided without Redis:
+/// `None` when the numbers decide.
+pub(crate) fn switched_multi(
+    parts: &Parts,
+    mode: Mode,
+    cost: u64,
+) -> Result<Option<MultiRateLimit>> {
+    let allowed = match mode {
+        Mode::Normal => return Ok(None),
+        Mode::Blocked => false,
+        Mode::Unlimited => {
+            crate::observe::unlimited("rate-limits", parts.name.as_str());
+            true
+        }
+    };
+    crate::validate::positive("cost", cost)?;
+    let at = SystemTime::now();
+    let limits = parts
+        .limiter
+        .quotas()
+        .iter()
+        .map(|quota| rate::RateLimit {
+            allowed,
+            limit: quota.burst(),
+            remaining: if allowed { quota.burst() } else { 0 },
+            retry_after: None,
+            reset_after: Duration::ZERO,
+            at,
+            debt: 0,
+        })
+        .collect();
+    Ok(Some(MultiRateLimit::uncharged(allowed, limits)))
+}
+
 fn no_limit() -> Error {
     Error::UnexpectedReply {
         script: "rate",

@@ -2,13 +2,14 @@
 //! ([`Client::semaphore`]).
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
+use super::managed::{Current, Managed};
 use super::{Client, Connection, Name};
-use crate::semaphore::{self, PermitAttempt, PermitId, PermitLease, SemaphoreUsage};
-#[cfg(doc)]
-use crate::Error;
-use crate::{Backoff, Result, Work};
+use crate::config::{Config, Mode, Registry, Spec};
+use crate::semaphore::{self, PermitAttempt, PermitId, PermitLease, SemaphoreUsage, MAX_PERMITS};
+use crate::{Backoff, Error, Result, Work};
 
 /// "At most `permits` holders at once per id": a named
 /// [`semaphore::Semaphore`] on the client's connection. Made by
@@ -40,7 +41,11 @@ use crate::{Backoff, Result, Work};
 pub struct Semaphore {
     conn: Connection,
     name: Name,
+    /// This process's own numbers and settings.
     semaphore: semaphore::Semaphore,
+    /// The semaphore of the stored numbers, rebuilt when they change.
+    managed: Managed<semaphore::Semaphore>,
+    registry: Arc<Registry>,
 }
 
 impl Client {
@@ -51,6 +56,11 @@ impl Client {
     /// Every process that uses the same ids should build it with the same
     /// name, size and TTL (other kinds of handle under the same name keep
     /// keys of their own).
+    ///
+    /// The numbers are a declaration ([`crate::config`]): the handle's
+    /// first call stores them under its name unless numbers are stored
+    /// already, and the handle decides by the stored ones from then on
+    /// (reporting a difference; [`insist`](Semaphore::insist) refuses one).
     ///
     /// # Errors
     ///
@@ -69,15 +79,89 @@ impl Client {
     /// # Ok(()) }
     /// ```
     pub fn semaphore(&self, name: &str, permits: u64, ttl: Duration) -> Result<Semaphore> {
-        Ok(Semaphore {
-            conn: self.connection(),
-            name: Name::new("semaphore", name)?,
-            semaphore: semaphore::Semaphore::new(permits, ttl)?,
-        })
+        Ok(Semaphore::build(
+            self.registry(),
+            Name::new("semaphore", name)?,
+            semaphore::Semaphore::new(permits, ttl)?,
+            self.connection(),
+        ))
     }
 }
 
 impl Semaphore {
+    fn build(
+        registry: Arc<Registry>,
+        name: Name,
+        semaphore: semaphore::Semaphore,
+        conn: Connection,
+    ) -> Semaphore {
+        let own = Spec::semaphore(semaphore.permits(), semaphore.ttl());
+        let local = semaphore.clone();
+        let managed = Managed::new(
+            Arc::clone(&registry),
+            name.clone(),
+            own,
+            move |config, name| {
+                match (&config.spec, config.mode) {
+                    // Unlimited: every acquire is granted, and still counted
+                    // as a holder (peek and inspect show them).
+                    (Spec::Semaphore { ttl_ms, .. }, Mode::Unlimited) => Ok((
+                        local.with_numbers(MAX_PERMITS, Duration::from_millis(*ttl_ms))?,
+                        name,
+                    )),
+                    (Spec::Semaphore { permits, ttl_ms }, _) => Ok((
+                        local.with_numbers(*permits, Duration::from_millis(*ttl_ms))?,
+                        name,
+                    )),
+                    (other, _) => Err(Error::InvalidArgument {
+                        what: "spec",
+                        reason: format!("a semaphore cannot decide by a {} spec", other.family()),
+                    }),
+                }
+            },
+        );
+        Semaphore {
+            conn,
+            name,
+            semaphore,
+            managed,
+            registry,
+        }
+    }
+
+    /// What decides now; a blocked name refuses here.
+    async fn current(&self) -> Result<Arc<Current<semaphore::Semaphore>>> {
+        let current = self.managed.current().await?;
+        match current.mode() {
+            Mode::Blocked => Err(self.managed.blocked()),
+            Mode::Unlimited => {
+                self.managed.count_unlimited();
+                Ok(current)
+            }
+            Mode::Normal => Ok(current),
+        }
+    }
+
+    /// Declares this handle's numbers now and refuses to run by others, as
+    /// [`RateLimit::insist`](super::RateLimit::insist).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ConfigMismatch`] when other numbers are stored under the
+    /// name; [`Error::ForeignConfig`]; errors from Redis.
+    pub async fn insist(&self) -> Result<Config> {
+        self.managed.insist().await
+    }
+
+    /// The stored configuration this handle decides by.
+    ///
+    /// # Errors
+    ///
+    /// As [`Semaphore::insist`], without the mismatch.
+    pub async fn config(&self) -> Result<Config> {
+        self.managed.config().await
+    }
+
     /// The same semaphore, whose acquires wait while it is full, with
     /// `wait`, until `wait.timeout` after the first attempt.
     ///
@@ -92,10 +176,8 @@ impl Semaphore {
     /// # Ok(()) }
     /// ```
     pub fn with_wait(self, wait: Backoff) -> Semaphore {
-        Semaphore {
-            semaphore: self.semaphore.with_wait(wait),
-            ..self
-        }
+        let semaphore = self.semaphore.with_wait(wait);
+        Semaphore::build(self.registry, self.name, semaphore, self.conn)
     }
 
     /// The same semaphore, whose permits count only once `replicas`
@@ -123,10 +205,13 @@ impl Semaphore {
     /// # Ok(()) }
     /// ```
     pub fn acknowledged(self, replicas: u64, timeout: Duration) -> Result<Semaphore> {
-        Ok(Semaphore {
-            semaphore: self.semaphore.acknowledged(replicas, timeout)?,
-            ..self
-        })
+        let semaphore = self.semaphore.acknowledged(replicas, timeout)?;
+        Ok(Semaphore::build(
+            self.registry,
+            self.name,
+            semaphore,
+            self.conn,
+        ))
     }
 
     /// The semaphore's name.
@@ -136,12 +221,16 @@ impl Semaphore {
 
     /// How many holders one id admits at once.
     pub fn permits(&self) -> u64 {
-        self.semaphore.permits()
+        self.managed
+            .latest()
+            .map_or(self.semaphore.permits(), |c| c.engine.permits())
     }
 
     /// The TTL each permit and each renewal sets.
     pub fn ttl(&self) -> Duration {
-        self.semaphore.ttl()
+        self.managed
+            .latest()
+            .map_or(self.semaphore.ttl(), |c| c.engine.ttl())
     }
 
     /// How many replicas confirm each permit ([`Semaphore::acknowledged`]).
@@ -178,8 +267,10 @@ impl Semaphore {
     /// # Ok(()) }
     /// ```
     pub async fn acquire(&self, id: &str) -> Result<PermitAttempt<PermitLease>> {
-        let key = self.name.key(id)?;
-        self.semaphore.lease(self.conn.clone(), &key).await
+        self.name.key(id)?;
+        let current = self.current().await?;
+        let key = current.name.key(id)?;
+        current.engine.lease(self.conn.clone(), &key).await
     }
 
     /// Run `work` under a renewed permit of `id`, then give it back. `work`
@@ -206,8 +297,11 @@ impl Semaphore {
         F: FnOnce(PermitId) -> Fut,
         Fut: Future<Output = T>,
     {
-        let key = self.name.key(id)?;
-        self.semaphore
+        self.name.key(id)?;
+        let current = self.current().await?;
+        let key = current.name.key(id)?;
+        current
+            .engine
             .with_permit(self.conn.clone(), &key, work)
             .await
     }
@@ -228,7 +322,9 @@ impl Semaphore {
     /// # Ok(()) }
     /// ```
     pub async fn peek(&self, id: &str) -> Result<SemaphoreUsage> {
-        let key = self.name.key(id)?;
-        self.semaphore.peek(&mut self.conn.clone(), &key).await
+        self.name.key(id)?;
+        let current = self.managed.current().await?;
+        let key = current.name.key(id)?;
+        current.engine.peek(&mut self.conn.clone(), &key).await
     }
 }

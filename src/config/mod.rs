@@ -65,7 +65,7 @@
 //! # Example
 //!
 //! ```no_run
-//! use nolock::config::{Change, Family, Spec};
+//! use nolock::config::{Change, Spec};
 //! use nolock::rate::Quota;
 //!
 //! # async fn run() -> nolock::Result<()> {
@@ -76,7 +76,7 @@
 //! // An operator raises it, keeping what every user used so far.
 //! let configs = client.configs();
 //! let spec = Spec::rate_limit(nolock::rate::Algorithm::Gcra, Quota::per_minute(200)?);
-//! configs.set(Family::RateLimit, "api", spec, Change::Keep).await?;
+//! configs.set("api", spec, Change::Keep).await?;
 //! for config in configs.list().await? {
 //!     println!("{} {} {}", config.family, config.name, config.spec);
 //! }
@@ -105,6 +105,7 @@ pub const EPOCH_KEY: &str = "{nolock:config}:epoch";
 pub const DEFAULT_POLL: Duration = Duration::from_millis(250);
 
 static PUT: Script = embedded!("config/put");
+static READ: Script = embedded!("config/read");
 
 /// The kind of handle a configuration is for. A name is unique within a
 /// family: a rate limit and a counter may both be called `api`.
@@ -509,6 +510,34 @@ fn foreign(field: &str, reason: impl Into<String>) -> Error {
     }
 }
 
+/// The registry scripts' refusals of foreign data, as the typed error
+/// naming the key (and field) they name.
+fn typed(err: Error) -> Error {
+    let Error::Redis(redis_err) = &err else {
+        return err;
+    };
+    let text = redis_err.to_string();
+    if !text.contains("nolock config/") {
+        return err;
+    }
+    let key = [EPOCH_KEY, REGISTRY_KEY]
+        .into_iter()
+        .find(|k| text.contains(&format!("key {k} ")));
+    let field = text
+        .split("field ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .unwrap_or("");
+    match key {
+        Some(key) => Error::ForeignConfig {
+            key: key.to_owned(),
+            field: field.to_owned(),
+            reason: text,
+        },
+        None => err,
+    }
+}
+
 /// Reads one registry field's value.
 fn parse(field_name: &str, value: &[u8]) -> Result<Config> {
     let text = std::str::from_utf8(value).map_err(|_| foreign(field_name, "not UTF-8"))?;
@@ -615,7 +644,7 @@ impl Registry {
             .arg(body)
             .arg(when);
         let mut conn = self.conn.clone();
-        let reply = call.run(&mut conn).await?;
+        let reply = call.run(&mut conn).await.map_err(typed)?;
         let unexpected = |detail: &str| Error::UnexpectedReply {
             script: PUT.name(),
             detail: detail.to_owned(),
@@ -655,51 +684,68 @@ impl Registry {
         Ok(self.remember(config))
     }
 
-    /// Reads the epoch, and the registry when it moved.
+    /// Reads the epoch, and the registry when it moved: one read-only
+    /// script call.
     pub(crate) async fn refresh(&self) -> Result<()> {
-        let mut conn = self.conn.clone();
-        let epoch: Option<u64> = redis::cmd("GET")
-            .arg(EPOCH_KEY)
-            .query_async(&mut conn)
-            .await
-            .map_err(Error::from_redis)?;
-        let epoch = epoch.unwrap_or(0);
-        if self.seen.load(Ordering::Acquire) == epoch {
+        let seen = self.seen.load(Ordering::Acquire);
+        let what = if seen == u64::MAX {
+            "all".to_owned()
+        } else {
+            format!("since:{seen}")
+        };
+        let (epoch, fields) = self.read(&what).await?;
+        if epoch == seen {
             return Ok(());
         }
-        let all = self.read_all().await?;
         let mut entries = self.entries.write().unwrap_or_else(|e| e.into_inner());
-        for config in all.into_iter().flatten() {
-            let key = field(config.family, &config.name);
-            if entries.get(&key).is_none_or(|old| old.epoch < config.epoch) {
-                entries.insert(key, Arc::new(config));
+        for (f, value) in &fields {
+            // A foreign field is left out of the cache: the handle of that
+            // name declares, and meets the error there.
+            if let Ok(config) = parse(f, value) {
+                let key = field(config.family, &config.name);
+                if entries.get(&key).is_none_or(|old| old.epoch < config.epoch) {
+                    entries.insert(key, Arc::new(config));
+                }
             }
         }
         self.seen.store(epoch, Ordering::Release);
         Ok(())
     }
 
+    /// The epoch and the fields `what` asks for (see `lua/config/read.lua`).
+    async fn read(&self, what: &str) -> Result<(u64, Vec<(String, Vec<u8>)>)> {
+        let call = Invocation::new(&READ, &[REGISTRY_KEY, EPOCH_KEY]).arg(what);
+        let reply = call.run(&mut self.conn.clone()).await.map_err(typed)?;
+        let unexpected = |detail: &str| Error::UnexpectedReply {
+            script: READ.name(),
+            detail: detail.to_owned(),
+        };
+        let Value::Array(items) = reply else {
+            return Err(unexpected("not an array"));
+        };
+        let mut items = items.into_iter();
+        let epoch = match items.next() {
+            Some(Value::Int(e)) if e >= 0 => e as u64,
+            _ => return Err(unexpected("no epoch")),
+        };
+        let mut fields = Vec::new();
+        while let Some(f) = items.next() {
+            match (f, items.next()) {
+                (Value::BulkString(f), Some(Value::BulkString(v))) => {
+                    let f = String::from_utf8(f)
+                        .map_err(|_| foreign("?", "a field that is not UTF-8"))?;
+                    fields.push((f, v));
+                }
+                _ => return Err(unexpected("fields and values do not pair")),
+            }
+        }
+        Ok((epoch, fields))
+    }
+
     /// Every field of the registry, each parsed or the error naming it.
     async fn read_all(&self) -> Result<Vec<Result<Config>>> {
-        let mut conn = self.conn.clone();
-        let kind: String = redis::cmd("TYPE")
-            .arg(REGISTRY_KEY)
-            .query_async(&mut conn)
-            .await
-            .map_err(Error::from_redis)?;
-        if kind != "hash" && kind != "none" {
-            return Err(Error::ForeignConfig {
-                key: REGISTRY_KEY.to_owned(),
-                field: String::new(),
-                reason: format!("the key holds a {kind}, not a hash"),
-            });
-        }
-        let all: Vec<(String, Vec<u8>)> = redis::cmd("HGETALL")
-            .arg(REGISTRY_KEY)
-            .query_async(&mut conn)
-            .await
-            .map_err(Error::from_redis)?;
-        Ok(all.iter().map(|(f, v)| parse(f, v)).collect())
+        let (_, fields) = self.read("all").await?;
+        Ok(fields.iter().map(|(f, v)| parse(f, v)).collect())
     }
 
     /// Starts the task that polls the epoch, once, when a runtime is there.
@@ -714,8 +760,13 @@ impl Registry {
         let weak: Weak<Registry> = Arc::downgrade(self);
         let poll = self.poll;
         runtime.spawn(async move {
+            // A fixed period, whatever a read takes (a late tick is not
+            // made up in a burst).
+            let mut ticks = tokio::time::interval(poll);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            ticks.tick().await;
             loop {
-                tokio::time::sleep(poll).await;
+                ticks.tick().await;
                 let Some(registry) = weak.upgrade() else {
                     return;
                 };
@@ -766,14 +817,8 @@ impl Configs {
     pub async fn get(&self, family: Family, name: &str) -> Result<Option<Config>> {
         crate::client::check_name(name)?;
         let f = field(family, name);
-        let mut conn = self.registry.conn.clone();
-        let value: Option<Vec<u8>> = redis::cmd("HGET")
-            .arg(REGISTRY_KEY)
-            .arg(&f)
-            .query_async(&mut conn)
-            .await
-            .map_err(Error::from_redis)?;
-        value.map(|v| parse(&f, &v)).transpose()
+        let (_, fields) = self.registry.read(&format!("field:{f}")).await?;
+        fields.first().map(|(_, v)| parse(&f, v)).transpose()
     }
 
     /// Stores `spec` for `spec.family()`/`name` if nothing is stored, and

@@ -44,6 +44,16 @@ pub struct Lock {
 }
 
 impl Lock {
+    /// The same lock (its wait and acknowledgement) with another TTL (a
+    /// stored configuration's).
+    pub(crate) fn with_ttl(&self, ttl: Duration) -> Result<Lock> {
+        let fresh = Lock::new(ttl)?;
+        Ok(Lock {
+            ttl: fresh.ttl,
+            ..self.clone()
+        })
+    }
+
     /// A lock whose grants expire `ttl` after they were taken or last
     /// extended; an acquire makes one attempt (see [`Lock::with_wait`]).
     ///

@@ -11,6 +11,7 @@
 //! | [`web_service`] | an axum/tower service end to end: the layers, headers, failure policies, the deny cache |
 //! | [`concurrency`] | at most N at once: the semaphore, its permits and leases |
 //! | [`fencing`] | one job at a time, safely: leases with fencing tokens, PostgreSQL, acknowledged grants |
+//! | [`configuration`] | limits stored on the server: every process agrees, operators list, change and switch them at run time |
 //! | [`conditional_writes`] | compare-and-set, versioned values, guarded balances |
 //! | [`retries`] | lost replies, operation ids and `retry`: applied exactly once |
 //! | [`cluster`] | Redis Cluster: hash tags, batches, failover |
@@ -104,6 +105,9 @@ pub mod concurrency {}
 
 #[doc = include_str!("fencing.md")]
 pub mod fencing {}
+
+#[doc = include_str!("configuration.md")]
+pub mod configuration {}
 
 #[doc = include_str!("conditional_writes.md")]
 pub mod conditional_writes {}

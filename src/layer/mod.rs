@@ -177,6 +177,8 @@ type KeyFn = dyn Fn(&Parts) -> Identity<String> + Send + Sync;
 /// failure answers `500` with a body.
 type CheckedKeyFn = dyn Fn(&Parts) -> Identity<Result<String>> + Send + Sync;
 type MultiKeyFn = dyn Fn(&Parts) -> Identity<Result<MultiKey>> + Send + Sync;
+type IdFn = dyn Fn(&Parts) -> Identity<String> + Send + Sync;
+type ScopeFn = dyn Fn(&Parts) -> Identity<Scope> + Send + Sync;
 
 /// What a layer does with one request, as its key function says: limit it
 /// under a key, let it through unlimited, or refuse it. Every request gets
@@ -327,6 +329,11 @@ type CostFn = dyn Fn(&Parts) -> u64 + Send + Sync;
 enum Limits {
     One(Limiter, Arc<CheckedKeyFn>),
     Multi(MultiLimiter, Arc<MultiKeyFn>),
+    /// A handle: its stored numbers are read per request (from the
+    /// client's cache), so a change reaches the layer as it reaches the
+    /// handle.
+    Handle(Box<client::RateLimit>, Arc<IdFn>),
+    Scoped(Box<client::RateLimits>, Arc<ScopeFn>),
 }
 
 /// Cloned only by a builder call on a layer that was already cloned, so that
@@ -364,6 +371,8 @@ impl<C> fmt::Debug for RateLimitLayer<C> {
         match &self.shared.limits {
             Limits::One(l, _) => d.field("limiter", l),
             Limits::Multi(l, _) => d.field("limiter", l),
+            Limits::Handle(h, _) => d.field("limit", h),
+            Limits::Scoped(h, _) => d.field("limits", h),
         };
         d.field("guard", &self.shared.guard).finish_non_exhaustive()
     }
@@ -412,9 +421,7 @@ impl RateLimitLayer<Connection> {
         id: impl Fn(&Parts) -> Identity<String> + Send + Sync + 'static,
     ) -> Self {
         let conn = limit.connection();
-        let limiter = limit.limiter().clone();
-        let key = move |parts: &Parts| id(parts).map(|id| limit.key(&id));
-        Self::build(conn, Limits::One(limiter, Arc::new(key)))
+        Self::build(conn, Limits::Handle(Box::new(limit), Arc::new(id)))
     }
 
     /// Limit each request with every limit of the handle `limits` at once,
@@ -470,9 +477,7 @@ impl RateLimitLayer<Connection> {
         scope: impl Fn(&Parts) -> Identity<Scope> + Send + Sync + 'static,
     ) -> Self {
         let conn = limits.connection();
-        let limiter = limits.limiter().clone();
-        let key = move |parts: &Parts| scope(parts).map(|scope| limits.multi_key(&scope));
-        Self::build(conn, Limits::Multi(limiter, Arc::new(key)))
+        Self::build(conn, Limits::Scoped(Box::new(limits), Arc::new(scope)))
     }
 }
 
@@ -663,6 +668,65 @@ where
                     Err(e) => (Err(e), None),
                 }
             }
+            Limits::Handle(handle, id) => {
+                let id = match id(parts) {
+                    Identity::Limited(id) => id,
+                    Identity::Unlimited => return (Verdict::Pass(None), None),
+                    Identity::Rejected(status) => return (rejected(status), None),
+                };
+                let current = match handle.managed.current().await {
+                    Ok(current) => current,
+                    Err(e) => return (unavailable(&e), None),
+                };
+                let limiter = &current.engine;
+                let key = match current.name.key(&id) {
+                    Ok(key) => key,
+                    Err(e) => return (invalid(&e), None),
+                };
+                match client::switched(&current, cost()) {
+                    Ok(Some(d)) => (Ok((d.allowed, DecidedBy::Redis)), Some(limiter.headers(&d))),
+                    Ok(None) => match self.guard.check(limiter, &mut conn, &key, cost()).await {
+                        Ok(g) => {
+                            let headers = g.decision().map(|d| limiter.headers(d));
+                            (Ok((g.allowed(), g.source())), headers)
+                        }
+                        Err(e) => (Err(e), None),
+                    },
+                    Err(e) => (Err(e), None),
+                }
+            }
+            Limits::Scoped(handle, scope) => {
+                let scope = match scope(parts) {
+                    Identity::Limited(scope) => scope,
+                    Identity::Unlimited => return (Verdict::Pass(None), None),
+                    Identity::Rejected(status) => return (rejected(status), None),
+                };
+                let current = match handle.managed.current().await {
+                    Ok(current) => current,
+                    Err(e) => return (unavailable(&e), None),
+                };
+                let limits = &current.engine;
+                let key = match limits.multi_key(&scope) {
+                    Ok(key) => key,
+                    Err(e) => return (invalid(&e), None),
+                };
+                let limiter = limits.limiter();
+                match client::switched_multi(limits, current.mode(), cost()) {
+                    Ok(Some(d)) => (Ok((d.allowed, DecidedBy::Redis)), Some(limiter.headers(&d))),
+                    Ok(None) => match self
+                        .guard
+                        .check_multi(limiter, &mut conn, key, cost())
+                        .await
+                    {
+                        Ok(g) => {
+                            let headers = g.decision().map(|d| limiter.headers(d));
+                            (Ok((g.allowed(), g.source())), headers)
+                        }
+                        Err(e) => (Err(e), None),
+                    },
+                    Err(e) => (Err(e), None),
+                }
+            }
         };
         match guarded {
             Ok((true, source)) => (Verdict::Pass(headers), Some(source)),
@@ -693,6 +757,17 @@ fn invalid(err: &Error) -> Verdict {
         StatusCode::INTERNAL_SERVER_ERROR,
         None,
         invalid_request("rate", err),
+    )
+}
+
+/// Redis could not say which numbers decide (the first request of a
+/// handle declares them): `503`, as when it cannot decide.
+fn unavailable(err: &Error) -> Verdict {
+    observe::layer_failure("rate", &err.to_string());
+    Verdict::Refuse(
+        StatusCode::SERVICE_UNAVAILABLE,
+        None,
+        UNAVAILABLE.to_owned(),
     )
 }
 

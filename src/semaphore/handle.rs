@@ -46,6 +46,17 @@ pub struct Semaphore {
 }
 
 impl Semaphore {
+    /// The same semaphore (its wait and acknowledgement) with other numbers
+    /// (a stored configuration's).
+    pub(crate) fn with_numbers(&self, permits: u64, ttl: Duration) -> Result<Semaphore> {
+        let fresh = Semaphore::new(permits, ttl)?;
+        Ok(Semaphore {
+            permits: fresh.permits,
+            ttl: fresh.ttl,
+            ..self.clone()
+        })
+    }
+
     /// A semaphore of `permits` whose permits expire `ttl` after they were
     /// granted or last extended; an acquire makes one attempt (see
     /// [`Semaphore::with_wait`]).
