@@ -32,7 +32,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand};
-use nolock::config::{Change, Config, Configs, Family};
+use nolock::config::{Change, Config, Configs, Family, Spec};
 use nolock::rate::Algorithm;
 use nolock::redis::IntoConnectionInfo;
 use nolock::{Client, Error};
@@ -300,67 +300,115 @@ async fn connect(cli: &Cli) -> Result<Client, Failure> {
     }
 }
 
-/// Runs the command; its standard output on success.
-async fn run(cli: Cli, set_matches: Option<&ArgMatches>) -> Result<String, Failure> {
-    // Input is checked before connecting: bad input writes nothing.
-    let set = match &cli.command {
+/// A command whose input was checked, ready to run: bad input is refused
+/// before connecting, so it writes nothing.
+enum Plan<'a> {
+    List,
+    Show {
+        name: &'a str,
+        family: Option<Family>,
+    },
+    Set {
+        name: &'a str,
+        spec: Spec,
+        change: Change,
+    },
+    Block(&'a Target),
+    Unblock(&'a Target),
+    Unlimit(&'a Target),
+    Inspect {
+        family: Family,
+        name: &'a str,
+        id: &'a str,
+        member: Option<&'a str>,
+    },
+    Durability,
+}
+
+/// Checks the input of `command` (`set_matches`: the `set` subcommand's
+/// matches, for the order of its limits).
+fn plan<'a>(command: &'a Command, set_matches: Option<&ArgMatches>) -> Result<Plan<'a>, Failure> {
+    Ok(match command {
+        Command::List => Plan::List,
+        Command::Show { name, family } => Plan::Show {
+            name,
+            family: *family,
+        },
         Command::Set(args) => {
-            let change = if args.reset {
-                Change::Reset
-            } else {
-                Change::Keep
-            };
             if args.reset && !args.family.can_reset() {
                 return Err(Failure::usage(format!(
                     "a {} cannot be reset: its holders would keep running",
                     args.family
                 )));
             }
-            Some((args.spec(set_matches)?, change))
-        }
-        _ => None,
-    };
-    let client = connect(&cli).await?;
-    let configs = client.configs();
-    match &cli.command {
-        Command::List => configs_out(&cli, &configs.list().await?),
-        Command::Show { name, family } => {
-            let found = show(&configs, name, *family).await?;
-            if found.is_empty() {
-                return Err(Error::UnknownConfig {
-                    family: family.map_or("configuration", Family::as_str),
-                    name: name.clone(),
-                }
-                .into());
+            Plan::Set {
+                name: &args.name,
+                spec: args.spec(set_matches)?,
+                change: if args.reset {
+                    Change::Reset
+                } else {
+                    Change::Keep
+                },
             }
-            configs_out(&cli, &found)
         }
-        Command::Set(args) => {
-            let Some((spec, change)) = set else {
-                return Err(Failure::usage("set: no spec"));
-            };
-            let config = configs.set(&args.name, spec, change).await?;
-            config_out(&cli, &config)
-        }
-        Command::Block(t) => config_out(&cli, &configs.block(t.family, &t.name).await?),
-        Command::Unblock(t) => config_out(&cli, &configs.unblock(t.family, &t.name).await?),
-        Command::Unlimit(t) => config_out(&cli, &configs.unlimit(t.family, &t.name).await?),
+        Command::Block(t) => Plan::Block(t),
+        Command::Unblock(t) => Plan::Unblock(t),
+        Command::Unlimit(t) => Plan::Unlimit(t),
         Command::Inspect {
             family,
             name,
             id,
             member,
         } => {
+            if member.is_some() && *family != Family::RateLimits {
+                return Err(Failure::usage(format!(
+                    "--member applies to rate-limits, not to a {family}"
+                )));
+            }
+            Plan::Inspect {
+                family: *family,
+                name,
+                id,
+                member: member.as_deref(),
+            }
+        }
+        Command::Durability => Plan::Durability,
+    })
+}
+
+/// Runs the command; its standard output on success.
+async fn run(cli: Cli, set_matches: Option<&ArgMatches>) -> Result<String, Failure> {
+    let plan = plan(&cli.command, set_matches)?;
+    let client = connect(&cli).await?;
+    let configs = client.configs();
+    match plan {
+        Plan::List => configs_out(&cli, &configs.list().await?),
+        Plan::Show { name, family } => {
+            let found = show(&configs, name, family).await?;
+            if found.is_empty() {
+                return Err(Error::UnknownConfig {
+                    family: family.map_or("configuration", Family::as_str),
+                    name: name.to_owned(),
+                }
+                .into());
+            }
+            configs_out(&cli, &found)
+        }
+        Plan::Set { name, spec, change } => {
+            config_out(&cli, &configs.set(name, spec, change).await?)
+        }
+        Plan::Block(t) => config_out(&cli, &configs.block(t.family, &t.name).await?),
+        Plan::Unblock(t) => config_out(&cli, &configs.unblock(t.family, &t.name).await?),
+        Plan::Unlimit(t) => config_out(&cli, &configs.unlimit(t.family, &t.name).await?),
+        Plan::Inspect {
+            family,
+            name,
+            id,
+            member,
+        } => {
             let seen = match member {
-                Some(member) if *family == Family::RateLimits => {
-                    configs.inspect_member(name, id, member).await?
-                }
-                Some(_) => {
-                    return Err(Failure::usage(format!(
-                        "--member applies to rate-limits, not to a {family}"
-                    )))
-                }
-                None => configs.inspect(*family, name, id).await?,
+                Some(member) => configs.inspect_member(name, id, member).await?,
+                None => configs.inspect(family, name, id).await?,
             };
             if cli.json {
                 json(&seen)
@@ -368,7 +416,7 @@ async fn run(cli: Cli, set_matches: Option<&ArgMatches>) -> Result<String, Failu
                 Ok(seen.to_string())
             }
         }
-        Command::Durability => durability(&cli, &client).await,
+        Plan::Durability => durability(&cli, &client).await,
     }
 }
 
