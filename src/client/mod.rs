@@ -39,8 +39,8 @@ mod axum;
 mod counter;
 mod lock;
 mod managed;
-mod rate;
-mod rate_limits;
+pub(crate) mod rate;
+pub(crate) mod rate_limits;
 mod semaphore;
 
 pub use answer::{Admitted, Limited, Rejection};

@@ -959,6 +959,9 @@ impl Configs {
     }
 }
 
+mod inspect;
+pub use inspect::*;
+
 #[cfg(test)]
 mod tests {
     use super::*;
