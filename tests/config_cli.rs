@@ -275,6 +275,57 @@ fn the_main_flow_on_one_server() {
     assert_eq!(list.as_array().unwrap().len(), 5);
 }
 
+/// `set` without `--algorithm` keeps a stored rate limit's algorithm
+/// (changing it would start every id afresh); with it, it changes.
+#[test]
+fn set_keeps_the_stored_algorithm_unless_given() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let algorithm = |v: &Value| v["spec"]["algorithm"].as_str().unwrap().to_owned();
+    let first = ok_json(
+        &url,
+        &[
+            "set",
+            "rate-limit",
+            "alg",
+            "--algorithm",
+            "sliding_window",
+            "--rate",
+            "10",
+            "--per",
+            "1m",
+        ],
+    );
+    assert_eq!(algorithm(&first), "sliding_window");
+    let raised = ok_json(
+        &url,
+        &["set", "rate-limit", "alg", "--rate", "20", "--per", "1m"],
+    );
+    assert_eq!(algorithm(&raised), "sliding_window");
+    assert_eq!(raised["spec"]["rate"], 20);
+    let changed = ok_json(
+        &url,
+        &[
+            "set",
+            "rate-limit",
+            "alg",
+            "--algorithm",
+            "gcra",
+            "--rate",
+            "20",
+            "--per",
+            "1m",
+        ],
+    );
+    assert_eq!(algorithm(&changed), "gcra");
+    // A name not stored yet gets the default, gcra.
+    let fresh = ok_json(
+        &url,
+        &["set", "rate-limit", "fresh", "--rate", "5", "--per", "1s"],
+    );
+    assert_eq!(algorithm(&fresh), "gcra");
+}
+
 #[test]
 fn the_main_flow_on_a_cluster() {
     let cluster = RedisCluster::start();

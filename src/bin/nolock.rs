@@ -149,7 +149,8 @@ struct SetArgs {
     family: Family,
     /// The configuration's name.
     name: String,
-    /// rate-limit(s): gcra, token_bucket, sliding_window or fixed_window.
+    /// rate-limit(s): gcra, token_bucket, sliding_window or fixed_window
+    /// (default: the stored one, else gcra).
     #[arg(long, value_parser = parse_algorithm, default_value = "gcra")]
     algorithm: Algorithm,
     /// rate-limit: units per period.
@@ -312,6 +313,9 @@ enum Plan<'a> {
         name: &'a str,
         spec: Spec,
         change: Change,
+        /// `--algorithm` was given: without it, a stored rate limit keeps
+        /// its algorithm (changing it would start every id afresh).
+        algorithm_given: bool,
     },
     Block(&'a Target),
     Unblock(&'a Target),
@@ -327,6 +331,20 @@ enum Plan<'a> {
 
 /// Checks the input of `command` (`set_matches`: the `set` subcommand's
 /// matches, for the order of its limits).
+/// A rate limit set without `--algorithm` keeps the stored one.
+fn keep_algorithm(spec: &mut Spec, stored: Option<&Spec>) {
+    let stored = match stored {
+        Some(Spec::RateLimit { algorithm, .. } | Spec::RateLimits { algorithm, .. }) => *algorithm,
+        _ => return,
+    };
+    match spec {
+        Spec::RateLimit { algorithm, .. } | Spec::RateLimits { algorithm, .. } => {
+            *algorithm = stored
+        }
+        _ => {}
+    }
+}
+
 fn plan<'a>(command: &'a Command, set_matches: Option<&ArgMatches>) -> Result<Plan<'a>, Failure> {
     Ok(match command {
         Command::List => Plan::List,
@@ -344,6 +362,9 @@ fn plan<'a>(command: &'a Command, set_matches: Option<&ArgMatches>) -> Result<Pl
             Plan::Set {
                 name: &args.name,
                 spec: args.spec(set_matches)?,
+                algorithm_given: set_matches
+                    .and_then(|m| m.value_source("algorithm"))
+                    .is_some_and(|source| source == clap::parser::ValueSource::CommandLine),
                 change: if args.reset {
                     Change::Reset
                 } else {
@@ -394,7 +415,16 @@ async fn run(cli: Cli, set_matches: Option<&ArgMatches>) -> Result<String, Failu
             }
             configs_out(&cli, &found)
         }
-        Plan::Set { name, spec, change } => {
+        Plan::Set {
+            name,
+            mut spec,
+            change,
+            algorithm_given,
+        } => {
+            if !algorithm_given {
+                let stored = configs.get(spec.family(), name).await?;
+                keep_algorithm(&mut spec, stored.as_ref().map(|c| &c.spec));
+            }
             config_out(&cli, &configs.set(name, spec, change).await?)
         }
         Plan::Block(t) => config_out(&cli, &configs.block(t.family, &t.name).await?),
