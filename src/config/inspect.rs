@@ -31,7 +31,8 @@ use std::time::Duration;
 
 use serde::{Serialize, Serializer};
 
-use super::{millis, Config, Configs, Family, LimitSpec, Mode, Per, Spec};
+use super::spec::millis;
+use super::{Config, Configs, Family, LimitSpec, Mode, Per, Spec};
 use crate::client::rate::kind;
 use crate::client::rate_limits::multi_kind;
 use crate::client::Name;
