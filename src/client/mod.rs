@@ -23,6 +23,16 @@
 //! `%25` and `%7D`, so the id ends the hash tag exactly where the handle says
 //! and two different ids never give the same key. A Redis user that nolock's
 //! handles run as needs the key pattern `~{nolock:*` (see [`crate::acl`]).
+//! A limit that was reset ([`crate::config::Change::Reset`]) has its
+//! generation in its keys: `{nolock:gcra:api~1:alice}`.
+//!
+//! # Numbers
+//!
+//! A handle's numbers (quota, size, TTL) are a declaration: its first call
+//! stores them under its name unless numbers are stored already, and every
+//! handle of that name, in every process, decides by the stored ones; an
+//! operator changes or switches them at run time ([`crate::config`],
+//! [`Client::configs`], the `nolock` command line).
 
 use std::fmt;
 use std::sync::Arc;
