@@ -32,11 +32,13 @@ both!(
         a_change_keeps_or_resets_and_reaches_every_client,
         the_kill_switch_blocks_and_unlimits_without_redis,
         bad_input_is_refused_before_anything_is_written,
+        concurrent_changes_lose_nothing,
         a_change_under_load_reaches_every_task_within_the_poll_bound,
         a_semaphore_grown_under_load_is_never_full_after_the_bound,
     ],
     exclusive: [
         foreign_data_at_the_registry_is_named,
+        the_registry_survives_a_script_flush,
     ],
 );
 
@@ -461,6 +463,79 @@ async fn a_semaphore_grown_under_load_is_never_full_after_the_bound(d: &Deployme
         "full by the old size {late:?} after the change"
     );
     assert_eq!(handles[0].permits(), 64);
+}
+
+/// Operators on 8 clients change one name at once (new numbers, a block):
+/// every change is applied on what the one before left, so neither the
+/// numbers nor the switch is lost, and every change got its own epoch.
+async fn concurrent_changes_lose_nothing(d: &Deployment) {
+    let name = unique("race");
+    let first = client(d)
+        .await
+        .configs()
+        .set(&name, Spec::counter(1, MINUTE), Change::Keep)
+        .await
+        .unwrap();
+    let mut tasks = Vec::new();
+    for i in 0..8u64 {
+        let (configs, name) = (client(d).await.configs(), name.clone());
+        tasks.push(tokio::spawn(async move {
+            if i == 0 {
+                configs.block(Family::Counter, &name).await
+            } else {
+                configs
+                    .set(&name, Spec::counter(10 + i, MINUTE), Change::Keep)
+                    .await
+            }
+        }));
+    }
+    let mut epochs = Vec::new();
+    for task in tasks {
+        epochs.push(task.await.unwrap().unwrap().epoch);
+    }
+    epochs.sort_unstable();
+    epochs.dedup();
+    assert_eq!(epochs.len(), 8, "one epoch per change");
+    assert!(epochs[0] > first.epoch);
+    let last = client(d)
+        .await
+        .configs()
+        .get(Family::Counter, &name)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(last.epoch, *epochs.last().unwrap());
+    assert_eq!(last.mode, Mode::Blocked, "the block was not lost: {last:?}");
+    assert!(
+        matches!(last.spec, Spec::Counter { limit, .. } if limit > 10),
+        "a set was applied: {last:?}"
+    );
+}
+
+/// `SCRIPT FLUSH` before the registry's scripts run: declaring, reading
+/// and changing fall back to `EVAL` and answer as before.
+async fn the_registry_survives_a_script_flush(d: &Deployment) {
+    let name = unique("flush");
+    let client = client(d).await;
+    let api = client.counter(&name, 4, MINUTE).unwrap();
+    d.flush_scripts_everywhere().await;
+    assert_eq!(api.increment("u").await.unwrap().remaining, 3);
+    d.flush_scripts_everywhere().await;
+    let configs = client.configs();
+    configs
+        .set(&name, Spec::counter(8, MINUTE), Change::Keep)
+        .await
+        .unwrap();
+    d.flush_scripts_everywhere().await;
+    configs.refresh().await.unwrap();
+    assert_eq!(api.increment("u").await.unwrap().remaining, 6);
+    d.flush_scripts_everywhere().await;
+    assert!(configs
+        .list()
+        .await
+        .unwrap()
+        .iter()
+        .any(|c| c.name == name && c.spec == Spec::counter(8, MINUTE)));
 }
 
 async fn foreign_data_at_the_registry_is_named(d: &Deployment) {

@@ -188,7 +188,7 @@ impl Counter {
     /// # Ok(()) }
     /// ```
     pub async fn increment_by(&self, id: &str, n: u64) -> std::result::Result<Admitted, Rejection> {
-        self.name.key(id)?;
+        super::check_id(id)?;
         crate::validate::positive("n", n)?;
         let current = self.managed.current().await?;
         let counter = &current.engine;
@@ -259,7 +259,7 @@ impl Counter {
     /// # Ok(()) }
     /// ```
     pub async fn peek(&self, id: &str) -> Result<CounterUsage> {
-        self.name.key(id)?;
+        super::check_id(id)?;
         let current = self.managed.current().await?;
         let key = current.name.key(id)?;
         let mut conn = self.conn.clone();

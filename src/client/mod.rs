@@ -405,6 +405,12 @@ impl Name {
     }
 }
 
+/// Checks an id without building a key: a handle's first call checks its
+/// input before it reads the registry.
+pub(crate) fn check_id(id: &str) -> Result<()> {
+    checked_id("id", id).map(|_| ())
+}
+
 fn checked_id<'a>(what: &'static str, id: &'a str) -> Result<&'a str> {
     if id.is_empty() || id.len() > MAX_ID_LEN {
         return Err(Error::InvalidArgument {

@@ -354,7 +354,7 @@ impl RateLimit {
     /// # Ok(()) }
     /// ```
     pub async fn check_cost(&self, id: &str, cost: u64) -> Result<Admitted, Rejection> {
-        checked(&self.name, id, cost)?;
+        checked(id, cost)?;
         let current = self.managed.current().await?;
         let limiter = &current.engine;
         let key = current.name.key(id)?;
@@ -389,7 +389,7 @@ impl RateLimit {
     /// # Ok(()) }
     /// ```
     pub async fn peek(&self, id: &str) -> Result<rate::RateLimit> {
-        self.name.key(id)?;
+        super::check_id(id)?;
         let current = self.managed.current().await?;
         let key = current.name.key(id)?;
         current.engine.peek(&mut self.conn.clone(), &key, 1).await
@@ -409,7 +409,7 @@ impl RateLimit {
     /// # Ok(()) }
     /// ```
     pub async fn reset(&self, id: &str) -> Result<()> {
-        self.name.key(id)?;
+        super::check_id(id)?;
         let current = self.managed.current().await?;
         let key = current.name.key(id)?;
         current.engine.reset(&mut self.conn.clone(), &key).await
@@ -442,7 +442,7 @@ impl RateLimit {
     /// # Ok(()) }
     /// ```
     pub async fn decide(&self, id: &str, cost: u64) -> Result<Decision> {
-        checked(&self.name, id, cost)?;
+        checked(id, cost)?;
         let current = self.managed.current().await?;
         let key = current.name.key(id)?;
         if let Some(decision) = switched(&current, cost)? {
@@ -517,8 +517,8 @@ impl RateLimit {
 
 /// Checks an id and a cost before anything is sent (the first call of a
 /// handle reads the registry).
-fn checked(name: &Name, id: &str, cost: u64) -> Result<()> {
-    name.key(id)?;
+fn checked(id: &str, cost: u64) -> Result<()> {
+    super::check_id(id)?;
     crate::validate::positive("cost", cost)?;
     if cost > crate::MAX_INTEGER {
         return Err(Error::OutOfRange {

@@ -430,7 +430,11 @@ impl RateLimits {
     /// # Ok(()) }
     /// ```
     pub async fn check_cost(&self, scope: &Scope, cost: u64) -> Result<Admitted, Rejection> {
-        self.mine.multi_key(scope)?;
+        // Checked here only before the first call, which reads the
+        // registry; later calls check it as they build the keys.
+        if self.managed.latest().is_none() {
+            self.mine.multi_key(scope)?;
+        }
         crate::validate::positive("cost", cost)?;
         let current = self.managed.current().await?;
         let parts = &current.engine;
@@ -472,7 +476,11 @@ impl RateLimits {
     /// # Ok(()) }
     /// ```
     pub async fn peek(&self, scope: &Scope) -> Result<MultiRateLimit> {
-        self.mine.multi_key(scope)?;
+        // Checked here only before the first call, which reads the
+        // registry; later calls check it as they build the keys.
+        if self.managed.latest().is_none() {
+            self.mine.multi_key(scope)?;
+        }
         let current = self.managed.current().await?;
         let key = current.engine.multi_key(scope)?;
         current

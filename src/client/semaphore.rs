@@ -267,7 +267,7 @@ impl Semaphore {
     /// # Ok(()) }
     /// ```
     pub async fn acquire(&self, id: &str) -> Result<PermitAttempt<PermitLease>> {
-        self.name.key(id)?;
+        super::check_id(id)?;
         let current = self.current().await?;
         let key = current.name.key(id)?;
         current.engine.lease(self.conn.clone(), &key).await
@@ -297,7 +297,7 @@ impl Semaphore {
         F: FnOnce(PermitId) -> Fut,
         Fut: Future<Output = T>,
     {
-        self.name.key(id)?;
+        super::check_id(id)?;
         let current = self.current().await?;
         let key = current.name.key(id)?;
         current
@@ -322,7 +322,7 @@ impl Semaphore {
     /// # Ok(()) }
     /// ```
     pub async fn peek(&self, id: &str) -> Result<SemaphoreUsage> {
-        self.name.key(id)?;
+        super::check_id(id)?;
         let current = self.managed.current().await?;
         let key = current.name.key(id)?;
         current.engine.peek(&mut self.conn.clone(), &key).await
