@@ -418,6 +418,24 @@ pub enum Error {
         name: String,
     },
 
+    /// The state at a key was written by another limit: another algorithm,
+    /// or the same algorithm with other numbers (another quota, window,
+    /// capacity or semaphore size). Definite: nothing was written. Not
+    /// retried: the same call fails the same way.
+    ///
+    /// Each state keeps a tag of what wrote it (`g100000x10` for GCRA with
+    /// an interval of 100 000 µs and a burst of 10; `guide::configuration`
+    /// lists them all), so two processes built with other numbers cannot
+    /// read one state two ways. Fix: give each limit its own key, or change
+    /// the numbers through a stored configuration
+    /// ([`crate::config::Configs::set`]), whose handles adopt the state.
+    #[error("the state was written by another limit: {detail}")]
+    StateMismatch {
+        /// The server's message: the script, the key, the stored tag and
+        /// this call's.
+        detail: String,
+    },
+
     /// A compare-and-set kept losing to other writers; nothing was written.
     /// Retry later.
     #[error("the {what} kept changing under this call; nothing was written")]
@@ -426,6 +444,9 @@ pub enum Error {
         what: &'static str,
     },
 }
+
+/// The error code of a script refusing a state another limit wrote (`lua/lib/tag.lua`).
+pub(crate) const STATE_MISMATCH: &str = "NOLOCK_STATE";
 
 impl Error {
     /// Classify a redis-rs error by whether the request surely did not run.
@@ -437,6 +458,11 @@ impl Error {
     pub(crate) fn from_redis(err: RedisError) -> Self {
         if err.code() == Some(crate::script::ID_REUSED) {
             return Error::IdReused {
+                detail: err.detail().unwrap_or_default().to_owned(),
+            };
+        }
+        if err.code() == Some(STATE_MISMATCH) {
+            return Error::StateMismatch {
                 detail: err.detail().unwrap_or_default().to_owned(),
             };
         }
@@ -593,6 +619,23 @@ mod tests {
         let err = Error::from_redis(err.into());
         assert!(
             matches!(&err, Error::IdReused { detail } if detail.contains("(k)")),
+            "{err}"
+        );
+        assert!(err.is_definite() && !err.is_invalid_input());
+    }
+
+    #[test]
+    fn a_state_of_another_limit_is_definite_and_named_by_its_code() {
+        let reply = redis::parse_redis_value(
+            b"-NOLOCK_STATE nolock rate/gcra/check: k holds state written by f1000x5, not g100x10; nothing was written\r\n",
+        )
+        .unwrap();
+        let redis::Value::ServerError(err) = reply else {
+            panic!("{reply:?}")
+        };
+        let err = Error::from_redis(err.into());
+        assert!(
+            matches!(&err, Error::StateMismatch { detail } if detail.contains("k holds state written by f1000x5, not g100x10")),
             "{err}"
         );
         assert!(err.is_definite() && !err.is_invalid_input());
