@@ -34,8 +34,11 @@
 --                      <= cost) and reset (the charge's reset_after on limit
 --                      i, ms).
 --
+-- ARGV[7 + 4n]  optional: "adopt" (lib/tag), from a handle following a
+--              declared change of its stored numbers.
+--
 -- refund_begin(now_ms) -> n, give, excess, at, cost, settle, cap,
--- held, status: held[i] is the least of the client's count, the cost and
+-- held, status, adopt: held[i] is the least of the client's count, the cost and
 -- the record's h_i. Per limit, give[i] is what to give back (a refund:
 -- min(amount, held[i]); a settlement: held[i] - actual when positive) and
 -- excess[i] what to charge beyond the charge (a settlement: actual -
@@ -62,7 +65,8 @@
 
 local function refund_begin(now_ms)
   local n = (#KEYS - 1) / 2
-  if n < 1 or n % 1 ~= 0 or #ARGV ~= 6 + 4 * n then
+  local adopt = n >= 1 and #ARGV == 7 + 4 * n and ARGV[#ARGV] == 'adopt'
+  if n < 1 or n % 1 ~= 0 or (#ARGV ~= 6 + 4 * n and not adopt) then
     return nil, 'expected 6 + 4 arguments per limit, a record key and a reset key per limit, got '
       .. #ARGV .. ' arguments for ' .. #KEYS .. ' keys'
   end
@@ -125,7 +129,7 @@ local function refund_begin(now_ms)
       give[i], excess[i] = math.min(amount, held[i]), 0
     end
   end
-  return n, give, excess, at, cost, settle, cap, held, status
+  return n, give, excess, at, cost, settle, cap, held, status, adopt
 end
 
 local function refund_end(n, held, credited, until_ms, settle, status)
