@@ -122,7 +122,11 @@ impl Settings {
     }
 
     fn limiter(&self, name: &Name) -> Result<Limiter> {
-        let mut limiter = Limiter::new(self.algorithm, self.quota)?.named(name.as_str())?;
+        // A handle's numbers change only by a declared change: it adopts
+        // the state the numbers before wrote (lua/lib/tag.lua).
+        let mut limiter = Limiter::new(self.algorithm, self.quota)?
+            .named(name.as_str())?
+            .adopting();
         if let Some(within) = self.settle_within {
             limiter = limiter.settle_within(within)?;
         }

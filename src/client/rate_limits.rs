@@ -295,7 +295,10 @@ impl Local {
                 limit.per == Per::Member,
             ));
         }
-        let settings = |mut multi: MultiLimiter| -> Result<MultiLimiter> {
+        // A handle's numbers change only by a declared change: it adopts
+        // the state the numbers before wrote (lua/lib/tag.lua).
+        let settings = |multi: MultiLimiter| -> Result<MultiLimiter> {
+            let mut multi = multi.adopting();
             if let Some(within) = self.settle_within {
                 multi = multi.settle_within(within)?;
             }

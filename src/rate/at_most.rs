@@ -111,10 +111,15 @@ fn at_most_call(limiter: &Limiter, key: &str, max: u64) -> Result<Invocation> {
         }
     };
     let quota = limiter.quota();
-    Ok(Invocation::new(script, &[key])
+    let call = Invocation::new(script, &[key])
         .arg(max)
         .arg(quota.interval_us())
-        .arg(quota.burst()))
+        .arg(quota.burst());
+    Ok(if limiter.adopts() {
+        call.arg(super::ADOPT)
+    } else {
+        call
+    })
 }
 
 /// Decodes `{granted, now, state}`: the limit's raw state after the call

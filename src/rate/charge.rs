@@ -59,6 +59,8 @@ pub(super) struct Receipt {
     /// The issuing limiter's deny cache: a refund that gave anything back
     /// forgets its cached denials of these keys.
     cache: Option<Arc<DenyCache>>,
+    /// Sends `adopt` with its refunds ([`Terms::adopt`]).
+    adopt: bool,
 }
 
 impl Receipt {
@@ -112,6 +114,9 @@ impl Receipt {
         for ((quota, held), reset) in self.quotas.iter().zip(&self.held).zip(&self.reset_ms) {
             let [a, b] = self.algorithm.params(quota);
             call = call.arg(a).arg(b).arg(*held).arg(*reset);
+        }
+        if self.adopt {
+            call = call.arg(super::ADOPT);
         }
         call
     }
@@ -223,6 +228,7 @@ impl Issuer {
                 .saturating_add(within)
                 .min(crate::MAX_INTEGER),
             cache: self.cache.clone(),
+            adopt: self.terms.adopt,
         }
     }
 
@@ -682,6 +688,9 @@ struct Wire {
     #[serde(default)]
     debt_cap: Option<u64>,
     settle_by_ms: u64,
+    /// Taken by a handle of a stored configuration: its refunds adopt.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    adopt: bool,
 }
 
 impl From<&Receipt> for Wire {
@@ -697,6 +706,7 @@ impl From<&Receipt> for Wire {
             reset_ms: r.reset_ms.clone(),
             debt_cap: r.debt_cap,
             settle_by_ms: r.settle_by_ms,
+            adopt: r.adopt,
         }
     }
 }
@@ -757,6 +767,7 @@ impl TryFrom<Wire> for Receipt {
             debt_cap: w.debt_cap,
             settle_by_ms: w.settle_by_ms,
             cache: None,
+            adopt: w.adopt,
         })
     }
 }
@@ -806,6 +817,10 @@ pub(super) struct Terms {
     pub(super) debt_cap: Option<u64>,
     /// How long after the check a settlement is still accepted.
     pub(super) settle_within: Duration,
+    /// True for a handle of a stored configuration ([`crate::config`]):
+    /// its calls send `adopt` (`lua/lib/tag.lua`), so a state tagged with
+    /// the numbers before a declared change is read, not refused.
+    pub(super) adopt: bool,
 }
 
 impl Default for Terms {
@@ -813,6 +828,7 @@ impl Default for Terms {
         Terms {
             debt_cap: None,
             settle_within: DEFAULT_SETTLE_WITHIN,
+            adopt: false,
         }
     }
 }

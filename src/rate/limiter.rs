@@ -137,6 +137,25 @@ impl Limiter {
         }
     }
 
+    /// The same limiter, whose calls adopt a state tagged with other numbers
+    /// of its algorithm (`lua/lib/tag.lua`) and retag it: for the handles of
+    /// stored configurations, whose numbers change only by a declared
+    /// change ([`crate::config::Configs::set`]).
+    pub(crate) fn adopting(self) -> Limiter {
+        Limiter {
+            terms: Terms {
+                adopt: true,
+                ..self.terms
+            },
+            ..self
+        }
+    }
+
+    /// True for a limiter built by [`Limiter::adopting`].
+    pub(crate) fn adopts(&self) -> bool {
+        self.terms.adopt
+    }
+
     /// The same limiter, whose charges can be settled ([`Charge::settle`])
     /// for `within` after their check; after that a charge counts as settled
     /// at its reservation. Default [`super::DEFAULT_SETTLE_WITHIN`] (an
@@ -426,7 +445,14 @@ impl Check {
     fn build(limiter: &Limiter, key: &str, cost: u64, peek: bool) -> Result<Check> {
         validate::key(key)?;
         let quotas = [limiter.quota];
-        let call = super::decide_call(limiter.algorithm, peek, &[key], &quotas, cost)?;
+        let call = super::decide_call(
+            limiter.algorithm,
+            peek,
+            &[key],
+            &quotas,
+            cost,
+            limiter.terms.adopt,
+        )?;
         let issuer = (!peek).then(|| limiter.issuer(key, cost));
         Ok(Check {
             call,
@@ -593,7 +619,8 @@ mod tests {
         use crate::script::words;
         let limiter = Limiter::new(Algorithm::Gcra, Quota::per_second(10).unwrap()).unwrap();
         let check = Check::new(&limiter, "k", 2).unwrap();
-        let call = super::super::decide_call(Algorithm::Gcra, false, &["k"], &[limiter.quota], 2);
+        let call =
+            super::super::decide_call(Algorithm::Gcra, false, &["k"], &[limiter.quota], 2, false);
         assert_eq!(
             words(check.invocation().command()),
             words(call.unwrap().command())

@@ -359,18 +359,28 @@ fn validate_cost(cost: u64, quotas: &[Quota]) -> Result<u64> {
     Ok(cost)
 }
 
-/// `script KEYS... first (param_a param_b)...`: the layout every rate script takes.
+/// The last argument of a call that adopts a state of other numbers of its
+/// algorithm (`lua/lib/tag.lua`): sent by the handles of stored
+/// configurations, whose numbers change only by a declared change.
+const ADOPT: &str = "adopt";
+
+/// `script KEYS... first (param_a param_b)... [adopt]`: the layout every rate
+/// script takes.
 fn invocation(
     script: &'static Script,
     algorithm: Algorithm,
     keys: &[&str],
     quotas: &[Quota],
     first: u64,
+    adopt: bool,
 ) -> Invocation {
     let mut call = Invocation::new(script, keys).arg(first);
     for quota in quotas {
         let [a, b] = algorithm.params(quota);
         call = call.arg(a).arg(b);
+    }
+    if adopt {
+        call = call.arg(ADOPT);
     }
     call
 }
@@ -382,11 +392,12 @@ fn decide_call(
     keys: &[&str],
     quotas: &[Quota],
     cost: u64,
+    adopt: bool,
 ) -> Result<Invocation> {
     let cost = validate_cost(cost, quotas)?;
     let scripts = algorithm.scripts();
     let script = if peek { &scripts.peek } else { &scripts.check };
-    Ok(invocation(script, algorithm, keys, quotas, cost))
+    Ok(invocation(script, algorithm, keys, quotas, cost, adopt))
 }
 
 /// A decision on one or more limits, before charges are attached.
@@ -572,7 +583,7 @@ mod tests {
     fn each_algorithm_sends_cost_then_two_numbers_per_limit() {
         let quotas = [q(10, 1000).with_burst(20).unwrap(), q(5, 60_000)];
         let expect = |alg: Algorithm, script: &Script, a: [&str; 4]| {
-            let call = decide_call(alg, false, &["k1", "k2"], &quotas, 3).unwrap();
+            let call = decide_call(alg, false, &["k1", "k2"], &quotas, 3, false).unwrap();
             let mut want = vec!["EVALSHA", script.sha1(), "2", "k1", "k2", "3"];
             want.extend(a);
             assert_eq!(words(call.command()), want, "{alg}");
@@ -597,7 +608,7 @@ mod tests {
             &fixed_window::SCRIPTS.check,
             ["1000", "10", "60000", "5"],
         );
-        let peek = decide_call(Algorithm::Gcra, true, &["k"], &quotas[..1], 1).unwrap();
+        let peek = decide_call(Algorithm::Gcra, true, &["k"], &quotas[..1], 1, false).unwrap();
         assert_eq!(words(peek.command())[0], "EVALSHA_RO");
         assert_eq!(words(peek.command())[1], gcra::SCRIPTS.peek.sha1());
     }
@@ -606,11 +617,11 @@ mod tests {
     fn costs_are_checked_against_every_limit() {
         let quotas = [q(10, 1000), q(3, 1000)];
         assert!(matches!(
-            decide_call(Algorithm::Gcra, false, &["a", "b"], &quotas, 0),
+            decide_call(Algorithm::Gcra, false, &["a", "b"], &quotas, 0, false),
             Err(Error::ZeroLimit { what: "cost" })
         ));
         assert!(matches!(
-            decide_call(Algorithm::Gcra, false, &["a", "b"], &quotas, 4),
+            decide_call(Algorithm::Gcra, false, &["a", "b"], &quotas, 4, false),
             Err(Error::InsufficientCapacity {
                 requested: 4,
                 limit: 3

@@ -168,7 +168,14 @@ impl MultiCheck {
     fn build(limits: &MultiLimiter, key: &MultiKey, cost: u64, peek: bool) -> Result<MultiCheck> {
         let keys = limits.keys(key)?;
         let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-        let call = super::decide_call(limits.algorithm, peek, &refs, &limits.quotas, cost)?;
+        let call = super::decide_call(
+            limits.algorithm,
+            peek,
+            &refs,
+            &limits.quotas,
+            cost,
+            limits.terms.adopt,
+        )?;
         let issuer = (!peek).then(|| Issuer {
             id: next_id(),
             algorithm: limits.algorithm,
@@ -344,6 +351,19 @@ impl MultiLimiter {
         self.quotas.push(quota);
         self.shared.push(shared);
         Ok(self)
+    }
+
+    /// The same limits, whose calls adopt a state tagged with other numbers
+    /// of their algorithm (as [`super::Limiter`]'s, for the handles of
+    /// stored configurations).
+    pub(crate) fn adopting(self) -> MultiLimiter {
+        MultiLimiter {
+            terms: Terms {
+                adopt: true,
+                ..self.terms
+            },
+            ..self
+        }
     }
 
     /// [`Limiter::with_debt_cap`](super::Limiter::with_debt_cap) for every

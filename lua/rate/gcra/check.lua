@@ -7,14 +7,22 @@
 -- (It is a token bucket written as one timestamp: the tokens left are
 -- floor((now + burst x T - TAT) / T).)
 --
--- KEYS[i]     limit i: a string holding TAT, integer microseconds since the
+-- KEYS[i]     limit i: a string "g<T>x<b>:<TAT>": the limit's tag (lib/tag:
+--             which limit wrote it) and TAT, integer microseconds since the
 --             Unix epoch by the server clock. Missing, or in the past, means
 --             full. It expires (PXAT) at TAT rounded up to the millisecond:
---             an idle limiter costs no memory.
+--             an idle limiter costs no memory. A bare TAT (written before
+--             tags) is read and tagged at the next admission.
 -- ARGV[1]     cost      integer, 1 <= cost <= every burst: units to take.
 -- ARGV[2i]    interval  T of limit i, integer microseconds >= 1: period / rate
 --                       (rounded up by the caller).
 -- ARGV[2i+1]  burst     b of limit i, integer >= 1, with b x T <= 2^51.
+-- ARGV[2n+2]  optional: "adopt" (lib/tag): a state of other GCRA numbers is
+--             read as it is (a declared change of a stored configuration)
+--             and retagged with these at the admission's write.
+--
+-- A state tagged by another limit (other numbers, or another algorithm) is
+-- refused before any write: NOLOCK_STATE, naming the key and both tags.
 --
 -- Decision, with now = TIME in microseconds, for each limit:
 --   tat  = max(TAT, now)
@@ -52,7 +60,7 @@ local MAX_FILL = 2251799813685248 -- 2^51 microseconds, about 71 years
 -- closure and a call per check. No table is built but the reply, whose slot
 -- i + 2 holds limit i's TAT; T and b are read again from ARGV for a write.
 
-local n, cost, now = rate_begin()
+local n, cost, now, adopt = rate_begin()
 if not n then return fail(cost) end
 
 -- Decide every limit before any write.
@@ -66,6 +74,22 @@ for i = 1, n do
   local tat = now
   local stored = redis.call('GET', KEYS[i])
   if stored then
+    -- "<tag>:<TAT>" (lib/tag); a bare TAT was written before tags.
+    local at = string.find(stored, ':', 1, true)
+    if at then
+      local by, tag = string.sub(stored, 1, at - 1), 'g' .. ARGV[2 * i] .. 'x' .. ARGV[2 * i + 1]
+      if by ~= tag then
+        if not string.find(by, '^[a-z]%d+x%d+$') and not string.find(by, '^m%d+$') then
+          return fail('key ' .. KEYS[i] .. ' does not hold a GCRA state')
+        end
+        -- lib/tag's tag_same and tag_refuse, in place (no closures per call).
+        if not adopt or string.byte(by) ~= 103 then -- 'g'
+          return redis.error_reply('NOLOCK_STATE nolock ' .. SCRIPT_NAME .. ': ' .. KEYS[i]
+            .. ' holds state written by ' .. by .. ', not ' .. tag .. '; nothing was written')
+        end
+      end
+      stored = string.sub(stored, at + 1)
+    end
     -- A canonical integer (no sign, no leading zero, at most 16 digits)
     -- no later than now + 2^51, as this script writes it.
     local v = #stored <= 16 and (stored == '0' or string.find(stored, '^[1-9]%d*$')) and tonumber(stored)
@@ -79,13 +103,14 @@ for i = 1, n do
 end
 reply[1] = admitted
 
--- Numbers are passed to Redis as they are: integers below 2^53 are sent
--- exactly (Redis prints them with %.17g, or as integers since 7.2). A TAT
--- is at most now + 2^52, so the expiry's quotient is exact (see lib/div).
+-- The TAT is formatted with %d: Lua's own number-to-string keeps 14
+-- digits, and a TAT has 16. A TAT is at most now + 2^52, so the expiry's
+-- quotient is exact (see lib/div).
 if admitted == 1 then
   for i = 1, n do
     local t = reply[i + 2] + cost * ARGV[2 * i]
-    redis.call('SET', KEYS[i], t, 'PXAT', math.ceil(t / 1000))
+    redis.call('SET', KEYS[i], 'g' .. ARGV[2 * i] .. 'x' .. ARGV[2 * i + 1] .. ':' .. string.format('%d', t),
+      'PXAT', math.ceil(t / 1000))
     reply[i + 2] = t
   end
 end

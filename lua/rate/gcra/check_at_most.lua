@@ -39,11 +39,13 @@
 --@include lib/div
 --@include lib/time
 --@include lib/gcra
+--@include lib/tag
 
 local MAX = 9007199254740991      -- 2^53 - 1: Lua numbers are doubles
 local MAX_FILL = 2251799813685248 -- 2^51 microseconds, about 71 years
 
-if #KEYS ~= 1 or #ARGV ~= 3 then
+local adopt = tag_adopt(3)
+if #KEYS ~= 1 or adopt == nil then
   return fail('expected 1 key and 3 arguments, got ' .. #KEYS .. ' and ' .. #ARGV)
 end
 local max = arg_int(1, 1, MAX)
@@ -54,8 +56,9 @@ if not step or not burst or burst * step > MAX_FILL then
 end
 
 local now = now_us()
-local tat = gcra_tat(KEYS[1], now)
-if not tat then return fail('key ' .. KEYS[1] .. ' does not hold a GCRA state') end
+local tag = 'g' .. ARGV[2] .. 'x' .. ARGV[3]
+local tat, refused = gcra_tat(KEYS[1], now, tag, adopt)
+if not tat then return refused end
 
 local room = burst * step - (tat - now)
 local available = 0
@@ -63,6 +66,6 @@ if room > 0 then available = floor_div(room, step) end
 local granted = math.min(max, available)
 if granted > 0 then
   tat = tat + granted * step
-  redis.call('SET', KEYS[1], tat, 'PXAT', ceil_div(tat, 1000))
+  redis.call('SET', KEYS[1], gcra_state(tag, tat), 'PXAT', ceil_div(tat, 1000))
 end
 return {granted, now, tat}

@@ -1,9 +1,10 @@
 #!lua flags=no-writes
 -- rate/gcra/peek: what rate/gcra/check would answer for `cost`, without taking anything.
 --
--- KEYS and ARGV are those of rate/gcra/check (state: TAT in integer
--- microseconds since the Unix epoch; ARGV[1] cost, then interval T and burst b
--- per key).
+-- KEYS and ARGV are those of rate/gcra/check (state: "<tag>:<TAT>", TAT in
+-- integer microseconds since the Unix epoch; ARGV[1] cost, then interval T
+-- and burst b per key, then optionally "adopt"). A state another limit
+-- wrote is refused as check refuses it (NOLOCK_STATE).
 --
 -- Reply: {admitted, now, then per limit: tat} as rate/gcra/check, except
 --   that nothing is charged: admitted says whether check would admit, and
@@ -20,11 +21,13 @@
 --@include lib/args
 --@include lib/time
 --@include lib/gcra
+--@include lib/tag
 
 -- As rate/gcra/check decides, without the charge.
 
 local n = #KEYS
-if n < 1 or #ARGV ~= 1 + 2 * n then
+local adopt = n >= 1 and tag_adopt(1 + 2 * n)
+if adopt == nil or n < 1 then
   return fail('expected 1 + 2 arguments per key, got ' .. #ARGV .. ' for ' .. n .. ' keys')
 end
 local cost = arg_int(1, 1, 9007199254740991)
@@ -36,8 +39,8 @@ local reply, admitted = {0, now}, 1
 for i = 1, n do
   local step, b = gcra_limit(i, cost)
   if not step then return fail('bad interval or burst, or cost above the burst, for key ' .. i) end
-  local t = gcra_tat(KEYS[i], now)
-  if not t then return fail('key ' .. KEYS[i] .. ' does not hold a GCRA state') end
+  local t, refused = gcra_tat(KEYS[i], now, gcra_tag(i), adopt)
+  if not t then return refused end
   if (t - now) + cost * step > b * step then admitted = 0 end
   reply[i + 2] = t
 end

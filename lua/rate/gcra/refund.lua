@@ -64,17 +64,18 @@ local MAX = 9007199254740991
 local MAX_FILL = 2251799813685248
 
 local now = now_us()
-local n, give, excess, at, cost, settle, cap, held, status = refund_begin(floor_div(now, 1000))
+local n, give, excess, at, cost, settle, cap, held, status, adopt = refund_begin(floor_div(now, 1000))
 if not n then return fail(give) end
 
-local interval, burst, tat, back, until_us = {}, {}, {}, {}, at
+local interval, burst, tat, back, tags, until_us = {}, {}, {}, {}, {}, at
 for i = 1, n do
   local step, b = arg_int(4 * i + 3, 1, MAX_FILL), arg_int(4 * i + 4, 1, MAX)
   if not step or not b or b * step > MAX_FILL then
     return fail('bad interval or burst for key ' .. i)
   end
-  local t = gcra_tat(KEYS[i], now)
-  if not t then return fail('key ' .. KEYS[i] .. ' does not hold a GCRA state') end
+  tags[i] = 'g' .. ARGV[4 * i + 3] .. 'x' .. ARGV[4 * i + 4]
+  local t, refused = gcra_tat(KEYS[i], now, tags[i], adopt)
+  if not t then return refused end
   -- A charge never holds more than the burst. What goes back is the tail
   -- of what it still holds: its first units drained first.
   local h = math.min(held[i], b)
@@ -101,7 +102,7 @@ for i = 1, n do
     if t == now then
       redis.call('DEL', KEYS[i])
     else
-      redis.call('SET', KEYS[i], t, 'PXAT', ceil_div(t, 1000))
+      redis.call('SET', KEYS[i], gcra_state(tags[i], t), 'PXAT', ceil_div(t, 1000))
     end
   end
   local j = 4 * i - 1
