@@ -138,12 +138,14 @@ async fn check_at_most_grants_partially_and_charges_what_it_granted() {
         assert_eq!(peek.remaining, 6, "{algorithm}");
         match algorithm {
             Algorithm::Gcra => {
-                let tat: u64 = redis::cmd("GET")
+                // "<tag>:<TAT>" (lua/lib/tag.lua): T = 6 s, burst 10.
+                let stored: String = redis::cmd("GET")
                     .arg(&key)
                     .query_async(&mut conn)
                     .await
                     .unwrap();
-                assert_eq!(tat, micros(g.state.at) + 4 * t_us);
+                let tat = micros(g.state.at) + 4 * t_us;
+                assert_eq!(stored, format!("g{t_us}x10:{tat}"));
             }
             _ => {
                 let tokens: u64 = redis::cmd("HGET")
