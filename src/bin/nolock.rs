@@ -24,7 +24,7 @@
 //! | 1 | Redis or the connection failed |
 //! | 2 | usage or bad input (clap's own usage errors too); nothing was written |
 //! | 3 | not found: no configuration of that family and name |
-//! | 4 | foreign data in the registry (`{nolock:config}`), or a mismatch |
+//! | 4 | foreign data in the registry (`{nolock:config}`), a mismatch, or (`inspect`) a state another limit wrote |
 //!
 //! Errors go to stderr, one line each.
 
@@ -53,7 +53,8 @@ Exit codes:
   1  Redis or the connection failed
   2  usage or bad input; nothing was written
   3  not found: no configuration of that family and name
-  4  foreign data in the registry ({nolock:config}), or a mismatch
+  4  foreign data in the registry ({nolock:config}), a mismatch, or
+     (inspect) a state another limit wrote
 
 Durations: 500ms, 10s, 1m (or 1min), 1h, 1d.";
 
@@ -214,7 +215,9 @@ impl From<Error> for Failure {
 fn exit_code(err: &Error) -> u8 {
     match err {
         Error::UnknownConfig { .. } => 3,
-        Error::ForeignConfig { .. } | Error::ConfigMismatch { .. } => 4,
+        Error::ForeignConfig { .. }
+        | Error::ConfigMismatch { .. }
+        | Error::StateMismatch { .. } => 4,
         Error::InvalidArgument { .. }
         | Error::EmptyKey
         | Error::ZeroLimit { .. }
@@ -504,6 +507,10 @@ mod tests {
             reason: "r".into(),
         };
         assert_eq!(exit_code(&foreign), 4);
+        let tagged = Error::StateMismatch {
+            detail: "k holds state written by g1x1, not f1x1".to_owned(),
+        };
+        assert_eq!(exit_code(&tagged), 4);
         assert_eq!(exit_code(&Error::ZeroLimit { what: "limit" }), 2);
         assert_eq!(exit_code(&Error::Contended { what: "x" }), 1);
         Cli::command().debug_assert();

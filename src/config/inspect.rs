@@ -272,7 +272,9 @@ impl Configs {
                 let key = Name::new(kind(*algorithm), &config.name)?
                     .generation(g)
                     .key(id)?;
-                let limiter = Limiter::new(*algorithm, config.spec.quota()?)?;
+                // As the handles read it: the state may still carry the
+                // numbers before a `Keep` change (lua/lib/tag.lua).
+                let limiter = Limiter::new(*algorithm, config.spec.quota()?)?.adopting();
                 let now = limiter.peek(&mut conn, &key, 1).await?;
                 State::RateLimit(LimitState {
                     limit_name: None,
@@ -295,7 +297,7 @@ impl Configs {
                     multi = multi.shared_limit(&limit.name, limit.quota()?)?;
                     key = key.shared(&limit.name, limit_key);
                 }
-                let now = multi.peek(&mut conn, key, 1).await?;
+                let now = multi.adopting().peek(&mut conn, key, 1).await?;
                 let limits = read
                     .into_iter()
                     .zip(now.limits)

@@ -74,21 +74,28 @@ for i = 1, n do
   local tat = now
   local stored = redis.call('GET', KEYS[i])
   if stored then
-    -- "<tag>:<TAT>" (lib/tag); a bare TAT was written before tags.
-    local at = string.find(stored, ':', 1, true)
-    if at then
-      local by, tag = string.sub(stored, 1, at - 1), 'g' .. ARGV[2 * i] .. 'x' .. ARGV[2 * i + 1]
-      if by ~= tag then
+    -- "<tag>:<TAT>" (lib/tag): its own tag costs one comparison of the
+    -- prefix; another tag, or a bare TAT (written before tags), is looked
+    -- at only then.
+    local tag = 'g' .. ARGV[2 * i] .. 'x' .. ARGV[2 * i + 1] .. ':'
+    local len = #tag
+    if string.sub(stored, 1, len) == tag then
+      stored = string.sub(stored, len + 1)
+    else
+      local at = string.find(stored, ':', 1, true)
+      if at then
+        local by = string.sub(stored, 1, at - 1)
         if not string.find(by, '^[a-z]%d+x%d+$') and not string.find(by, '^m%d+$') then
           return fail('key ' .. KEYS[i] .. ' does not hold a GCRA state')
         end
         -- lib/tag's tag_same and tag_refuse, in place (no closures per call).
         if not adopt or string.byte(by) ~= 103 then -- 'g'
           return redis.error_reply('NOLOCK_STATE nolock ' .. SCRIPT_NAME .. ': ' .. KEYS[i]
-            .. ' holds state written by ' .. by .. ', not ' .. tag .. '; nothing was written')
+            .. ' holds state written by ' .. by .. ', not ' .. string.sub(tag, 1, len - 1)
+            .. '; nothing was written')
         end
+        stored = string.sub(stored, at + 1)
       end
-      stored = string.sub(stored, at + 1)
     end
     -- A canonical integer (no sign, no leading zero, at most 16 digits)
     -- no later than now + 2^51, as this script writes it.
