@@ -50,26 +50,39 @@
 -- N + 1000000; an eleventh at N + 2000 gets {0, N + 2000, N + 1000000}
 -- (0 remaining, retry after 98 ms, full again after 998 ms).
 
---@include lib/fail
---@include lib/rate
+--@include lib/name
 
 local MAX_FILL = 2251799813685248 -- 2^51 microseconds, about 71 years
 
--- The checks of lib/args, lib/stored and lib/gcra, written in place: on a
--- hot key the server's time per call is the ceiling, and a helper costs a
--- closure and a call per check. No table is built but the reply, whose slot
--- i + 2 holds limit i's TAT; T and b are read again from ARGV for a write.
+-- The checks of lib/rate, lib/args, lib/stored, lib/gcra and lib/tag, and
+-- lib/fail's errors, written in place: on a hot key the server's time per
+-- call is the ceiling, and a helper costs a closure and a call per check.
+-- No table is built but the reply, whose slot i + 2 holds limit i's TAT;
+-- T and b are read again from ARGV for a write.
 
-local n, cost, now, adopt = rate_begin()
-if not n then return fail(cost) end
+local n = #KEYS
+local adopt = #ARGV == 2 + 2 * n and ARGV[2 + 2 * n] == 'adopt'
+if n < 1 or (#ARGV ~= 1 + 2 * n and not adopt) then
+  return redis.error_reply('ERR nolock ' .. SCRIPT_NAME .. ': expected 1 + 2 arguments per key, got '
+    .. #ARGV .. ' for ' .. n .. ' keys')
+end
+local cost = tonumber(ARGV[1])
+if not cost or cost % 1 ~= 0 or cost < 1 or cost > 9007199254740991 then
+  return redis.error_reply('ERR nolock ' .. SCRIPT_NAME .. ': bad cost: ' .. tostring(ARGV[1]))
+end
+local time = redis.call('TIME')
+-- TIME's digits convert in the arithmetic itself: no tonumber calls.
+local now = time[1] * 1000000 + time[2]
 
--- Decide every limit before any write.
-local reply, admitted = {0, now}, 1
+-- Decide every limit before any write. The reply is built at its size for
+-- one limit ({admitted, now, tat}); more limits grow it.
+local reply, admitted = {0, now, now}, 1
 for i = 1, n do
   local step, b = tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
   if not step or not b or step % 1 ~= 0 or b % 1 ~= 0 or step < 1 or b < 1
     or b * step > MAX_FILL or cost > b then
-    return fail('bad interval or burst, or cost above the burst, for key ' .. i)
+    return redis.error_reply('ERR nolock ' .. SCRIPT_NAME
+      .. ': bad interval or burst, or cost above the burst, for key ' .. i)
   end
   local tat = now
   local stored = redis.call('GET', KEYS[i])
@@ -86,7 +99,8 @@ for i = 1, n do
       if at then
         local by = string.sub(stored, 1, at - 1)
         if not string.find(by, '^[a-z]%d+x%d+$') and not string.find(by, '^m%d+$') then
-          return fail('key ' .. KEYS[i] .. ' does not hold a GCRA state')
+          return redis.error_reply('ERR nolock ' .. SCRIPT_NAME .. ': key ' .. KEYS[i]
+            .. ' does not hold a GCRA state')
         end
         -- lib/tag's tag_same and tag_refuse, in place (no closures per call).
         if not adopt or string.byte(by) ~= 103 then -- 'g'
@@ -99,9 +113,12 @@ for i = 1, n do
     end
     -- A canonical integer (no sign, no leading zero, at most 16 digits)
     -- no later than now + 2^51, as this script writes it.
-    local v = #stored <= 16 and (stored == '0' or string.find(stored, '^[1-9]%d*$')) and tonumber(stored)
+    -- Converted by arithmetic once its digits are checked: tonumber would
+    -- parse the string twice.
+    local v = #stored <= 16 and (stored == '0' or string.find(stored, '^[1-9]%d*$')) and stored + 0
     if not v or v > now + MAX_FILL then
-      return fail('key ' .. KEYS[i] .. ' does not hold a GCRA state')
+      return redis.error_reply('ERR nolock ' .. SCRIPT_NAME .. ': key ' .. KEYS[i]
+        .. ' does not hold a GCRA state')
     end
     if v > now then tat = v end
   end
