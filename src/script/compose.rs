@@ -12,7 +12,9 @@
 //! and the line is replaced by the helper's code (its own comment header
 //! dropped) before the script is hashed, loaded or sent. The first include
 //! is preceded by `local SCRIPT_NAME = '<name>'`, which `lib/fail` uses to
-//! name the script in its errors. A helper may itself open with includes of
+//! name the script in its errors (a script without includes that names
+//! `SCRIPT_NAME`, writing its errors in place, gets it before its first
+//! line of code). A helper may itself open with includes of
 //! the helpers it builds on; they are spliced in before it, and every
 //! helper appears once, so what a script runs is exactly its own text plus
 //! the helpers it names and theirs.
@@ -46,6 +48,16 @@ pub(crate) fn compose<'a>(
     let mut out = String::with_capacity(source.len() + 1024);
     let mut included = Vec::new();
     splice(name, source, &lib, &mut included, &mut out)?;
+    if included.is_empty() && source.contains("SCRIPT_NAME") {
+        // A script that writes its errors in place, with no helper:
+        // SCRIPT_NAME before its first line of code.
+        let shebang = match out.split_once('\n') {
+            Some((first, _)) if first.starts_with("#!") => first.len() + 1,
+            _ => 0,
+        };
+        let header = out.len() - body(&out[shebang..]).len();
+        out.insert_str(header, &format!("local SCRIPT_NAME = '{name}'\n"));
+    }
     Ok(out)
 }
 
@@ -271,6 +283,20 @@ mod tests {
     fn a_script_without_includes_is_unchanged() {
         let src = "#!lua flags=no-writes\n-- t/y: test.\nreturn 1";
         assert_eq!(compose("t/y", src, libs).unwrap(), src);
+    }
+
+    #[test]
+    fn a_script_naming_itself_without_includes_gets_its_name_before_its_code() {
+        let src = "#!lua flags=no-writes\n-- t/n: test.\n--\n\nreturn SCRIPT_NAME\n";
+        assert_eq!(
+            compose("t/n", src, libs).unwrap(),
+            "#!lua flags=no-writes\n-- t/n: test.\n--\n\nlocal SCRIPT_NAME = 't/n'\nreturn SCRIPT_NAME\n"
+        );
+        let plain = "-- t/m: test.\nreturn SCRIPT_NAME";
+        assert_eq!(
+            compose("t/m", plain, libs).unwrap(),
+            "-- t/m: test.\nlocal SCRIPT_NAME = 't/m'\nreturn SCRIPT_NAME"
+        );
     }
 
     #[test]

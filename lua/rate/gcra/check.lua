@@ -50,8 +50,6 @@
 -- N + 1000000; an eleventh at N + 2000 gets {0, N + 2000, N + 1000000}
 -- (0 remaining, retry after 98 ms, full again after 998 ms).
 
---@include lib/name
-
 local MAX_FILL = 2251799813685248 -- 2^51 microseconds, about 71 years
 
 -- The checks of lib/rate, lib/args, lib/stored, lib/gcra and lib/tag, and

@@ -1,4 +1,0 @@
--- lib/name: no code. Including it defines SCRIPT_NAME (the composer writes
--- it before a script's first include) for a hot script that writes its
--- errors in place: lib/fail costs a closure on every call, an error path
--- written out costs nothing until it is taken.
