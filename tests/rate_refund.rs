@@ -107,20 +107,26 @@ async fn a_sliding_window_refund_comes_off_the_window_that_counted_it() {
         .await
         .unwrap();
     assert_eq!(r.credited, 4, "{r:?}");
-    let state: std::collections::HashMap<String, u64> = redis::cmd("HGETALL")
+    let state: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
         .arg(&key)
         .query_async(&mut conn)
         .await
         .unwrap();
     assert_eq!(
-        state.get("count"),
-        Some(&1),
+        state.get("count").map(String::as_str),
+        Some("1"),
         "the current window keeps its own unit: {state:?}"
     );
     assert_eq!(
-        state.get("previous"),
-        Some(&0),
+        state.get("previous").map(String::as_str),
+        Some("0"),
         "the refund came off the previous window"
+    );
+    // 10 per 100 ms: the window and the limit, as the scripts take them.
+    assert_eq!(
+        state.get("by").map(String::as_str),
+        Some("s100x10"),
+        "the refund keeps the tag: {state:?}"
     );
 }
 

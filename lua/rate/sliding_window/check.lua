@@ -7,24 +7,34 @@
 --   estimate = previous x (w - e) / w + count      (e: ms since this window began)
 -- A call fits when estimate + cost <= limit.
 --
--- KEYS[i]     limit i: a hash {start, count, previous}
+-- KEYS[i]     limit i: a hash {start, count, previous, by}
 --               start     integer ms since the Unix epoch (server clock): the
 --                         start of the window `count` belongs to, a multiple of w
 --               count     units admitted in that window
 --               previous  units admitted in the window before it
+--               by        the tag of the limit that wrote it (lib/tag):
+--                         "s<w>x<L>", its two numbers as ARGV sends them
 --             Missing means empty. It expires (PEXPIREAT) at start + 2w, when
---             neither count matters any more.
+--             neither count matters any more. A hash of exactly {start,
+--             count, previous} (written before tags) is read the same way
+--             and tagged by its next admitted call.
 -- ARGV[1]     cost    integer, 1 <= cost <= every limit.
 -- ARGV[2i]    window  w of limit i, integer milliseconds >= 1.
 -- ARGV[2i+1]  limit   L of limit i, integer >= 1, with L x w <= 2^53-1 (so
 --                     the weighted sums below are exact integers).
+-- ARGV[2n+2]  optional: "adopt" (lib/tag): a limit tagged with other
+--             numbers ("s..." still) is read as it is and retagged with
+--             this call's when admitted, instead of refused.
 --
 -- Decision, with now = TIME in ms (rounded down), for each limit:
 --   roll the state to the window holding now (a state two or more windows
 --   old counts as empty; one the clock has stepped back from is kept as is)
 --   fits = count + cost <= L  and  previous x (w - e) <= (L - count - cost) x w
--- When every limit fits, each stores count + cost; otherwise nothing is
--- written (a denied call consumes nothing, on any limit).
+-- When every limit fits, each stores count + cost and this call's tag;
+-- otherwise nothing is written (a denied call consumes nothing, on any
+-- limit, and tags nothing). A limit tagged by another limit (other
+-- numbers, unless adopting; another algorithm, as a token bucket's hash)
+-- is refused with NOLOCK_STATE, nothing written on any limit.
 --
 -- Reply: {admitted, now, then per limit: start, count, previous} -- the
 -- raw state, rolled to now, counts as stored (the client weighs them as at
@@ -42,26 +52,27 @@
 -- the end of the next window when count > 0, of this one when only
 -- previous > 0.
 --
--- Guarantees: every limit is read and decided before the first write. In
+-- Guarantees: every limit is read, its tag compared and decided before
+-- the first write. In
 -- each aligned window at most L units are admitted, and at each admission
 -- the weighted estimate, this admission included, is at most L.
 --
 -- Example: limit 10 per 1000 ms; previous = 10, count = 0, e = 300: the
 -- estimate is 7, so cost 3 fits ({1, now, start, 3, 10}) and cost 4 waits
--- until e = 400 ({0, now, start, 0, 10}: retry after 100 ms).
+-- until e = 400 ({0, now, start, 0, 10}: retry after 100 ms). The state
+-- is then {start, count = 3, previous = 10, by = "s1000x10"}; a check of
+-- limit 20 per 1000 ms on it is refused ("... holds state written by
+-- s1000x10, not s1000x20 ...").
 
 --@include lib/fail
 --@include lib/rate
 
 local MAX = 9007199254740991
 
--- The checks of lib/args and lib/window, written in place (see
--- rate/gcra/check): no helper calls, no table but the reply. Between the
--- decision and the writes, its slots 4i-1 .. 4i+1 keep limit i's start,
--- count and previous, and two slots past the answers its w and L (cleared
--- before the reply is sent).
+-- The checks of lib/args, lib/window and lib/tag, written in place (see
+-- rate/gcra/check): no helper calls, no table but the reply.
 
-local n, cost, micros = rate_begin()
+local n, cost, micros, adopt = rate_begin()
 if not n then return fail(cost) end
 local floor = math.floor
 local now = floor(micros / 1000) -- exact: micros < 2^53 (lib/div)
@@ -75,25 +86,36 @@ for i = 1, n do
     return fail('bad window or limit for key ' .. i)
   end
   if cost > l then return fail('cost is above the limit of key ' .. i) end
-  -- The state: exactly the fields start, count and previous, canonical
-  -- integers in [0, 2^53 - 1], rolled to the window holding now (as
-  -- lib/window reads it); missing is an empty window.
+  -- The state: exactly the fields start, count, previous and by, or the
+  -- first three alone (before tags), canonical integers in [0, 2^53 - 1],
+  -- rolled to the window holding now (as lib/window reads it); missing is
+  -- an empty window.
   local cur, c, p = floor(now / w) * w, 0, 0
   local all = redis.call('HGETALL', KEYS[i])
   if #all > 0 then
-    local s
+    local s, by
     c, p = nil, nil
-    if #all == 6 then
-      for f = 1, 5, 2 do
-        local raw = all[f + 1]
+    for f = 1, #all, 2 do
+      local name, raw = all[f], all[f + 1]
+      if name == 'by' then
+        by = raw
+      elseif name == 'start' or name == 'count' or name == 'previous' then
         local v = #raw <= 16 and (raw == '0' or string.find(raw, '^[1-9]%d*$')) and tonumber(raw)
         if v and v <= MAX then
-          local name = all[f]
-          if name == 'start' then s = v elseif name == 'count' then c = v elseif name == 'previous' then p = v end
+          if name == 'start' then s = v elseif name == 'count' then c = v else p = v end
         end
       end
     end
-    if not (s and c and p) then
+    -- Another limit's tag is refused (lib/tag's tag_same and tag_refuse):
+    -- adopting reads any sliding window's ('s' is byte 115).
+    if by then
+      local tag = 's' .. ARGV[2 * i] .. 'x' .. ARGV[2 * i + 1]
+      if by ~= tag and not (adopt and string.byte(by) == 115) then
+        return redis.error_reply('NOLOCK_STATE nolock ' .. SCRIPT_NAME .. ': ' .. KEYS[i]
+          .. ' holds state written by ' .. by .. ', not ' .. tag .. '; nothing was written')
+      end
+    end
+    if not (s and c and p) or #all ~= (by and 8 or 6) then
       return fail('key ' .. KEYS[i] .. ' does not hold a sliding window')
     end
     if s >= cur then cur = s -- this window, or the clock stepped back
@@ -114,11 +136,15 @@ for i = 1, n do
 end
 reply[1] = admitted
 
+-- Every write stores the tag: a limit from before tags, or adopted,
+-- becomes this call's.
 if admitted == 1 then
   for i = 1, n do
     local cur, c, p = reply[3 * i], reply[3 * i + 1] + cost, reply[3 * i + 2]
-    redis.call('HSET', KEYS[i], 'start', cur, 'count', c, 'previous', p)
-    redis.call('PEXPIREAT', KEYS[i], cur + 2 * ARGV[2 * i])
+    local w = ARGV[2 * i]
+    redis.call('HSET', KEYS[i], 'start', cur, 'count', c, 'previous', p,
+      'by', 's' .. w .. 'x' .. ARGV[2 * i + 1])
+    redis.call('PEXPIREAT', KEYS[i], cur + 2 * w)
     reply[3 * i + 1] = c
   end
 end

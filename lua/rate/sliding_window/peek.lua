@@ -2,7 +2,12 @@
 -- rate/sliding_window/peek: what rate/sliding_window/check would answer for `cost`, without taking anything.
 --
 -- KEYS and ARGV are those of rate/sliding_window/check (state: hash {start,
--- count, previous}; ARGV[1] cost, then window w in ms and limit L per key).
+-- count, previous, by}, or {start, count, previous} before tags; ARGV[1]
+-- cost, then window w in ms and limit L per key, then optionally "adopt").
+-- A limit tagged by another limit is refused as check refuses it
+-- (NOLOCK_STATE; with "adopt", any sliding window's state is read as it
+-- is); one from before tags is read as it is and stays untagged (peek
+-- writes nothing).
 --
 -- Reply: {admitted, now, then per limit: start, count, previous} as
 --   rate/sliding_window/check, except that nothing is charged: admitted
@@ -19,12 +24,14 @@
 --@include lib/args
 --@include lib/div
 --@include lib/time
+--@include lib/tag
 --@include lib/window
 
 local MAX = 9007199254740991
 
 local n = #KEYS
-if n < 1 or #ARGV ~= 1 + 2 * n then
+local adopt = tag_adopt(1 + 2 * n)
+if n < 1 or adopt == nil then
   return fail('expected 1 + 2 arguments per key, got ' .. #ARGV .. ' for ' .. n .. ' keys')
 end
 local cost = arg_int(1, 1, MAX)
@@ -40,8 +47,12 @@ for i = 1, n do
     return fail('bad window or limit for key ' .. i)
   end
   if cost > l then return fail('cost is above the limit of key ' .. i) end
-  local cur, c, p = window_read(KEYS[i], now, w)
-  if not cur then return fail('key ' .. KEYS[i] .. ' does not hold a sliding window') end
+  local tag = 's' .. ARGV[2 * i] .. 'x' .. ARGV[2 * i + 1]
+  local cur, c, p = window_read(KEYS[i], now, w, tag, adopt)
+  if not cur then
+    if c then return tag_refuse(KEYS[i], c, tag) end
+    return fail('key ' .. KEYS[i] .. ' does not hold a sliding window')
+  end
   -- Counts above the limit (a lowered limit, or a debt) decide as the
   -- limit, and are returned as stored.
   local e = math.max(0, now - cur)

@@ -1,13 +1,20 @@
 #!lua flags=allow-oom
 -- rate/sliding_window/refund: give back units of one admitted charge (from the window that counted it, while it still counts), or settle it at its real cost (charging an excess to the current window, even past its limit).
 --
--- KEYS[i]     limit i (i = 1..n): a hash {start, count, previous} as
---             written by rate/sliding_window/check; KEYS[n + 1] the charge's
---             record, KEYS[n + 1 + i] limit i's reset marker (lib/refund).
+-- KEYS[i]     limit i (i = 1..n): a hash {start, count, previous, by} as
+--             written by rate/sliding_window/check (or {start, count,
+--             previous} before tags); KEYS[n + 1] the charge's record,
+--             KEYS[n + 1 + i] limit i's reset marker (lib/refund).
 -- ARGV        as lib/refund: amount, actual, at, cost, settle, cap, then per
 --             limit: window w (ms >= 1), limit L (>= 1, with L x w <=
 --             2^53 - 1), held, reset (unused: windows are aligned on the
---             epoch, so `at` names the window).
+--             epoch, so `at` names the window); then optionally "adopt"
+--             (lib/tag).
+--
+-- Tags (lib/tag): limit i's tag is "s<w>x<L>" of its arguments. A limit
+-- tagged by another limit (other numbers, unless adopting; another
+-- algorithm) is refused with NOLOCK_STATE, nothing written on any key.
+-- Every limit written is written with its tag.
 --
 -- Refund (and a settlement below the reservation, which gives back give =
 -- held - actual): the charge was counted in the aligned window s = floor(at_ms / w)
@@ -48,6 +55,7 @@
 --@include lib/args
 --@include lib/div
 --@include lib/time
+--@include lib/tag
 --@include lib/window
 --@include lib/refund
 
@@ -55,7 +63,7 @@ local MAX = 9007199254740991
 
 local micros = now_us()
 local now = floor_div(micros, 1000)
-local n, give, excess, at, cost, settle, cap, held, status = refund_begin(now)
+local n, give, excess, at, cost, settle, cap, held, status, adopt = refund_begin(now)
 if not n then return fail(give) end
 local charged_ms = floor_div(at, 1000)
 
@@ -66,8 +74,12 @@ for i = 1, n do
   if not w or not l or l * w > MAX then
     return fail('bad window or limit for key ' .. i)
   end
-  local cur, c, p = window_read(KEYS[i], now, w)
-  if not cur then return fail('key ' .. KEYS[i] .. ' does not hold a sliding window') end
+  local tag = 's' .. ARGV[4 * i + 3] .. 'x' .. ARGV[4 * i + 4]
+  local cur, c, p = window_read(KEYS[i], now, w, tag, adopt)
+  if not cur then
+    if c then return tag_refuse(KEYS[i], c, tag) end
+    return fail('key ' .. KEYS[i] .. ' does not hold a sliding window')
+  end
   local s = floor_div(charged_ms, w) * w
   if cur == s then from[i] = 'count' elseif cur == s + w then from[i] = 'previous' end
   window[i], limit[i], start[i], count[i], previous[i] = w, l, cur, c, p
@@ -97,7 +109,8 @@ for i = 1, n do
     if c == 0 and p == 0 then
       redis.call('DEL', KEYS[i])
     else
-      redis.call('HSET', KEYS[i], 'start', cur, 'count', c, 'previous', p)
+      redis.call('HSET', KEYS[i], 'start', cur, 'count', c, 'previous', p,
+        'by', 's' .. ARGV[4 * i + 3] .. 'x' .. ARGV[4 * i + 4])
       redis.call('PEXPIREAT', KEYS[i], cur + 2 * w)
     end
   end

@@ -6,23 +6,33 @@
 -- kept by not moving that instant past it, so no refill time is ever lost
 -- or counted twice.
 --
--- KEYS[i]     bucket i: a hash {tokens, at}
+-- KEYS[i]     bucket i: a hash {tokens, at, by}
 --               tokens  integer, 0 <= tokens <= capacity
 --               at      integer microseconds since the Unix epoch (server
 --                       clock): refill is credited up to this instant
+--               by      the tag of the limit that wrote it (lib/tag):
+--                       "b<T>x<C>", its two numbers as ARGV sends them
 --             Missing means full. It expires (PEXPIREAT) when the bucket is
---             full again, rounded up to the millisecond.
+--             full again, rounded up to the millisecond. A hash of exactly
+--             {tokens, at} (written before tags) is read the same way and
+--             tagged by its next admitted call.
 -- ARGV[1]     cost      integer, 1 <= cost <= every capacity.
 -- ARGV[2i]    interval  T of bucket i, integer microseconds >= 1 per token:
 --                       period / rate (rounded up by the caller).
 -- ARGV[2i+1]  capacity  C of bucket i, integer >= 1, with C x T <= 2^51.
+-- ARGV[2n+2]  optional: "adopt" (lib/tag): a bucket tagged with other
+--             numbers ("b..." still) is read as it is and retagged with
+--             this call's when admitted, instead of refused.
 --
 -- Decision, with now = TIME in microseconds, for each bucket:
 --   add    = floor((now - at) / T)
 --   tokens = min(C, tokens + add); at = now when full, else at + add x T
 --   fits   = cost <= tokens
--- When every bucket fits, each stores {tokens - cost, at}; otherwise nothing
--- is written (a denied call consumes nothing, on any bucket).
+-- When every bucket fits, each stores {tokens - cost, at, by = this call's
+-- tag}; otherwise nothing is written (a denied call consumes nothing, on
+-- any bucket, and tags nothing). A bucket tagged by another limit (other
+-- numbers, unless adopting; another algorithm, as a sliding window's hash)
+-- is refused with NOLOCK_STATE, nothing written on any bucket.
 --
 -- Reply: {admitted, now, then per bucket: tokens, at} -- the raw state,
 -- from which the client derives every answer (src/rate/state.rs).
@@ -34,12 +44,15 @@
 --             ceil((at + (cost - tokens) x T - now) / 1000) ms, reset_after
 --             ceil((at + (C - tokens) x T - now) / 1000) ms
 --
--- Guarantees: every bucket is read and decided before the first write. The
+-- Guarantees: every bucket is read, its tag compared and decided before the
+-- first write. The
 -- decisions are exactly those of rate/gcra/check for the same T and burst = C
 -- (TAT = at + (C - tokens) x T); only the stored form differs.
 --
 -- Example: capacity 10, 10 per second (T = 100000), on a missing key at now = N:
--- {1, N, 9, N}, state {tokens = 9, at = N} (9 remaining, full in 100 ms).
+-- {1, N, 9, N}, state {tokens = 9, at = N, by = "b100000x10"} (9 remaining,
+-- full in 100 ms). The same key checked with capacity 20: NOLOCK_STATE
+-- ("... holds state written by b100000x10, not b100000x20 ...").
 
 --@include lib/fail
 --@include lib/rate
@@ -47,11 +60,11 @@
 local MAX = 9007199254740991
 local MAX_FILL = 2251799813685248
 
--- The checks of lib/args and lib/bucket, written in place (see
+-- The checks of lib/args, lib/bucket and lib/tag, written in place (see
 -- rate/gcra/check): no helper calls, no table but the reply, whose slots
 -- 2i + 1 and 2i + 2 keep bucket i's tokens and at.
 
-local n, cost, now = rate_begin()
+local n, cost, now, adopt = rate_begin()
 if not n then return fail(cost) end
 
 local reply, admitted = {0, now}, 1
@@ -62,22 +75,35 @@ for i = 1, n do
     return fail('bad interval or capacity for key ' .. i)
   end
   if cost > cap then return fail('cost is above the capacity of key ' .. i) end
-  -- The state: exactly the fields tokens and at, canonical integers in
-  -- [0, 2^53 - 1] (as lib/bucket reads it); missing is a full bucket.
+  -- The state: exactly the fields tokens, at and by, or tokens and at
+  -- alone (before tags), canonical integers in [0, 2^53 - 1] (as lib/bucket
+  -- reads it); missing is a full bucket.
   local k, a = cap, now
   local all = redis.call('HGETALL', KEYS[i])
   if #all > 0 then
+    local by
     k, a = nil, nil
-    if #all == 4 then
-      for f = 1, 3, 2 do
-        local s = all[f + 1]
+    for f = 1, #all, 2 do
+      local name, s = all[f], all[f + 1]
+      if name == 'by' then
+        by = s
+      elseif name == 'tokens' or name == 'at' then
         local v = #s <= 16 and (s == '0' or string.find(s, '^[1-9]%d*$')) and tonumber(s)
         if v and v <= MAX then
-          if all[f] == 'tokens' then k = v elseif all[f] == 'at' then a = v end
+          if name == 'tokens' then k = v else a = v end
         end
       end
     end
-    if not k or not a then
+    -- Another limit's tag is refused (lib/tag's tag_same and tag_refuse):
+    -- adopting reads any bucket's ('b' is byte 98).
+    if by then
+      local tag = 'b' .. ARGV[2 * i] .. 'x' .. ARGV[2 * i + 1]
+      if by ~= tag and not (adopt and string.byte(by) == 98) then
+        return redis.error_reply('NOLOCK_STATE nolock ' .. SCRIPT_NAME .. ': ' .. KEYS[i]
+          .. ' holds state written by ' .. by .. ', not ' .. tag .. '; nothing was written')
+      end
+    end
+    if not k or not a or #all ~= (by and 6 or 4) then
       return fail('key ' .. KEYS[i] .. ' does not hold a token bucket')
     end
     -- Refill up to now, one token per T; a lowered capacity clamps.
@@ -93,12 +119,15 @@ end
 reply[1] = admitted
 
 -- Numbers are passed to Redis as they are: integers below 2^53 are sent
--- exactly (Redis prints them with %.17g, or as integers since 7.2).
+-- exactly (Redis prints them with %.17g, or as integers since 7.2). Every
+-- write stores the tag: a bucket from before tags, or adopted, becomes this
+-- call's.
 if admitted == 1 then
   for i = 1, n do
     local k, a = reply[2 * i + 1] - cost, reply[2 * i + 2]
-    redis.call('HSET', KEYS[i], 'tokens', k, 'at', a)
-    redis.call('PEXPIREAT', KEYS[i], math.ceil((a + (ARGV[2 * i + 1] - k) * ARGV[2 * i]) / 1000))
+    local step, cap = ARGV[2 * i], ARGV[2 * i + 1]
+    redis.call('HSET', KEYS[i], 'tokens', k, 'at', a, 'by', 'b' .. step .. 'x' .. cap)
+    redis.call('PEXPIREAT', KEYS[i], math.ceil((a + (cap - k) * step) / 1000))
     reply[2 * i + 1] = k
   end
 end

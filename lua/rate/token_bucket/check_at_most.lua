@@ -4,20 +4,26 @@
 -- min(max, tokens) now and charge exactly those; the decisions are those of
 -- rate/gcra/check_at_most for the same T and burst = capacity.
 --
--- KEYS[1]   the bucket: a hash of exactly {tokens, at} as
+-- KEYS[1]   the bucket: a hash of exactly {tokens, at, by} as
 --           rate/token_bucket/check writes it (tokens: integer in
 --           [0, capacity]; at: integer microseconds since the Unix epoch,
---           server clock, up to which refill is credited). Missing means
---           full. Anything else is an error, with nothing written.
+--           server clock, up to which refill is credited; by: the tag
+--           "b<T>x<C>" of the limit that wrote it, lib/tag), or of exactly
+--           {tokens, at} (before tags: read the same way, tagged by the
+--           next grant). Missing means full. Another limit's tag is refused
+--           with NOLOCK_STATE; anything else is an error; either way
+--           nothing is written.
 -- ARGV[1]   max       integer, 1 <= max <= 2^53 - 1: the most tokens wanted.
 -- ARGV[2]   interval  T, integer microseconds >= 1 per token.
 -- ARGV[3]   capacity  C, integer >= 1, with C x T <= 2^51.
+-- ARGV[4]   optional: "adopt" (lib/tag): a bucket tagged with other numbers
+--           is read as it is and retagged with this call's by a grant.
 --
 -- Decision, with now = TIME in microseconds:
 --   add = floor((now - at) / T); tokens = min(C, tokens + add);
 --   at = now when full, else at + add x T
 --   granted = min(max, tokens)
--- When granted > 0, {tokens - granted, at} is stored and the key expires
+-- When granted > 0, {tokens - granted, at, by = "b<T>x<C>"} is stored and the key expires
 -- when the bucket is full again; when granted = 0 nothing is written.
 --
 -- Reply: {granted, now, tokens, at}, the raw state as rate/token_bucket/check
@@ -36,13 +42,15 @@
 --@include lib/args
 --@include lib/div
 --@include lib/time
+--@include lib/tag
 --@include lib/bucket
 
 local MAX = 9007199254740991
 local MAX_FILL = 2251799813685248
 
-if #KEYS ~= 1 or #ARGV ~= 3 then
-  return fail('expected 1 key and 3 arguments, got ' .. #KEYS .. ' and ' .. #ARGV)
+local adopt = tag_adopt(3)
+if #KEYS ~= 1 or adopt == nil then
+  return fail('expected 1 key and 3 arguments (and "adopt"), got ' .. #KEYS .. ' and ' .. #ARGV)
 end
 local max = arg_int(1, 1, MAX)
 if not max then return fail('bad max: ' .. tostring(ARGV[1])) end
@@ -50,15 +58,19 @@ local step, cap = arg_int(2, 1, MAX_FILL), arg_int(3, 1, MAX)
 if not step or not cap or cap * step > MAX_FILL then
   return fail('bad interval or capacity')
 end
+local tag = 'b' .. ARGV[2] .. 'x' .. ARGV[3]
 
 local now = now_us()
-local k, a = bucket_read(KEYS[1], now, step, cap)
-if not k then return fail('key ' .. KEYS[1] .. ' does not hold a token bucket') end
+local k, a = bucket_read(KEYS[1], now, step, cap, tag, adopt)
+if not k then
+  if a then return tag_refuse(KEYS[1], a, tag) end
+  return fail('key ' .. KEYS[1] .. ' does not hold a token bucket')
+end
 
 local granted = math.min(max, k)
 if granted > 0 then
   k = k - granted
-  redis.call('HSET', KEYS[1], 'tokens', k, 'at', a)
+  redis.call('HSET', KEYS[1], 'tokens', k, 'at', a, 'by', tag)
   redis.call('PEXPIREAT', KEYS[1], ceil_div(a + (cap - k) * step, 1000))
 end
 return {granted, now, k, a}

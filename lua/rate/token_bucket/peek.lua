@@ -2,7 +2,11 @@
 -- rate/token_bucket/peek: what rate/token_bucket/check would answer for `cost`, without taking anything.
 --
 -- KEYS and ARGV are those of rate/token_bucket/check (state: hash {tokens,
--- at}; ARGV[1] cost, then interval T and capacity C per key).
+-- at, by}, or {tokens, at} before tags; ARGV[1] cost, then interval T and
+-- capacity C per key, then optionally "adopt"). A bucket tagged by another
+-- limit is refused as check refuses it (NOLOCK_STATE; with "adopt", any
+-- bucket's state is read as it is); a bucket from before tags is read as
+-- it is and stays untagged (peek writes nothing).
 --
 -- Reply: {admitted, now, then per bucket: tokens, at} as
 --   rate/token_bucket/check, except that nothing is charged: admitted says
@@ -18,13 +22,15 @@
 --@include lib/fail
 --@include lib/args
 --@include lib/time
+--@include lib/tag
 --@include lib/bucket
 
 local MAX = 9007199254740991
 local MAX_FILL = 2251799813685248
 
 local n = #KEYS
-if n < 1 or #ARGV ~= 1 + 2 * n then
+local adopt = tag_adopt(1 + 2 * n)
+if n < 1 or adopt == nil then
   return fail('expected 1 + 2 arguments per key, got ' .. #ARGV .. ' for ' .. n .. ' keys')
 end
 local cost = arg_int(1, 1, MAX)
@@ -39,8 +45,12 @@ for i = 1, n do
     return fail('bad interval or capacity for key ' .. i)
   end
   if cost > cap then return fail('cost is above the capacity of key ' .. i) end
-  local k, a = bucket_read(KEYS[i], now, step, cap)
-  if not k then return fail('key ' .. KEYS[i] .. ' does not hold a token bucket') end
+  local tag = 'b' .. ARGV[2 * i] .. 'x' .. ARGV[2 * i + 1]
+  local k, a = bucket_read(KEYS[i], now, step, cap, tag, adopt)
+  if not k then
+    if a then return tag_refuse(KEYS[i], a, tag) end
+    return fail('key ' .. KEYS[i] .. ' does not hold a token bucket')
+  end
   if cost > k then admitted = 0 end
   reply[2 * i + 1], reply[2 * i + 2] = k, a
 end

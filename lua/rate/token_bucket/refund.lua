@@ -1,12 +1,19 @@
 #!lua flags=allow-oom
 -- rate/token_bucket/refund: give back tokens of one admitted charge (only those the bucket has not yet refilled), or settle it at its real cost (charging an excess even into debt).
 --
--- KEYS[i]     bucket i (i = 1..n): a hash {tokens, at} as written by
---             rate/token_bucket/check; KEYS[n + 1] the charge's record,
---             KEYS[n + 1 + i] bucket i's reset marker (lib/refund).
+-- KEYS[i]     bucket i (i = 1..n): a hash {tokens, at, by} as written by
+--             rate/token_bucket/check (or {tokens, at} before tags);
+--             KEYS[n + 1] the charge's record, KEYS[n + 1 + i] bucket i's
+--             reset marker (lib/refund).
 -- ARGV        as lib/refund: amount, actual, at, cost, settle, cap, then per
 --             bucket: interval T (microseconds >= 1 per token), capacity C
---             (>= 1, with C x T <= 2^51), held, reset (unused here).
+--             (>= 1, with C x T <= 2^51), held, reset (unused here); then
+--             optionally "adopt" (lib/tag).
+--
+-- Tags (lib/tag): bucket i's tag is "b<T>x<C>" of its arguments. A bucket
+-- tagged by another limit (other numbers, unless adopting; another
+-- algorithm) is refused with NOLOCK_STATE, nothing written on any key.
+-- Every bucket written is written with its tag.
 --
 -- The bucket is GCRA in another stored form (see rate/token_bucket/check),
 -- and the refund is rate/gcra/refund's, worked on the bucket's full-at time
@@ -52,6 +59,7 @@
 --@include lib/args
 --@include lib/div
 --@include lib/time
+--@include lib/tag
 --@include lib/bucket
 --@include lib/refund
 
@@ -59,7 +67,7 @@ local MAX = 9007199254740991
 local MAX_FILL = 2251799813685248
 
 local now = now_us()
-local n, give, excess, at, cost, settle, cap, held, status = refund_begin(floor_div(now, 1000))
+local n, give, excess, at, cost, settle, cap, held, status, adopt = refund_begin(floor_div(now, 1000))
 if not n then return fail(give) end
 
 local interval, capacity, tokens, refilled, back, until_us = {}, {}, {}, {}, {}, at
@@ -68,8 +76,12 @@ for i = 1, n do
   if not step or not c or c * step > MAX_FILL then
     return fail('bad interval or capacity for key ' .. i)
   end
-  local k, a = bucket_read(KEYS[i], now, step, c)
-  if not k then return fail('key ' .. KEYS[i] .. ' does not hold a token bucket') end
+  local tag = 'b' .. ARGV[4 * i + 3] .. 'x' .. ARGV[4 * i + 4]
+  local k, a = bucket_read(KEYS[i], now, step, c, tag, adopt)
+  if not k then
+    if a then return tag_refuse(KEYS[i], a, tag) end
+    return fail('key ' .. KEYS[i] .. ' does not hold a token bucket')
+  end
   -- A charge never holds more than the capacity. What goes back is the
   -- tail of what it still holds: its first tokens refilled first.
   local h = math.min(held[i], c)
@@ -100,7 +112,7 @@ for i = 1, n do
     else
       k = math.max(0, floor_div(c * step - (f - now), step))
       a = f - (c - k) * step
-      redis.call('HSET', KEYS[i], 'tokens', k, 'at', a)
+      redis.call('HSET', KEYS[i], 'tokens', k, 'at', a, 'by', 'b' .. ARGV[4 * i + 3] .. 'x' .. ARGV[4 * i + 4])
       redis.call('PEXPIREAT', KEYS[i], ceil_div(f, 1000))
     end
   end
