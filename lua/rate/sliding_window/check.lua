@@ -64,33 +64,46 @@
 -- limit 20 per 1000 ms on it is refused ("... holds state written by
 -- s1000x10, not s1000x20 ...").
 
---@include lib/fail
---@include lib/rate
-
 local MAX = 9007199254740991
 
--- The checks of lib/args, lib/window and lib/tag, written in place (see
--- rate/gcra/check): no helper calls, no table but the reply.
+-- The checks of lib/rate, lib/args, lib/window and lib/tag, and lib/fail's
+-- errors, written in place (see rate/gcra/check): no helper calls, no table
+-- but the reply, and `retag` (as rate/token_bucket/check's) only when a
+-- limit's stored tag is not this call's.
 
-local n, cost, micros, adopt = rate_begin()
-if not n then return fail(cost) end
+local n = #KEYS
+local adopt = #ARGV == 2 + 2 * n and ARGV[2 + 2 * n] == 'adopt'
+if n < 1 or (#ARGV ~= 1 + 2 * n and not adopt) then
+  return redis.error_reply('ERR nolock ' .. SCRIPT_NAME .. ': expected 1 + 2 arguments per key, got '
+    .. #ARGV .. ' for ' .. n .. ' keys')
+end
+local cost = tonumber(ARGV[1])
+if not cost or cost % 1 ~= 0 or cost < 1 or cost > MAX then
+  return redis.error_reply('ERR nolock ' .. SCRIPT_NAME .. ': bad cost: ' .. tostring(ARGV[1]))
+end
+local time = redis.call('TIME')
+local micros = time[1] * 1000000 + time[2]
 local floor = math.floor
 local now = floor(micros / 1000) -- exact: micros < 2^53 (lib/div)
 
 -- Slots 3i, 3i + 1, 3i + 2 of the reply hold limit i's start, count and
 -- previous.
-local reply, admitted = {0, micros}, 1
+local reply, admitted, retag = {0, micros, 0, 0, 0}, 1, nil
 for i = 1, n do
   local w, l = tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
   if not w or not l or w % 1 ~= 0 or l % 1 ~= 0 or w < 1 or l < 1 or l * w > MAX then
-    return fail('bad window or limit for key ' .. i)
+    return redis.error_reply('ERR nolock ' .. SCRIPT_NAME .. ': bad window or limit for key ' .. i)
   end
-  if cost > l then return fail('cost is above the limit of key ' .. i) end
+  if cost > l then
+    return redis.error_reply('ERR nolock ' .. SCRIPT_NAME .. ': cost is above the limit of key ' .. i)
+  end
   -- The state: exactly the fields start, count, previous and by, or the
   -- first three alone (before tags), canonical integers in [0, 2^53 - 1],
   -- rolled to the window holding now (as lib/window reads it); missing is
-  -- an empty window.
+  -- an empty window. A value is converted by arithmetic once its digits
+  -- are checked (tonumber parses twice).
   local cur, c, p = floor(now / w) * w, 0, 0
+  local tag = 's' .. ARGV[2 * i] .. 'x' .. ARGV[2 * i + 1]
   local all = redis.call('HGETALL', KEYS[i])
   if #all > 0 then
     local s, by
@@ -100,7 +113,7 @@ for i = 1, n do
       if name == 'by' then
         by = raw
       elseif name == 'start' or name == 'count' or name == 'previous' then
-        local v = #raw <= 16 and (raw == '0' or string.find(raw, '^[1-9]%d*$')) and tonumber(raw)
+        local v = #raw <= 16 and (raw == '0' or string.find(raw, '^[1-9]%d*$')) and raw + 0
         if v and v <= MAX then
           if name == 'start' then s = v elseif name == 'count' then c = v else p = v end
         end
@@ -108,19 +121,24 @@ for i = 1, n do
     end
     -- Another limit's tag is refused (lib/tag's tag_same and tag_refuse):
     -- adopting reads any sliding window's ('s' is byte 115).
-    if by then
-      local tag = 's' .. ARGV[2 * i] .. 'x' .. ARGV[2 * i + 1]
-      if by ~= tag and not (adopt and string.byte(by) == 115) then
+    if by ~= tag then
+      if by and not (adopt and string.byte(by) == 115) then
         return redis.error_reply('NOLOCK_STATE nolock ' .. SCRIPT_NAME .. ': ' .. KEYS[i]
           .. ' holds state written by ' .. by .. ', not ' .. tag .. '; nothing was written')
       end
+      retag = retag or {}
+      retag[i] = true
     end
     if not (s and c and p) or #all ~= (by and 8 or 6) then
-      return fail('key ' .. KEYS[i] .. ' does not hold a sliding window')
+      return redis.error_reply('ERR nolock ' .. SCRIPT_NAME .. ': key ' .. KEYS[i]
+        .. ' does not hold a sliding window')
     end
     if s >= cur then cur = s -- this window, or the clock stepped back
     elseif s == cur - w then c, p = 0, c
     else c, p = 0, 0 end
+  else
+    retag = retag or {}
+    retag[i] = true
   end
   -- Counts above the limit (a lowered limit, or a debt) decide as the
   -- limit, so that the products below stay exact; they are returned as
@@ -136,14 +154,18 @@ for i = 1, n do
 end
 reply[1] = admitted
 
--- Every write stores the tag: a limit from before tags, or adopted,
--- becomes this call's.
+-- A limit whose tag is this call's keeps it; any other (new, from before
+-- tags, or adopted) is given this call's.
 if admitted == 1 then
   for i = 1, n do
     local cur, c, p = reply[3 * i], reply[3 * i + 1] + cost, reply[3 * i + 2]
     local w = ARGV[2 * i]
-    redis.call('HSET', KEYS[i], 'start', cur, 'count', c, 'previous', p,
-      'by', 's' .. w .. 'x' .. ARGV[2 * i + 1])
+    if retag and retag[i] then
+      redis.call('HSET', KEYS[i], 'start', cur, 'count', c, 'previous', p,
+        'by', 's' .. w .. 'x' .. ARGV[2 * i + 1])
+    else
+      redis.call('HSET', KEYS[i], 'start', cur, 'count', c, 'previous', p)
+    end
     redis.call('PEXPIREAT', KEYS[i], cur + 2 * w)
     reply[3 * i + 1] = c
   end

@@ -54,31 +54,45 @@
 -- full in 100 ms). The same key checked with capacity 20: NOLOCK_STATE
 -- ("... holds state written by b100000x10, not b100000x20 ...").
 
---@include lib/fail
---@include lib/rate
-
 local MAX = 9007199254740991
 local MAX_FILL = 2251799813685248
 
--- The checks of lib/args, lib/bucket and lib/tag, written in place (see
--- rate/gcra/check): no helper calls, no table but the reply, whose slots
--- 2i + 1 and 2i + 2 keep bucket i's tokens and at.
+-- The checks of lib/rate, lib/args, lib/bucket and lib/tag, and lib/fail's
+-- errors, written in place (see rate/gcra/check): no helper calls, no table
+-- but the reply, whose slots 2i + 1 and 2i + 2 keep bucket i's tokens and
+-- at. `retag`, a table only when some bucket needs it, names the buckets
+-- whose stored tag is not this call's (missing, from before tags, or
+-- adopted): only their writes store `by`.
 
-local n, cost, now, adopt = rate_begin()
-if not n then return fail(cost) end
+local n = #KEYS
+local adopt = #ARGV == 2 + 2 * n and ARGV[2 + 2 * n] == 'adopt'
+if n < 1 or (#ARGV ~= 1 + 2 * n and not adopt) then
+  return redis.error_reply('ERR nolock ' .. SCRIPT_NAME .. ': expected 1 + 2 arguments per key, got '
+    .. #ARGV .. ' for ' .. n .. ' keys')
+end
+local cost = tonumber(ARGV[1])
+if not cost or cost % 1 ~= 0 or cost < 1 or cost > MAX then
+  return redis.error_reply('ERR nolock ' .. SCRIPT_NAME .. ': bad cost: ' .. tostring(ARGV[1]))
+end
+local time = redis.call('TIME')
+local now = time[1] * 1000000 + time[2]
 
-local reply, admitted = {0, now}, 1
+local reply, admitted, retag = {0, now, 0, 0}, 1, nil
 for i = 1, n do
   local step, cap = tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
   if not step or not cap or step % 1 ~= 0 or cap % 1 ~= 0 or step < 1 or cap < 1
     or cap * step > MAX_FILL then
-    return fail('bad interval or capacity for key ' .. i)
+    return redis.error_reply('ERR nolock ' .. SCRIPT_NAME .. ': bad interval or capacity for key ' .. i)
   end
-  if cost > cap then return fail('cost is above the capacity of key ' .. i) end
+  if cost > cap then
+    return redis.error_reply('ERR nolock ' .. SCRIPT_NAME .. ': cost is above the capacity of key ' .. i)
+  end
   -- The state: exactly the fields tokens, at and by, or tokens and at
   -- alone (before tags), canonical integers in [0, 2^53 - 1] (as lib/bucket
-  -- reads it); missing is a full bucket.
+  -- reads it); missing is a full bucket. A value is converted by
+  -- arithmetic once its digits are checked (tonumber parses twice).
   local k, a = cap, now
+  local tag = 'b' .. ARGV[2 * i] .. 'x' .. ARGV[2 * i + 1]
   local all = redis.call('HGETALL', KEYS[i])
   if #all > 0 then
     local by
@@ -88,7 +102,7 @@ for i = 1, n do
       if name == 'by' then
         by = s
       elseif name == 'tokens' or name == 'at' then
-        local v = #s <= 16 and (s == '0' or string.find(s, '^[1-9]%d*$')) and tonumber(s)
+        local v = #s <= 16 and (s == '0' or string.find(s, '^[1-9]%d*$')) and s + 0
         if v and v <= MAX then
           if name == 'tokens' then k = v else a = v end
         end
@@ -96,15 +110,17 @@ for i = 1, n do
     end
     -- Another limit's tag is refused (lib/tag's tag_same and tag_refuse):
     -- adopting reads any bucket's ('b' is byte 98).
-    if by then
-      local tag = 'b' .. ARGV[2 * i] .. 'x' .. ARGV[2 * i + 1]
-      if by ~= tag and not (adopt and string.byte(by) == 98) then
+    if by ~= tag then
+      if by and not (adopt and string.byte(by) == 98) then
         return redis.error_reply('NOLOCK_STATE nolock ' .. SCRIPT_NAME .. ': ' .. KEYS[i]
           .. ' holds state written by ' .. by .. ', not ' .. tag .. '; nothing was written')
       end
+      retag = retag or {}
+      retag[i] = true
     end
     if not k or not a or #all ~= (by and 6 or 4) then
-      return fail('key ' .. KEYS[i] .. ' does not hold a token bucket')
+      return redis.error_reply('ERR nolock ' .. SCRIPT_NAME .. ': key ' .. KEYS[i]
+        .. ' does not hold a token bucket')
     end
     -- Refill up to now, one token per T; a lowered capacity clamps.
     if now > a then
@@ -112,6 +128,9 @@ for i = 1, n do
       if k + add >= cap then k, a = cap, now else k, a = k + add, a + add * step end
     end
     if k > cap then k = cap end
+  else
+    retag = retag or {}
+    retag[i] = true
   end
   if cost > k then admitted = 0 end
   reply[2 * i + 1], reply[2 * i + 2] = k, a
@@ -119,14 +138,18 @@ end
 reply[1] = admitted
 
 -- Numbers are passed to Redis as they are: integers below 2^53 are sent
--- exactly (Redis prints them with %.17g, or as integers since 7.2). Every
--- write stores the tag: a bucket from before tags, or adopted, becomes this
--- call's.
+-- exactly (Redis prints them with %.17g, or as integers since 7.2). A bucket
+-- whose tag is this call's keeps it; any other (new, from before tags, or
+-- adopted) is given this call's.
 if admitted == 1 then
   for i = 1, n do
     local k, a = reply[2 * i + 1] - cost, reply[2 * i + 2]
     local step, cap = ARGV[2 * i], ARGV[2 * i + 1]
-    redis.call('HSET', KEYS[i], 'tokens', k, 'at', a, 'by', 'b' .. step .. 'x' .. cap)
+    if retag and retag[i] then
+      redis.call('HSET', KEYS[i], 'tokens', k, 'at', a, 'by', 'b' .. step .. 'x' .. cap)
+    else
+      redis.call('HSET', KEYS[i], 'tokens', k, 'at', a)
+    end
     redis.call('PEXPIREAT', KEYS[i], math.ceil((a + (cap - k) * step) / 1000))
     reply[2 * i + 1] = k
   end
