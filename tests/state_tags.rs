@@ -16,6 +16,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use nolock::config::{Change, Spec};
 use nolock::rate::{Algorithm, Limiter, MultiKey, MultiLimiter, Quota};
+use nolock::script::Scripts;
 use nolock::{Client, Error};
 use support::deployment::{both, AnyConn, Deployment};
 
@@ -30,6 +31,7 @@ both!(
         peek_partial_and_refund_refuse_another_limits_state,
         a_multi_limit_with_one_foreign_limit_writes_nothing,
         a_tag_that_is_no_tag_is_foreign_data,
+        a_non_numeric_argument_is_a_definite_error_with_nothing_written,
         a_handle_adopts_the_state_across_a_declared_change,
     ],
     exclusive: [
@@ -393,4 +395,49 @@ async fn a_tagged_state_survives_a_script_flush(d: &Deployment) {
         "g6000000x10",
         "g5454546x11",
     );
+}
+
+/// The checks convert their arguments by arithmetic (issue 37: tonumber
+/// parses twice): a non-numeric argument raises Lua's own error. Still a
+/// server error before any write, so still definite, whatever its wording.
+async fn a_non_numeric_argument_is_a_definite_error_with_nothing_written(d: &Deployment) {
+    let mut conn = d.conn().await;
+    for (script, limiter) in [
+        ("rate/gcra/check", Algorithm::Gcra),
+        ("rate/token_bucket/check", Algorithm::TokenBucket),
+        ("rate/sliding_window/check", Algorithm::SlidingWindow),
+    ] {
+        let key = unique("rl:args");
+        // A state of its own, so that a write would show.
+        let own = Limiter::new(limiter, Quota::per(10, MINUTE).unwrap()).unwrap();
+        assert!(own.check(&mut conn, &key, 1).await.unwrap().allowed);
+        let before = snapshot(d, &key).await;
+        let source = Scripts::get(script).unwrap().source();
+        for args in [
+            ["x", "6000000", "10"],
+            ["1", "six", "10"],
+            ["1", "6000000", ""],
+            ["1", "6000000", "nan"],
+        ] {
+            let reply: redis::RedisResult<redis::Value> = redis::cmd("EVAL")
+                .arg(source)
+                .arg(1)
+                .arg(&key)
+                .arg(&args[..])
+                .query_async(&mut conn)
+                .await;
+            let err = reply.expect_err(&format!("{script} {args:?}"));
+            // A reply from the server: nolock's Error::from_redis calls
+            // every server error definite.
+            assert!(
+                matches!(err.kind(), redis::ErrorKind::Server(_)),
+                "{script} {args:?}: {err:?}"
+            );
+        }
+        assert_eq!(
+            snapshot(d, &key).await,
+            before,
+            "{script}: nothing was written"
+        );
+    }
 }

@@ -64,8 +64,11 @@ if n < 1 or (#ARGV ~= 1 + 2 * n and not adopt) then
   return redis.error_reply('ERR nolock ' .. SCRIPT_NAME .. ': expected 1 + 2 arguments per key, got '
     .. #ARGV .. ' for ' .. n .. ' keys')
 end
-local cost = tonumber(ARGV[1])
-if not cost or cost % 1 ~= 0 or cost < 1 or cost > 9007199254740991 then
+-- Arguments convert by arithmetic (tonumber parses a string twice): a
+-- non-numeric one raises Lua's own error, still before any write, so the
+-- refusal stays definite; only its wording is Lua's.
+local cost = ARGV[1] + 0
+if cost % 1 ~= 0 or cost < 1 or cost > 9007199254740991 then
   return redis.error_reply('ERR nolock ' .. SCRIPT_NAME .. ': bad cost: ' .. tostring(ARGV[1]))
 end
 local time = redis.call('TIME')
@@ -76,8 +79,8 @@ local now = time[1] * 1000000 + time[2]
 -- one limit ({admitted, now, tat}); more limits grow it.
 local reply, admitted = {0, now, now}, 1
 for i = 1, n do
-  local step, b = tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
-  if not step or not b or step % 1 ~= 0 or b % 1 ~= 0 or step < 1 or b < 1
+  local step, b = ARGV[2 * i] + 0, ARGV[2 * i + 1] + 0
+  if step % 1 ~= 0 or b % 1 ~= 0 or step < 1 or b < 1
     or b * step > MAX_FILL or cost > b then
     return redis.error_reply('ERR nolock ' .. SCRIPT_NAME
       .. ': bad interval or burst, or cost above the burst, for key ' .. i)

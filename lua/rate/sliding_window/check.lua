@@ -77,8 +77,11 @@ if n < 1 or (#ARGV ~= 1 + 2 * n and not adopt) then
   return redis.error_reply('ERR nolock ' .. SCRIPT_NAME .. ': expected 1 + 2 arguments per key, got '
     .. #ARGV .. ' for ' .. n .. ' keys')
 end
-local cost = tonumber(ARGV[1])
-if not cost or cost % 1 ~= 0 or cost < 1 or cost > MAX then
+-- Arguments convert by arithmetic (tonumber parses a string twice): a
+-- non-numeric one raises Lua's own error, still before any write, so the
+-- refusal stays definite; only its wording is Lua's.
+local cost = ARGV[1] + 0
+if cost % 1 ~= 0 or cost < 1 or cost > MAX then
   return redis.error_reply('ERR nolock ' .. SCRIPT_NAME .. ': bad cost: ' .. tostring(ARGV[1]))
 end
 local time = redis.call('TIME')
@@ -90,8 +93,8 @@ local now = floor(micros / 1000) -- exact: micros < 2^53 (lib/div)
 -- previous.
 local reply, admitted, retag = {0, micros, 0, 0, 0}, 1, nil
 for i = 1, n do
-  local w, l = tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
-  if not w or not l or w % 1 ~= 0 or l % 1 ~= 0 or w < 1 or l < 1 or l * w > MAX then
+  local w, l = ARGV[2 * i] + 0, ARGV[2 * i + 1] + 0
+  if w % 1 ~= 0 or l % 1 ~= 0 or w < 1 or l < 1 or l * w > MAX then
     return redis.error_reply('ERR nolock ' .. SCRIPT_NAME .. ': bad window or limit for key ' .. i)
   end
   if cost > l then

@@ -70,8 +70,11 @@ if n < 1 or (#ARGV ~= 1 + 2 * n and not adopt) then
   return redis.error_reply('ERR nolock ' .. SCRIPT_NAME .. ': expected 1 + 2 arguments per key, got '
     .. #ARGV .. ' for ' .. n .. ' keys')
 end
-local cost = tonumber(ARGV[1])
-if not cost or cost % 1 ~= 0 or cost < 1 or cost > MAX then
+-- Arguments convert by arithmetic (tonumber parses a string twice): a
+-- non-numeric one raises Lua's own error, still before any write, so the
+-- refusal stays definite; only its wording is Lua's.
+local cost = ARGV[1] + 0
+if cost % 1 ~= 0 or cost < 1 or cost > MAX then
   return redis.error_reply('ERR nolock ' .. SCRIPT_NAME .. ': bad cost: ' .. tostring(ARGV[1]))
 end
 local time = redis.call('TIME')
@@ -79,8 +82,8 @@ local now = time[1] * 1000000 + time[2]
 
 local reply, admitted, retag = {0, now, 0, 0}, 1, nil
 for i = 1, n do
-  local step, cap = tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
-  if not step or not cap or step % 1 ~= 0 or cap % 1 ~= 0 or step < 1 or cap < 1
+  local step, cap = ARGV[2 * i] + 0, ARGV[2 * i + 1] + 0
+  if step % 1 ~= 0 or cap % 1 ~= 0 or step < 1 or cap < 1
     or cap * step > MAX_FILL then
     return redis.error_reply('ERR nolock ' .. SCRIPT_NAME .. ': bad interval or capacity for key ' .. i)
   end
