@@ -236,12 +236,14 @@ async fn a_crashed_holder_frees_exactly_its_own_permit_after_its_ttl() {
             .unwrap(),
     );
 
-    // Exactly the crashed permit came back: b and c still hold theirs.
+    // Exactly the crashed permit came back: b and c still hold theirs
+    // (beside the tag of a semaphore of 3).
     let members: Vec<String> = raw(&mut conn, &["ZRANGE", &key, "0", "-1"]).await;
     let mut want: Vec<String> = [&b, &c, &d]
         .iter()
         .map(|p| format!("{}:1", p.id().as_str()))
         .collect();
+    want.push("by:m3".to_owned());
     let mut got = members.clone();
     want.sort();
     got.sort();
@@ -426,7 +428,11 @@ async fn a_weighted_acquire_is_all_or_nothing() {
         "{full:?}"
     );
     let card: u64 = raw(&mut conn, &["ZCARD", &key]).await;
-    assert_eq!(card, 3, "nothing taken by the refused request");
+    assert_eq!(
+        card,
+        3 + 1,
+        "nothing taken by the refused request (3 and the tag)"
+    );
     let small = permit(
         Semaphore::new(5, MINUTE)
             .unwrap()
@@ -481,7 +487,7 @@ async fn a_retry_with_the_same_id_gets_the_same_permit_not_a_second() {
     assert_eq!(semaphore::peek(&mut conn, &key).await.unwrap().in_use, 2);
     // A different weight under the same id is refused, with nothing written.
     let err = nolock::Batch::from_iter([AcquirePermit::with_id(
-        &Semaphore::new(3, MINUTE).unwrap(),
+        &Semaphore::new(2, MINUTE).unwrap(),
         &key,
         &id,
         1,
@@ -520,7 +526,8 @@ async fn a_permit_restored_with_another_weight_is_neither_extended_nor_released(
     let sem = Semaphore::new(5, ttl).unwrap();
     let mut holder = permit(sem.acquire_weighted(&mut conn, &key, 3).await.unwrap());
     let before = stored(&mut conn, &key).await;
-    assert_eq!(before.0.len(), 6, "3 members with their scores");
+    assert_eq!(before.0.len(), 8, "3 members and the tag with their scores");
+    assert_eq!(before.0[..2], ["by:m5", "0"]);
 
     for weight in [1, 2, 4] {
         // The reporter's run: six extensions of the wrong weight.
@@ -567,7 +574,8 @@ async fn a_permit_restored_with_another_weight_is_neither_extended_nor_released(
         PermitExtend::Extended { .. }
     ));
     let (members, _) = stored(&mut conn, &key).await;
-    let scores: Vec<&String> = members.iter().skip(1).step_by(2).collect();
+    assert_eq!(members[..2], ["by:m5", "0"], "the tag, untouched");
+    let scores: Vec<&String> = members.iter().skip(3).step_by(2).collect();
     assert_eq!(scores.len(), 3);
     assert!(scores.iter().all(|s| *s == scores[0]), "{members:?}");
 
@@ -849,7 +857,7 @@ async fn release_and_extend_still_work_on_a_full_server() {
         "{err}"
     );
     let card: u64 = raw(&mut conn, &["ZCARD", &key]).await;
-    assert_eq!(card, 1);
+    assert_eq!(card, 1 + 1, "the permit and the tag");
 
     // A permit restored with another weight is refused as such (allow-oom:
     // not OOM), with nothing written.

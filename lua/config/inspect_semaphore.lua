@@ -4,7 +4,8 @@
 -- release the permits).
 --
 -- KEYS[1]  the semaphore written by semaphore/acquire: a sorted set of
---          members "<permit id>:<i>" scored by their expiry (server ms).
+--          members "<permit id>:<i>" scored by their expiry (server ms),
+--          and its tag "by:m<P>" scored 0 (lib/tag), which is not a holder.
 --
 -- Reply: {n, weight_1, left_1, ..., weight_n, left_n}
 --   n         holders with unexpired permits
@@ -14,8 +15,9 @@
 --   Holders are in the order their first permit expires.
 --
 -- Read-only (flags=no-writes): runs with EVALSHA_RO. Expired members are
--- left out, not removed. A member not in nolock's form is a definite error
--- naming the key (semaphore/peek checks the rest of the set).
+-- left out, not removed, and so is the tag (its score 0 is no expiry after
+-- now). A member not in nolock's form is a definite error naming the key
+-- (semaphore/peek checks the rest of the set and the tag's form).
 --
 -- Example: "a..:1", "a..:2" expiring in 900 ms and "b..:1" in 250 ms:
 --   {2, 1, 250, 2, 900}.

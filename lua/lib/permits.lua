@@ -17,9 +17,25 @@
 -- permit_weight_error() -> the error reply for 'weight': code NOLOCK_WEIGHT
 -- (Error::PermitWeightMismatch), naming the key and never the id.
 --
+--
+-- permit_bounds(key) -> ok, tag, highest: the semaphore's tag and bounds,
+-- read from its lowest members and its highest (the set must exist). The
+-- tag member "by:m<P>" (lib/tag: a semaphore of P permits, P a canonical
+-- integer 1..10000), scored 0, is below every permit (scores are expiries,
+-- >= 1): when rank 0 is that member, tag = "m<P>" and the lowest permit is
+-- rank 1, else tag = nil (a set written before tags). The lowest permit
+-- and the highest member must be permits scored with integers
+-- 1..2^53 - 1, so every permit's score lies between theirs; highest is the
+-- highest score, nil when the tag is the only member. ok = false for
+-- anything else: another "by:" member or score, a second tag (it sorts
+-- above the first, where a permit must be), a foreign member or score.
+--
 -- Example: permit_member('0123456789abcdef0123456789abcdef:2') -> true;
 -- permit_member('worker-1') -> false. Id "ab.." holding 3 unexpired:
 -- permit_holding(k, "ab..", 3, now) -> 'held'; with weight 1 or 4 -> 'weight'.
+-- {"by:m3" 0, "ab..:1" T}: permit_bounds -> true, 'm3', T.
+
+--@include lib/stored
 
 local function permit_id(s)
   return type(s) == 'string' and #s == 32 and string.find(s, '^[0-9a-f]+$') ~= nil
@@ -47,4 +63,25 @@ end
 local function permit_weight_error()
   return redis.error_reply('NOLOCK_WEIGHT nolock ' .. SCRIPT_NAME .. ': ' .. KEYS[1]
     .. ' holds this permit id with another weight; nothing was written')
+end
+
+local function permit_bounds(key)
+  local low = redis.call('ZRANGE', key, 0, 1, 'WITHSCORES')
+  local tag
+  local i = 1
+  if low[1] and string.sub(low[1], 1, 4) == 'by:m' then
+    if low[2] ~= '0' or not stored_int(string.sub(low[1], 5), 1, 10000) then
+      return false
+    end
+    tag = string.sub(low[1], 4)
+    i = 3
+  end
+  if low[i] == nil then return true, tag, nil end
+  if not permit_member(low[i]) or not stored_int(low[i + 1], 1, 9007199254740991) then
+    return false
+  end
+  local high = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  local highest = stored_int(high[2], 1, 9007199254740991)
+  if not permit_member(high[1]) or not highest then return false end
+  return true, tag, highest
 end

@@ -23,8 +23,13 @@
 -- Guarantees: touches only this id's members. Declared allow-oom: updating
 -- scores and the key's expiry allocates nothing, and a holder must keep its
 -- permit on a full server. Before the first write the key must be a sorted
--- set (or absent) whose lowest and highest members have nolock's form, else
--- a definite error and nothing written.
+-- set (or absent) whose tag, lowest permit and highest member have
+-- nolock's form (lib/permits permit_bounds), else a definite error and
+-- nothing written.
+--
+-- Tag: the call does not know the semaphore's size, so it checks the tag
+-- member "by:m<P>" for its form only, and leaves it as it is: an extension
+-- changes no count, and only an acquire (which compares the tag) admits.
 --
 -- Example: id "ab.." with 100 ms left: extend 1000 gives {1}, ZSCORE = now+1000;
 -- the same id held with weight 3, extended with weight 1: NOLOCK_WEIGHT.
@@ -49,13 +54,9 @@ if kind == 'none' then return {0} end
 if kind ~= 'zset' then
   return fail(key .. ' holds a ' .. kind .. ', not a semaphore')
 end
-local highest
-for _, rank in ipairs({0, -1}) do
-  local pair = redis.call('ZRANGE', key, rank, rank, 'WITHSCORES')
-  highest = stored_int(pair[2], 1, 9007199254740991)
-  if not permit_member(pair[1]) or not highest then
-    return fail(key .. ' holds a sorted set that is not a semaphore')
-  end
+local ok, _, highest = permit_bounds(key)
+if not ok then
+  return fail(key .. ' holds a sorted set that is not a semaphore')
 end
 
 local now = math.floor(now_us() / 1000)
@@ -73,7 +74,7 @@ for i = 1, weight do
     args = {}
   end
 end
--- The key lives until its latest member expires: ours, if it is now the
+-- The key lives until its latest permit expires: ours, if it is now the
 -- latest, else the highest score read above (ours may have been it, but a
 -- later expiry than needed only keeps an idle key a little longer).
 if highest < expiry then highest = expiry end

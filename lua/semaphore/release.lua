@@ -16,11 +16,16 @@
 --      holder still counts on.
 --
 -- Guarantees: removes only members "<id>:1".."<id>:<weight>", never another
--- holder's. The key then expires with its latest remaining member (it is
--- deleted with its last one). Declared allow-oom: it only frees memory, so
--- it runs on a full server. Before the first write the key must be a sorted
--- set (or absent) whose lowest and highest members have nolock's form, else
--- a definite error and nothing written.
+-- holder's. The key then expires with its latest remaining permit, and is
+-- deleted with its last one (with the tag member, when only that is left).
+-- Declared allow-oom: it only frees memory, so it runs on a full server.
+-- Before the first write the key must be a sorted set (or absent) whose
+-- tag, lowest permit and highest member have nolock's form (lib/permits
+-- permit_bounds), else a definite error and nothing written.
+--
+-- Tag: the call does not know the semaphore's size, so it checks the tag
+-- member "by:m<P>" for its form only, and keeps it while permits are left:
+-- a release only frees places, whatever the size.
 --
 -- Example: id "ab..", weight 1, unexpired: {1}; again: {0}. The same id
 -- held with weight 3, released with weight 1: NOLOCK_WEIGHT, nothing removed.
@@ -43,11 +48,9 @@ if kind == 'none' then return {0} end
 if kind ~= 'zset' then
   return fail(key .. ' holds a ' .. kind .. ', not a semaphore')
 end
-for _, rank in ipairs({0, -1}) do
-  local pair = redis.call('ZRANGE', key, rank, rank, 'WITHSCORES')
-  if not permit_member(pair[1]) or not stored_int(pair[2], 1, 9007199254740991) then
-    return fail(key .. ' holds a sorted set that is not a semaphore')
-  end
+local ok, tag = permit_bounds(key)
+if not ok then
+  return fail(key .. ' holds a sorted set that is not a semaphore')
 end
 
 local now = math.floor(now_us() / 1000)
@@ -60,15 +63,17 @@ for i = 1, weight do
   members[i] = id .. ':' .. i
 end
 
--- The set is read again only if the removal left it non-empty: Redis
--- deletes an emptied sorted set, and in a slot being migrated a script may
--- not touch a key its node no longer has (the call would fail after it has
--- written).
+-- The set is read again only if the removal left a permit: Redis deletes
+-- an emptied sorted set, and in a slot being migrated a script may not
+-- touch a key its node no longer has (the call would fail after it has
+-- written). A tag left alone goes with the key.
 local left = redis.call('ZCARD', key)
 for i = 1, weight, 200 do
   left = left - redis.call('ZREM', key, unpack(members, i, math.min(i + 199, weight)))
 end
-if left > 0 then
+if tag and left == 1 then
+  redis.call('DEL', key)
+elseif left > 0 then
   local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
   redis.call('PEXPIREAT', key, math.ceil(tonumber(last[2])))
 end

@@ -105,12 +105,21 @@ impl Semaphore {
                 match (&config.spec, config.mode) {
                     // Unlimited: every acquire is granted, and still counted
                     // as a holder (peek and inspect show them).
+                    // The semaphore then tags its state with MAX_PERMITS
+                    // (adopting: the holders stay, and a later size
+                    // adopts it back).
                     (Spec::Semaphore { ttl_ms, .. }, Mode::Unlimited) => Ok((
-                        local.with_numbers(MAX_PERMITS, Duration::from_millis(*ttl_ms))?,
+                        local
+                            .with_numbers(MAX_PERMITS, Duration::from_millis(*ttl_ms))?
+                            .adopting(),
                         name,
                     )),
+                    // Adopting: a stored size changed with `Keep` reads the
+                    // holders of the old one and retags the set.
                     (Spec::Semaphore { permits, ttl_ms }, _) => Ok((
-                        local.with_numbers(*permits, Duration::from_millis(*ttl_ms))?,
+                        local
+                            .with_numbers(*permits, Duration::from_millis(*ttl_ms))?
+                            .adopting(),
                         name,
                     )),
                     (other, _) => Err(Error::InvalidArgument {

@@ -85,11 +85,14 @@ impl AcquirePermit {
         weight: u64,
     ) -> Result<Self> {
         let ttl_ms = semaphore.check(key, weight)?;
-        let call = Invocation::new(&ACQUIRE, &[key])
+        let mut call = Invocation::new(&ACQUIRE, &[key])
             .arg(id.as_str())
             .arg(semaphore.permits())
             .arg(weight)
             .arg(ttl_ms);
+        if semaphore.adopts() {
+            call = call.arg("adopt");
+        }
         Ok(AcquirePermit {
             call,
             holding: Holding {

@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 use redis::aio::ConnectionLike;
 
 use super::{
-    acquire, retry, AcquirePermit, Holding, Permit, PermitAttempt, PermitId, PermitLease,
-    SemaphoreUsage,
+    acquire, retry, AcquirePermit, Holding, PeekSemaphore, Permit, PermitAttempt, PermitId,
+    PermitLease, SemaphoreUsage,
 };
 #[cfg(doc)]
 use super::{PermitExtend, PermitRelease, MAX_PERMITS, MAX_PERMIT_TTL};
@@ -43,9 +43,25 @@ pub struct Semaphore {
     ttl: Duration,
     wait: Backoff,
     ack: Option<Ack>,
+    /// Sends "adopt": a state of another size is read and retagged (a
+    /// managed handle's, whose size was changed on purpose).
+    adopt: bool,
 }
 
 impl Semaphore {
+    /// The same semaphore, whose calls adopt a state another size wrote
+    /// (`lua/lib/tag.lua`): for the client's handles, whose stored size
+    /// may be changed under them.
+    pub(crate) fn adopting(mut self) -> Self {
+        self.adopt = true;
+        self
+    }
+
+    /// True when its acquires and peeks send "adopt".
+    pub(super) fn adopts(&self) -> bool {
+        self.adopt
+    }
+
     /// The same semaphore (its wait and acknowledgement) with other numbers
     /// (a stored configuration's).
     pub(crate) fn with_numbers(&self, permits: u64, ttl: Duration) -> Result<Semaphore> {
@@ -74,6 +90,7 @@ impl Semaphore {
             ttl,
             wait: Backoff::none(),
             ack: None,
+            adopt: false,
         })
     }
 
@@ -223,8 +240,9 @@ impl Semaphore {
     /// [`Error::ZeroDuration`] (a backoff's `initial_delay` under 1 ms),
     /// [`Error::NoTimer`] (a semaphore that waits, on a runtime without
     /// timers). From Redis: [`Error::Redis`] (`OOM`, or the key holds
-    /// something that is not a semaphore; nothing was written) and
-    /// [`Error::Indeterminate`] (the permit may have been taken under an id
+    /// something that is not a semaphore; nothing was written),
+    /// [`Error::StateMismatch`] (a semaphore of another size holds the key;
+    /// nothing was written) and [`Error::Indeterminate`] (the permit may have been taken under an id
     /// you never saw; it expires after `ttl`; a semaphore that waits tries
     /// again with the same id within its deadline).
     pub async fn acquire<C>(&self, conn: &mut C, key: &str) -> Result<PermitAttempt>
@@ -324,17 +342,19 @@ impl Semaphore {
     }
 
     /// Permits in use, holders and the next expiry at `key`; writes nothing
-    /// (`EVALSHA_RO`).
+    /// (`EVALSHA_RO`). Unlike the free [`super::peek`], it sends its size:
+    /// a semaphore of another size at `key` is refused.
     ///
     /// # Errors
     ///
     /// [`Error::EmptyKey`] before any I/O; [`Error::Redis`] when the key
-    /// holds something that is not a semaphore (every member is checked).
+    /// holds something that is not a semaphore (every member is checked);
+    /// [`Error::StateMismatch`] when a semaphore of another size wrote it.
     pub async fn peek<C>(&self, conn: &mut C, key: &str) -> Result<SemaphoreUsage>
     where
         C: ConnectionLike + Send,
     {
-        super::peek(conn, key).await
+        run_one(&PeekSemaphore::sized(self, key)?, conn).await
     }
 
     /// [`Semaphore::acquire`], then keep the permit renewed every `ttl / 3`

@@ -53,14 +53,28 @@
 //! one expiry, so "permits in use" is the set's size (`ZCARD`, O(1)) and a
 //! weight is capped at [`MAX_PERMITS`].
 //!
+//! One more member, `"by:m<permits>"` scored 0 (below every expiry), is the
+//! set's **tag**: the size of the semaphore that granted last. An acquire
+//! of another size is refused with [`Error::StateMismatch`], nothing
+//! written, so two processes built with other sizes cannot share a key
+//! unnoticed; [`Semaphore::peek`] refuses the same way (the free [`peek`],
+//! which knows no size, reads any). The tag is never a permit: never
+//! counted, listed, swept or ranked, and it goes with the key when the last
+//! permit does. A set written before tags is read as before and tagged at
+//! its next grant. Releases and extensions do not send the size: they check
+//! the tag's form only, and change no count. The client's handles
+//! ([`crate::Client::semaphore`]) adopt: after a size changed through
+//! [`crate::config`] they read the holders of the old size and retag the
+//! set at their next grant.
+//!
 //! Every acquire first removes the members whose expiry has passed (each
 //! one by its own score: a crashed holder's permits come back at their own
 //! expiry, not all at once), then admits if `in use + weight <= permits`.
-//! The key itself expires (`PEXPIREAT`) with its latest member, so an idle
+//! The key itself expires (`PEXPIREAT`) with its latest permit, so an idle
 //! semaphore leaves nothing behind. The size is the [`Semaphore`]'s, sent
 //! with every acquire: share one `Semaphore` value (or one configuration)
-//! between the callers of a key, so they agree on it; lowering it admits
-//! nobody until enough holders are gone.
+//! between the callers of a key (another size is refused, above); lowering
+//! it through a configuration admits nobody until enough holders are gone.
 //!
 //! **No queue.** Waiters are not served in order: whoever asks when a permit
 //! is free gets it. A [`Semaphore`] that waits spreads the retries with jitter
@@ -69,8 +83,8 @@
 //! (as `examples/worker_pool.rs` does) if fairness matters.
 //!
 //! Stored state is checked before anything is written, to this exact reach:
-//! a key that is not a sorted set, or whose lowest or highest member (which
-//! bound every score) is not in the form above, is a definite
+//! a key that is not a sorted set, or whose tag, lowest permit or highest
+//! member (which bound every score) is not in the form above, is a definite
 //! [`Error::Redis`] naming the key, with nothing written. Each script also
 //! checks every member it reads (the expired ones it removes, the holder's
 //! own), and [`Semaphore::peek`] checks all. A foreign member between the
@@ -590,6 +604,56 @@ mod tests {
         assert_eq!(
             words(PeekSemaphore::new("k").unwrap().invocation().command()),
             ["EVALSHA_RO", PEEK.sha1(), "1", "k"]
+        );
+        assert_eq!(
+            words(
+                PeekSemaphore::sized(&five, "k")
+                    .unwrap()
+                    .invocation()
+                    .command()
+            ),
+            ["EVALSHA_RO", PEEK.sha1(), "1", "k", "5"]
+        );
+    }
+
+    #[test]
+    fn an_adopting_semaphore_sends_adopt_last_on_acquire_and_peek_only() {
+        let id = PermitId::parse("0123456789abcdef0123456789abcdef").unwrap();
+        let five = sem(5).unwrap().adopting();
+        let five = five.with_numbers(5, S).unwrap();
+        let op = AcquirePermit::with_id(&five, "k", &id, 2).unwrap();
+        assert_eq!(
+            words(op.invocation().command()),
+            [
+                "EVALSHA",
+                ACQUIRE.sha1(),
+                "1",
+                "k",
+                id.as_str(),
+                "5",
+                "2",
+                "1000",
+                "adopt"
+            ]
+        );
+        assert_eq!(
+            words(
+                PeekSemaphore::sized(&five, "k")
+                    .unwrap()
+                    .invocation()
+                    .command()
+            ),
+            ["EVALSHA_RO", PEEK.sha1(), "1", "k", "5", "adopt"]
+        );
+        // Releases and extensions carry no size, so nothing to adopt.
+        let permit = five.restore("k", id.clone(), 2).unwrap();
+        assert_eq!(
+            words(ReleasePermit::new(&permit).invocation().command()),
+            ["EVALSHA", RELEASE.sha1(), "1", "k", id.as_str(), "2"]
+        );
+        assert_eq!(
+            words(ExtendPermit::new(&permit).invocation().command()),
+            ["EVALSHA", EXTEND.sha1(), "1", "k", id.as_str(), "2", "1000"]
         );
     }
 

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 
-use super::SemaphoreUsage;
+use super::{Semaphore, SemaphoreUsage};
 use crate::script::{embedded, run_one, Invocation, Operation, Reply, Script};
 #[cfg(doc)]
 use crate::Error;
@@ -45,6 +45,17 @@ impl PeekSemaphore {
         Ok(PeekSemaphore {
             call: Invocation::new(&PEEK, &[key]),
         })
+    }
+
+    /// Read it as `semaphore` does: a set tagged with another size is
+    /// refused ([`Error::StateMismatch`]) unless `semaphore` adopts.
+    pub(super) fn sized(semaphore: &Semaphore, key: &str) -> Result<Self> {
+        validate::key(key)?;
+        let mut call = Invocation::new(&PEEK, &[key]).arg(semaphore.permits());
+        if semaphore.adopts() {
+            call = call.arg("adopt");
+        }
+        Ok(PeekSemaphore { call })
     }
 }
 
