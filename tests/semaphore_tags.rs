@@ -17,7 +17,7 @@ use nolock::rate::{Algorithm, Limiter, Quota};
 use nolock::semaphore::{
     self, AcquirePermit, Permit, PermitAttempt, PermitExtend, PermitId, PermitRelease, Semaphore,
 };
-use nolock::{Backoff, Batch, Client, Error};
+use nolock::{Backoff, Batch, Client, Error, Scripts};
 use redis::aio::MultiplexedConnection;
 use support::deployment::{both, AnyConn, Deployment};
 use support::{prefix, raw};
@@ -32,6 +32,7 @@ both!(
         a_keep_change_through_the_client_keeps_the_holders_and_retags,
         the_tag_is_never_counted_listed_ranked_or_swept,
         the_last_release_leaves_no_key,
+        the_scripts_take_adopt_last_and_nothing_else_there,
         sixty_four_tasks_on_a_tagged_semaphore_never_exceed_its_permits,
     ],
     exclusive: [
@@ -608,4 +609,84 @@ async fn sixty_four_tasks_on_a_tagged_semaphore_never_exceed_its_permits(d: &Dep
     assert!(peak <= PERMITS, "{peak} holders at once");
     assert!(total >= 64, "{total} grants");
     assert!(!d.exists(&key).await, "every permit released, tag and all");
+}
+
+/// `script` run raw with EVAL: its source, one key and `args`.
+async fn eval(
+    conn: &mut AnyConn,
+    script: &str,
+    key: &str,
+    args: &[&str],
+) -> redis::RedisResult<Vec<i64>> {
+    let source = Scripts::get(script).unwrap().source();
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(source).arg(1).arg(key).arg(args);
+    cmd.query_async(conn).await
+}
+
+/// The scripts' part of adopting, driven raw (the handles' part is the
+/// Keep test above): "adopt" after an acquire's or a peek's arguments reads
+/// another size and an acquire's grant retags; anything else in that place
+/// is a bad argument, with nothing written.
+async fn the_scripts_take_adopt_last_and_nothing_else_there(d: &Deployment) {
+    let mut conn = d.conn().await;
+    let key = prefix("tags_raw_adopt");
+    let (a, b) = (PermitId::random().unwrap(), PermitId::random().unwrap());
+    let acquire = |id: &PermitId, permits: &'static str, extra: &'static [&'static str]| {
+        let mut args = vec![
+            id.as_str().to_owned(),
+            permits.to_owned(),
+            "1".into(),
+            "60000".into(),
+        ];
+        args.extend(extra.iter().map(|e| (*e).to_owned()));
+        args
+    };
+    let acquiring = conn.clone();
+    let run = |args: Vec<String>| {
+        let (mut conn, key) = (acquiring.clone(), key.clone());
+        async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            eval(&mut conn, "semaphore/acquire", &key, &args).await
+        }
+    };
+    assert_eq!(run(acquire(&a, "3", &[])).await.unwrap(), [1, 1]);
+    let before = snapshot(d, &key).await;
+    for bad in [&["adopted"][..], &["adopt", "adopt"], &[""]] {
+        let args = acquire(&b, "2", bad);
+        let err = run(args).await.unwrap_err();
+        assert!(
+            err.to_string().contains("expected 4 arguments"),
+            "{bad:?}: {err}"
+        );
+    }
+    for bad in [&["3", "adopted"][..], &["0"], &["03"], &["3", "adopt", "x"]] {
+        let err = eval(&mut conn, "semaphore/peek", &key, bad)
+            .await
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("nolock semaphore/peek"),
+            "{bad:?}: {err}"
+        );
+    }
+    let err = run(acquire(&b, "2", &[])).await.unwrap_err();
+    assert_eq!(err.code(), Some("NOLOCK_STATE"), "{err}");
+    assert_eq!(snapshot(d, &key).await, before, "nothing written");
+
+    // Adopting: read as it is (1 of size 2 held), and the grant retags.
+    let read = eval(&mut conn, "semaphore/peek", &key, &["2", "adopt"])
+        .await
+        .unwrap();
+    assert_eq!(read[..2], [1, 1]);
+    assert_eq!(snapshot(d, &key).await, before, "a peek writes nothing");
+    assert_eq!(run(acquire(&b, "2", &["adopt"])).await.unwrap(), [1, 2]);
+    assert_eq!(tags(d, &key).await, ["by:m2 0"]);
+    let c = PermitId::random().unwrap();
+    let full = run(acquire(&c, "2", &[])).await.unwrap();
+    assert_eq!(full[..1], [0], "{full:?}");
+    for id in [&a, &b] {
+        let released = eval(&mut conn, "semaphore/release", &key, &[id.as_str(), "1"]).await;
+        assert_eq!(released.unwrap(), [1]);
+    }
+    assert!(!d.exists(&key).await);
 }
