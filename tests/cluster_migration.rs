@@ -221,7 +221,11 @@ async fn a_semaphore_that_empties_its_key_in_a_migrating_slot_still_answers() {
         .query_async(&mut owner)
         .await
         .expect("read the set");
-    assert_eq!(members, [format!("{}:1", permit.id().as_str())]);
+    // The semaphore's tag (score 0, lib/tag) and the permit.
+    assert_eq!(
+        members,
+        ["by:m2".to_owned(), format!("{}:1", permit.id().as_str())]
+    );
 
     // The only holder leaves: its release empties the set.
     let released = permit

@@ -340,7 +340,7 @@ async fn a_handle_adopts_the_state_across_a_declared_change(d: &Deployment) {
         .rate_limit(&name, Quota::per_minute(10).unwrap())
         .unwrap();
     for _ in 0..4 {
-        api.check("acme").await.unwrap();
+        let _ = api.check("acme").await.unwrap();
     }
     let key = api.key("acme").unwrap();
     assert!(d.get(&key).await.unwrap().starts_with("g6000000x10:"));

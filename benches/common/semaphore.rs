@@ -127,9 +127,13 @@ pub async fn faults<C: ConnectionLike + Send>(
             .remove(&key.data);
         over += gauge.map_or(0, |g| g.over.load(SeqCst));
         drift += match variant {
+            // Permits left behind: members scored as expiries (>= 1); the
+            // tag `by:m<P>` (score 0) is not a permit.
             Variant::Script => {
-                redis::cmd("ZCARD")
+                redis::cmd("ZCOUNT")
                     .arg(&key.data)
+                    .arg(1)
+                    .arg("+inf")
                     .query_async::<u64>(conn)
                     .await?
             }
