@@ -41,7 +41,8 @@
 /// * `script|load`: [`Scripts::load`](crate::Scripts::load).
 /// * `del`: the rate scripts delete a limit that is full again, and
 ///   `rate::Limiter::reset` / `MultiLimiter::reset` (`lua/rate/reset.lua`)
-///   delete its state.
+///   delete its state; `semaphore/release` deletes a set left with its tag
+///   alone (no permit).
 /// * The rest are called by the scripts: strings and counters (`get`, `set`,
 ///   `incr`, `incrby`, `decrby`), hashes (`hget`, `hmget`, `hgetall`,
 ///   `hset`, `hincrby`), sorted sets for the semaphore's holders (`zadd`,
