@@ -1,6 +1,7 @@
 //! Bounded counters: "at most `limit` per `window`".
 //!
-//! A counter is one Redis key holding an integer whose TTL is the window. Each
+//! A counter is one Redis key holding its count, tagged with the limit and
+//! the window that wrote it (`c100x60000:42`), whose TTL is the window. Each
 //! call is one Lua script, so reading the count, deciding and writing happen
 //! in one atomic step on the server, in one round trip, with no lock:
 //!
@@ -36,6 +37,16 @@
 //!
 //! A denied call changes nothing, so a client that keeps retrying while denied
 //! does not push its own reset further away.
+//!
+//! **One key, one counter**: a call whose limit or window differs from the
+//! ones that wrote the key (another [`Counter`], another [`try_increment`])
+//! is refused with [`Error::StateMismatch`], and nothing is written: two
+//! callers would otherwise decide one count by two limits. So is any other
+//! limit's state ([`crate::rate`], [`crate::semaphore`]). A count written
+//! before tags existed is read as it is and tagged at its next increment.
+//! To change a counter's numbers under running callers, store them
+//! ([`crate::config`], [`crate::Client::counter`]): its handles take the
+//! counts over.
 //!
 //! **Many counters at once**: each call also exists as a value
 //! ([`TryIncrement`], [`PeekCounter`]) that checks its input when built; put
@@ -93,6 +104,10 @@ pub struct Counter {
     limit: u64,
     window_ms: u64,
     name: Arc<str>,
+    /// Sends "adopt": a counter of other numbers on a key is read as it is
+    /// and retagged (a managed handle, whose numbers were changed on
+    /// purpose; `lua/lib/tag.lua`).
+    adopt: bool,
 }
 
 impl Counter {
@@ -116,7 +131,17 @@ impl Counter {
             limit: validate::positive("limit", limit)?,
             window_ms: validate::millis("window", window)?,
             name: Arc::from("default"),
+            adopt: false,
         })
+    }
+
+    /// The same counter, reading a key's counter of other numbers as it is
+    /// and retagging it with its own (the "adopt" argument of
+    /// `lua/lib/tag.lua`): for a handle whose stored numbers were changed
+    /// on purpose ([`crate::config`]).
+    pub(crate) fn adopting(mut self) -> Self {
+        self.adopt = true;
+        self
     }
 
     /// The same counter under another name: the policy name in the
@@ -169,11 +194,13 @@ impl Counter {
     ///
     /// # Errors
     ///
-    /// Before any I/O: [`Error::EmptyKey`]. From Redis: [`Error::Redis`] (for
-    /// example `WRONGTYPE` when the key holds something else; nothing was
-    /// written) and [`Error::Indeterminate`] (the increment may have been
-    /// applied; it is not retried: give a [`TryIncrement`] an operation id
-    /// to resend it safely).
+    /// Before any I/O: [`Error::EmptyKey`]. From Redis:
+    /// [`Error::StateMismatch`] when the key holds a counter of another limit
+    /// or window, or another limit's state (nothing was written);
+    /// [`Error::Redis`] (for example `WRONGTYPE` when the key holds something
+    /// else; nothing was written) and [`Error::Indeterminate`] (the increment
+    /// may have been applied; it is not retried: give a [`TryIncrement`] an
+    /// operation id to resend it safely).
     pub async fn try_increment<C>(&self, conn: &mut C, key: &str) -> Result<Admission>
     where
         C: ConnectionLike + Send,
@@ -196,16 +223,18 @@ impl Counter {
         run_one(&TryIncrement::by(self, key, n)?, conn).await
     }
 
-    /// Read the counter at `key` without changing it ([`peek`]).
+    /// Read the counter at `key` without changing it, as [`peek`], but
+    /// only a counter of this limit and window.
     ///
     /// # Errors
     ///
-    /// As [`peek`].
+    /// As [`peek`], and [`Error::StateMismatch`] when the key holds a
+    /// counter of another limit or window.
     pub async fn peek<C>(&self, conn: &mut C, key: &str) -> Result<CounterUsage>
     where
         C: ConnectionLike + Send,
     {
-        peek(conn, key).await
+        run_one(&PeekCounter::of(self, key)?, conn).await
     }
 
     /// The `RateLimit-Policy`, `RateLimit` and (when denied) `Retry-After`
@@ -359,10 +388,13 @@ impl TryIncrement {
                 limit: counter.limit,
             });
         }
-        let call = Invocation::new(&TRY_INCREMENT, &[key])
+        let mut call = Invocation::new(&TRY_INCREMENT, &[key])
             .arg(counter.limit)
             .arg(counter.window_ms)
             .arg(n);
+        if counter.adopt {
+            call = call.arg("adopt");
+        }
         Ok(TryIncrement {
             call,
             limit: counter.limit,
@@ -393,8 +425,9 @@ impl Operation for TryIncrement {
     }
 }
 
-/// Read the counter at `key` without changing it. A read needs no limit or
-/// window, so it is also this free function.
+/// Read the counter at `key` without changing it, whatever its limit and
+/// window. A read needs neither, so it is also this free function
+/// ([`Counter::peek`] reads only its own).
 ///
 /// Runs with `EVALSHA_RO`, so it can be served by a replica: on a cluster
 /// connection built with a replica read strategy (redis-rs
@@ -403,8 +436,10 @@ impl Operation for TryIncrement {
 ///
 /// # Errors
 ///
-/// [`Error::EmptyKey`] before any I/O; [`Error::Redis`] (e.g. `WRONGTYPE`) and
-/// [`Error::Indeterminate`] from Redis. A read is safe to retry.
+/// [`Error::EmptyKey`] before any I/O; [`Error::StateMismatch`] when the
+/// key holds another limit's state (not a counter), [`Error::Redis`] (e.g.
+/// `WRONGTYPE`) and [`Error::Indeterminate`] from Redis. A read is safe to
+/// retry.
 pub async fn peek<C>(conn: &mut C, key: &str) -> Result<CounterUsage>
 where
     C: ConnectionLike + Send,
@@ -430,6 +465,19 @@ impl PeekCounter {
         Ok(PeekCounter {
             call: Invocation::new(&PEEK, &[key]),
         })
+    }
+
+    /// Read the counter at `key` only if `counter`'s numbers wrote it (or
+    /// any counter, when `counter` adopts).
+    pub(crate) fn of(counter: &Counter, key: &str) -> Result<Self> {
+        validate::key(key)?;
+        let mut call = Invocation::new(&PEEK, &[key])
+            .arg(counter.limit)
+            .arg(counter.window_ms);
+        if counter.adopt {
+            call = call.arg("adopt");
+        }
+        Ok(PeekCounter { call })
     }
 }
 
@@ -518,6 +566,35 @@ mod tests {
         assert_eq!(
             crate::script::words(op.invocation().command()),
             ["EVALSHA_RO", PEEK.sha1(), "1", "k"]
+        );
+        let op = PeekCounter::of(&five, "k").unwrap();
+        assert_eq!(
+            crate::script::words(op.invocation().command()),
+            ["EVALSHA_RO", PEEK.sha1(), "1", "k", "5", "1500"]
+        );
+    }
+
+    #[test]
+    fn an_adopting_counter_sends_adopt_last() {
+        let five = counter(5, Duration::from_millis(1500)).adopting();
+        let op = TryIncrement::by(&five, "k", 2).unwrap();
+        assert_eq!(
+            crate::script::words(op.invocation().command()),
+            [
+                "EVALSHA",
+                TRY_INCREMENT.sha1(),
+                "1",
+                "k",
+                "5",
+                "1500",
+                "2",
+                "adopt"
+            ]
+        );
+        let op = PeekCounter::of(&five, "k").unwrap();
+        assert_eq!(
+            crate::script::words(op.invocation().command()),
+            ["EVALSHA_RO", PEEK.sha1(), "1", "k", "5", "1500", "adopt"]
         );
     }
 

@@ -40,7 +40,7 @@ async fn admits_up_to_the_limit_then_denies_without_consuming() {
         assert!(a.reset_after.unwrap() <= MINUTE + MS);
     }
     let stored: String = raw(&mut conn, &["GET", &key]).await;
-    assert_eq!(stored, "3", "denials did not consume");
+    assert_eq!(stored, "c3x60000:3", "denials did not consume");
     let ttl_after: i64 = raw(&mut conn, &["PTTL", &key]).await;
     assert!(ttl_after <= ttl_before, "denials did not extend the window");
 }
@@ -270,6 +270,8 @@ async fn a_counter_found_without_expiry_gets_the_window_on_admission() {
     assert!(a.reset_after.is_some());
     let ttl: i64 = raw(&mut conn, &["PTTL", &key]).await;
     assert!(ttl > 0);
+    let stored: String = raw(&mut conn, &["GET", &key]).await;
+    assert_eq!(stored, "c5x60000:3", "the bare count was tagged");
 }
 
 #[tokio::test]
@@ -286,6 +288,8 @@ async fn a_full_counter_found_without_expiry_gets_the_window_on_denial() {
     assert!(a.reset_after.is_some(), "so the caller knows when to retry");
     let ttl: i64 = raw(&mut conn, &["PTTL", &key]).await;
     assert!(ttl > 0 && ttl <= 60_000, "it will not deny forever: {ttl}");
+    let stored: String = raw(&mut conn, &["GET", &key]).await;
+    assert_eq!(stored, "5", "a denial writes no tag");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -331,7 +335,7 @@ async fn two_hundred_concurrent_callers_admit_exactly_the_limit() {
     assert_eq!(denied, 100);
     let mut conn = redis.conn().await;
     let stored: String = raw(&mut conn, &["GET", &key]).await;
-    assert_eq!(stored, "100");
+    assert_eq!(stored, "c100x60000:100");
 }
 
 #[tokio::test]

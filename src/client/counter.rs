@@ -85,8 +85,11 @@ impl Client {
             own,
             |config, name| match &config.spec {
                 Spec::Counter { limit, window_ms } => {
+                    // Adopting: the stored numbers changed on purpose, so
+                    // the counts the numbers before wrote are taken over.
                     let counter = limits::Counter::new(*limit, Duration::from_millis(*window_ms))?
-                        .named(name.as_str())?;
+                        .named(name.as_str())?
+                        .adopting();
                     Ok((counter, name))
                 }
                 other => Err(crate::Error::InvalidArgument {
@@ -244,7 +247,7 @@ impl Counter {
     }
 
     /// Read the count of `id` and the time left in its window, without
-    /// changing it ([`limits::peek`]: `EVALSHA_RO`, which a cluster
+    /// changing it ([`limits::Counter::peek`]: `EVALSHA_RO`, which a cluster
     /// connection with a replica read strategy may send to a replica).
     ///
     /// # Errors
@@ -263,6 +266,6 @@ impl Counter {
         let current = self.managed.current().await?;
         let key = current.name.key(id)?;
         let mut conn = self.conn.clone();
-        limits::peek(&mut conn, &key).await
+        current.engine.peek(&mut conn, &key).await
     }
 }
