@@ -1,17 +1,35 @@
 -- lib/fixed: a fixed window's counter, read strictly.
 --
--- fixed_read(key, now) -> count, end: the units counted at key (a canonical
--- integer, as INCRBY writes it) and its window's end in ms since the epoch
--- (PEXPIRETIME; -1 when something removed the expiry). A missing key, or a
--- window that has ended by now (compared with TIME: Redis keeps a key
--- through the millisecond its expiry names), is (0, nil). nil when the key
--- holds anything else; a key of another type raises WRONGTYPE.
+-- fixed_read(key, now, tag, adopt) -> count, end: the units counted at key
+-- ("<tag>:<count>" as rate/fixed_window/check writes it, the count a
+-- canonical integer; or a bare count, written before tags) and its
+-- window's end in ms since the epoch (PEXPIRETIME; -1 when something
+-- removed the expiry). A missing key, or a window that has ended by now
+-- (compared with TIME: Redis keeps a key through the millisecond its expiry
+-- names), is (0, nil). nil, by when the key holds another limit's state,
+-- tagged by (lib/tag: tag_same(by, tag, adopt) is false; the caller
+-- refuses it); nil when the key holds anything else; a key of another type
+-- raises WRONGTYPE.
+--
+-- Example: on "f1000x5:3" with 400 ms left, fixed_read(k, now, 'f1000x5',
+-- false) -> 3, now + 400; fixed_read(k, now, 'f1000x9', false) -> nil,
+-- 'f1000x5'; with adopt -> 3, now + 400.
 
 --@include lib/stored
+--@include lib/tag
 
-local function fixed_read(key, now)
+local function fixed_read(key, now, tag, adopt)
   local stored = redis.call('GET', key)
   if not stored then return 0, nil end
+  local colon = #stored <= 51 and string.find(stored, ':', 1, true)
+  if colon then
+    local by = string.sub(stored, 1, colon - 1)
+    -- A prefix that is no tag leaves the whole value, which is then foreign.
+    if string.find(by, '^%l[%dx]+$') then
+      if not tag_same(by, tag, adopt) then return nil, by end
+      stored = string.sub(stored, colon + 1)
+    end
+  end
   local c = stored_int(stored, 0, 9007199254740991)
   if not c then return nil end
   local e = redis.call('PEXPIRETIME', key)

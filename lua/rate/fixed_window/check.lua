@@ -6,13 +6,23 @@
 -- when a limiter is first used, not on the clock, so the windows of
 -- different users do not all end at the same instant.
 --
--- KEYS[i]     limit i: a canonical decimal integer (as INCRBY writes it), the units admitted in the
---             current window; its expiry (PEXPIRETIME) is the window's end.
---             Missing, or past its end, means empty.
+-- KEYS[i]     limit i: the string "f<w>x<L>:<count>" (lib/tag: the window
+--             and limit that wrote it, then the units admitted in the
+--             current window, a canonical integer); its expiry
+--             (PEXPIRETIME) is the window's end. Missing, or past its end,
+--             means empty. A bare count (written before tags) is read as
+--             before and tagged at the limit's next admission.
 -- ARGV[1]     cost    integer, 1 <= cost <= every limit.
 -- ARGV[2i]    window  w of limit i, integer milliseconds >= 1: an admission
 --                     into an empty limit opens the window [now, now + w).
 -- ARGV[2i+1]  limit   L of limit i, integer >= 1.
+-- ARGV[2n+2]  optional "adopt" (lib/rate, lib/tag): a window of other
+--             numbers is read as it is and retagged at its admission.
+--
+-- The tag: a state of other numbers is refused with NOLOCK_STATE, nothing
+-- written on any key, unless the call adopts; another limit's state
+-- (another tag letter: a GCRA TAT, a counter) is refused even then. A
+-- denial writes no tag.
 --
 -- Decision, with now = TIME in ms (rounded down), for each limit: a window
 -- has ended when now >= its end (compared here with TIME rather than left
@@ -39,20 +49,21 @@
 -- Like every fixed window, up to 2L can pass within w across a window end.
 --
 -- Example: limit 3 per 60000 ms, on a missing key at now = N us (N / 1000
--- = M ms): {1, N, 1, M + 60000}; three more calls 2 ms later: the last gets
--- {0, N + 2000, 3, M + 60000} (retry and reset after 59998 ms).
+-- = M ms): {1, N, 1, M + 60000}, the key holds "f60000x3:1"; three more
+-- calls 2 ms later: the last gets {0, N + 2000, 3, M + 60000} (retry and
+-- reset after 59998 ms).
 
 --@include lib/fail
 --@include lib/rate
 
 local MAX = 9007199254740991
 
--- The checks of lib/args and lib/fixed, written in place (see
+-- The checks of lib/args, lib/fixed and lib/tag, written in place (see
 -- rate/gcra/check): no helper calls, no table but the reply, whose slots
 -- 4i-1 .. 4i+2 keep limit i's count, window end, w and L between the
 -- decision and the writes.
 
-local n, cost, micros = rate_begin()
+local n, cost, micros, adopt = rate_begin()
 if not n then return fail(cost) end
 local now = math.floor(micros / 1000) -- exact: micros < 2^53 (lib/div)
 
@@ -66,11 +77,27 @@ for i = 1, n do
     return fail('bad window or limit for key ' .. i)
   end
   if cost > l then return fail('cost is above the limit of key ' .. i) end
-  -- The state: a canonical integer in [0, 2^53 - 1], as INCRBY writes it
-  -- (as lib/fixed reads it); missing, or past its end, is empty.
+  -- The state: "<tag>:<count>" (at most 34 + 1 + 16 bytes) or a bare
+  -- count, a canonical integer in [0, 2^53 - 1] (as lib/fixed reads it);
+  -- missing, or past its end, is empty.
   local c, e = 0, 0
   local stored = redis.call('GET', KEYS[i])
   if stored then
+    local colon = #stored <= 51 and string.find(stored, ':', 1, true)
+    if colon then
+      local by, tag = string.sub(stored, 1, colon - 1), string.format('f%dx%d', w, l)
+      -- lib/tag's tag_same and tag_refuse. A prefix that is no tag is
+      -- left in place: the value is then foreign data, refused below.
+      if by == tag then
+        stored = string.sub(stored, colon + 1)
+      elseif string.find(by, '^%l[%dx]+$') then
+        if not (adopt and string.byte(by, 1) == 102) then -- 'f'
+          return redis.error_reply('NOLOCK_STATE nolock ' .. SCRIPT_NAME .. ': ' .. KEYS[i]
+            .. ' holds state written by ' .. by .. ', not ' .. tag .. '; nothing was written')
+        end
+        stored = string.sub(stored, colon + 1)
+      end
+    end
     c = #stored <= 16 and (stored == '0' or string.find(stored, '^[1-9]%d*$')) and tonumber(stored)
     if not c or c > MAX then
       return fail('key ' .. KEYS[i] .. ' does not hold a counter')
@@ -89,20 +116,28 @@ for i = 1, n do
 end
 reply[1] = admitted
 
--- Numbers are passed to Redis as they are: integers below 2^53 are sent
--- exactly (Redis prints them with %.17g, or as integers since 7.2).
+-- Every write is the tagged count; the window (expiry) is set with it, or
+-- kept. Numbers are formatted as integers (%d): exact below 2^53.
 for i = 1, n do
   local j = 4 * i - 1
   local c, e, w = reply[j], reply[j + 1], reply[j + 2]
-  if admitted == 1 and e == 0 then
-    c, e = cost, now + w
-    redis.call('SET', KEYS[i], c, 'PXAT', e)
-  else
-    if admitted == 1 then c = redis.call('INCRBY', KEYS[i], cost) end
-    if e < 0 then
-      e = -e
-      redis.call('PEXPIREAT', KEYS[i], e)
+  if admitted == 1 then
+    if e == 0 then
+      c, e = cost, now + w
+    elseif e < 0 then
+      c, e = c + cost, -e
+    else
+      c = c + cost
     end
+    local value = string.format('f%dx%d:%d', w, reply[j + 3], c)
+    if e == reply[j + 1] then
+      redis.call('SET', KEYS[i], value, 'KEEPTTL')
+    else
+      redis.call('SET', KEYS[i], value, 'PXAT', e)
+    end
+  elseif e < 0 then
+    e = -e
+    redis.call('PEXPIREAT', KEYS[i], e)
   end
   reply[2 * i + 1], reply[2 * i + 2] = c, e
 end

@@ -2,12 +2,19 @@
 -- rate/fixed_window/refund: give back units of one admitted charge (only while the charge's window is still counted), or settle it at its real cost (charging an excess to the current window, even past its limit).
 --
 -- KEYS[i]     limit i (i = 1..n): a counter as written by
---             rate/fixed_window/check, whose expiry is its window's end;
+--             rate/fixed_window/check ("f<w>x<L>:<count>", or a bare count
+--             written before tags), whose expiry is its window's end;
 --             KEYS[n + 1] the charge's record, KEYS[n + 1 + i] limit i's
 --             reset marker (lib/refund).
 -- ARGV        as lib/refund: amount, actual, at, cost, settle, cap, then per
 --             limit: window w (ms >= 1), limit L (>= 1), held, reset (the
---             charge's reset_after, ms).
+--             charge's reset_after, ms); then optionally "adopt".
+--
+-- The tag (lib/tag): a counter of other numbers is refused with
+-- NOLOCK_STATE, nothing written on any key, unless the call adopts;
+-- another limit's state is refused even then. Every counter the call
+-- changes is written tagged with its w and L (retagged when adopted, tagged
+-- when bare); one it leaves alone keeps its tag.
 --
 -- Refund (and a settlement below the reservation, which gives back give =
 -- held - actual): the charge was counted in the window ending at end =
@@ -49,12 +56,13 @@
 --@include lib/time
 --@include lib/fixed
 --@include lib/refund
+--@include lib/tag
 
 local MAX = 9007199254740991
 
 local micros = now_us()
 local now = floor_div(micros, 1000)
-local n, give, excess, at, cost, settle, cap, held, status = refund_begin(now)
+local n, give, excess, at, cost, settle, cap, held, status, adopt = refund_begin(now)
 if not n then return fail(give) end
 local charged_in = floor_div(at, 1000)
 
@@ -63,33 +71,37 @@ for i = 1, n do
   local w, l = arg_int(4 * i + 3, 1, MAX), arg_int(4 * i + 4, 1, MAX)
   local reset = arg_int(4 * i + 6, 0, MAX)
   if not w or not l then return fail('bad window or limit for key ' .. i) end
-  local c, e = fixed_read(KEYS[i], now)
-  if not c then return fail('key ' .. KEYS[i] .. ' does not hold a counter') end
+  local tag = string.format('f%dx%d', w, l)
+  local c, e = fixed_read(KEYS[i], now, tag, adopt)
+  if not c then
+    if e then return tag_refuse(KEYS[i], e, tag) end
+    return fail('key ' .. KEYS[i] .. ' does not hold a counter')
+  end
   window[i], limit[i], count[i], ends[i], take[i] = w, l, c, e, 0
   if e == charged_in + reset then take[i] = math.min(give[i], c) end
   until_ms = math.max(until_ms, charged_in + reset)
 end
 
--- Numbers are passed to Redis as they are: integers below 2^53 are sent
--- exactly (Redis prints them with %.17g, or as integers since 7.2).
+-- Every write is the tagged count (%d: exact below 2^53), its window set
+-- with it or kept.
 local reply = {status, micros}
 for i = 1, n do
-  local c, e = count[i], ends[i]
-  if take[i] > 0 then c = redis.call('DECRBY', KEYS[i], take[i]) end
+  local c, e = count[i] - take[i], ends[i]
   local charged = 0
   if excess[i] > 0 then
     charged = math.max(0, math.min(excess[i], limit[i] + cap - c, MAX - c))
-    if charged > 0 then
-      if not e then
-        c, e = charged, now + window[i]
-        redis.call('SET', KEYS[i], c, 'PXAT', e)
-      else
-        c = redis.call('INCRBY', KEYS[i], charged)
-        if e == -1 then
-          e = now + window[i]
-          redis.call('PEXPIREAT', KEYS[i], e)
-        end
-      end
+  end
+  if take[i] > 0 or charged > 0 then
+    local value = string.format('f%dx%d:%d', window[i], limit[i], c + charged)
+    if not e then
+      c, e = charged, now + window[i]
+      redis.call('SET', KEYS[i], value, 'PXAT', e)
+    elseif e == -1 then
+      c, e = c + charged, now + window[i]
+      redis.call('SET', KEYS[i], value, 'PXAT', e)
+    else
+      c = c + charged
+      redis.call('SET', KEYS[i], value, 'KEEPTTL')
     end
   end
   if e == -1 then e = now + window[i] end
