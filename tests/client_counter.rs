@@ -73,12 +73,13 @@ async fn admits_up_to_the_limit_then_limits(d: &Deployment) {
         assert_eq!(l.retry_after, Some(l.reset_after));
         assert!(l.reset_after <= MINUTE + MS && l.reset_after > Duration::ZERO);
     }
-    // The state is one key named by the handle and the id; a denial wrote nothing.
+    // The state is one key named by the handle and the id, tagged with the
+    // numbers that wrote it; a denial wrote nothing.
     assert_eq!(
         d.get(&format!("{{nolock:counter:api:{id}}}"))
             .await
             .as_deref(),
-        Some("3")
+        Some("c3x60000:3")
     );
     let usage = api.peek(&id).await.unwrap();
     assert_eq!((usage.count, usage.remaining(api.limit())), (3, 0));

@@ -151,6 +151,57 @@ async fn counters_and_tats_refuse_every_foreign_value_and_keep_the_key() {
     }
 }
 
+/// A state tagged `tag` (lib/tag) whose count is foreign, and strings whose
+/// prefix before ':' is no tag: foreign data, never a count.
+fn tagged_foreign(tag: &str) -> Vec<Shape> {
+    let mut values: Vec<String> = NOT_NOLOCK
+        .iter()
+        .chain(&OUT_OF_RANGE)
+        .map(|v| format!("{tag}:{v}"))
+        .collect();
+    values.push(format!("{tag}:1:2"));
+    values.push(format!("{tag}:{}", "1".repeat(60)));
+    values.push(format!("{}:5", tag.to_uppercase()));
+    values.push(":5".to_owned());
+    values.push(format!("x{tag}!:5"));
+    values
+        .into_iter()
+        .map(|v| Shape::Text(Box::leak(v.into_boxed_str())))
+        .collect()
+}
+
+#[tokio::test]
+async fn tagged_counters_and_windows_refuse_a_foreign_count_and_keep_the_key() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let key = prefix("foreign_tagged");
+    let shapes = tagged_foreign("c10x10000");
+    refused(
+        &mut conn,
+        "limits::try_increment",
+        &key,
+        &shapes,
+        |mut c| {
+            let k = key.clone();
+            async move { limits::try_increment(&mut c, &k, 10, Duration::from_secs(10)).await }
+        },
+    )
+    .await;
+    refused(&mut conn, "limits::peek", &key, &shapes, |mut c| {
+        let k = key.clone();
+        async move { limits::peek(&mut c, &k).await }
+    })
+    .await;
+    // Quota::per_second(10): a window of 1000 ms, a limit of 10.
+    every_rate_call_refuses(
+        &mut conn,
+        Algorithm::FixedWindow,
+        &key,
+        &tagged_foreign("f1000x10"),
+    )
+    .await;
+}
+
 /// check, peek and refund of `algorithm` on `key` holding each of `shapes`.
 async fn every_rate_call_refuses(
     conn: &mut Conn,
