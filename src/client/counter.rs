@@ -17,8 +17,11 @@ use crate::Result;
 /// the client's connection.
 ///
 /// The state of the id `alice` on the counter named `api` is one key,
-/// `{nolock:counter:api:alice}`; the counter's name is also the policy name in its
-/// headers.
+/// `{nolock:counter:api:alice}`, holding the count tagged with the numbers
+/// that wrote it (`c100x60000:42`, [`crate::limits`]); the counter's name is
+/// also the policy name in its headers. After a `Keep` change of the stored
+/// numbers ([`crate::config`]) the handle takes each id's count over and
+/// tags it with the new numbers at its next increment.
 ///
 /// ```no_run
 /// use std::time::Duration;
