@@ -25,7 +25,7 @@ local function fixed_read(key, now, tag, adopt)
   if colon then
     local by = string.sub(stored, 1, colon - 1)
     -- A prefix that is no tag leaves the whole value, which is then foreign.
-    if string.find(by, '^%l[%dx]+$') then
+    if string.find(by, '^[a-z]%d+x%d+$') or string.find(by, '^m%d+$') then
       if not tag_same(by, tag, adopt) then return nil, by end
       stored = string.sub(stored, colon + 1)
     end

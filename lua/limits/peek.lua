@@ -46,7 +46,7 @@ if stored then
   local colon = #stored <= 51 and string.find(stored, ':', 1, true)
   if colon then
     local by = string.sub(stored, 1, colon - 1)
-    if string.find(by, '^%l[%dx]+$') then
+    if string.find(by, '^[a-z]%d+x%d+$') or string.find(by, '^m%d+$') then
       if not tag_same(by, tag, adopt) then return tag_refuse(KEYS[1], by, tag) end
       stored = string.sub(stored, colon + 1)
     end

@@ -68,7 +68,7 @@ local colon = raw and string.find(raw, ':', 1, true)
 if colon then
   local by = string.sub(raw, 1, colon - 1)
   if by ~= tag then
-    if not string.find(by, '^%l[%dx]+$') then
+    if not string.find(by, '^[a-z]%d+x%d+$') and not string.find(by, '^m%d+$') then
       return fail('key ' .. KEYS[1] .. ' holds a non-counter value')
     end
     -- lib/tag's tag_same and tag_refuse.

@@ -316,6 +316,9 @@ impl Configs {
             }
             Spec::Counter { limit, .. } => {
                 let key = Name::new("counter", &config.name)?.generation(g).key(id)?;
+                // Any counter's numbers, as the handles read it (adopting):
+                // the count may still carry the numbers before a `Keep`
+                // change; another limit's state is refused.
                 let usage = crate::limits::peek(&mut conn, &key).await?;
                 State::Counter(CounterState {
                     key,

@@ -90,7 +90,7 @@ for i = 1, n do
       -- left in place: the value is then foreign data, refused below.
       if by == tag then
         stored = string.sub(stored, colon + 1)
-      elseif string.find(by, '^%l[%dx]+$') then
+      elseif string.find(by, '^[a-z]%d+x%d+$') or string.find(by, '^m%d+$') then
         if not (adopt and string.byte(by, 1) == 102) then -- 'f'
           return redis.error_reply('NOLOCK_STATE nolock ' .. SCRIPT_NAME .. ': ' .. KEYS[i]
             .. ' holds state written by ' .. by .. ', not ' .. tag .. '; nothing was written')
