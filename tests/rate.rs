@@ -372,8 +372,12 @@ async fn refund_and_reset_restore_capacity() {
             Algorithm::Gcra | Algorithm::TokenBucket | Algorithm::SlidingWindow => {
                 assert_eq!(exists, 0, "{algorithm}")
             }
-            // The fixed window keeps its window (count 0) until it ends.
-            _ => assert_eq!(raw::<String>(&mut conn, &["GET", &key]).await, "0"),
+            // The fixed window keeps its window (count 0, tagged with its
+            // window and limit) until it ends.
+            _ => assert_eq!(
+                raw::<String>(&mut conn, &["GET", &key]).await,
+                "f60000x10:0"
+            ),
         }
 
         assert!(
