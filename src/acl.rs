@@ -18,9 +18,9 @@
 //! ```text
 //! ACL SETUSER app-limits on >secret resetkeys ~app:* ~{app:* resetchannels -@all
 //!     +evalsha +evalsha_ro +eval +eval_ro +script|load +del +get +set +incr
-//!     +incrby +decrby +hget +hmget +hgetall +hset +hincrby +zadd +zcard
-//!     +zrange +zrangebyscore +zrem +zremrangebyscore +zscore +exists +type
-//!     +pexpire +pexpireat +pexpiretime +pttl +time
+//!     +incrby +hget +hmget +hgetall +hset +hincrby +zadd +zcard +zrange
+//!     +zrangebyscore +zrem +zremrangebyscore +zscore +exists +type +pexpire
+//!     +pexpireat +pexpiretime +pttl +time
 //! ```
 //!
 //! On a cluster, add [`CLUSTER_COMMANDS`] (`Batch::run` reads the slot
@@ -44,14 +44,14 @@
 ///   delete its state; `semaphore/release` deletes a set left with its tag
 ///   alone (no permit).
 /// * The rest are called by the scripts: strings and counters (`get`, `set`,
-///   `incr`, `incrby`, `decrby`), hashes (`hget`, `hmget`, `hgetall`,
+///   `incr`, `incrby`), hashes (`hget`, `hmget`, `hgetall`,
 ///   `hset`, `hincrby`), sorted sets for the semaphore's holders (`zadd`,
 ///   `zcard`, `zrange`, `zrangebyscore`, `zrem`, `zremrangebyscore`,
 ///   `zscore`), `type` (the semaphore checks its key's type before
 ///   writing), expiry (`pexpire`, `pexpireat`, `pexpiretime`, `pttl`),
 ///   `exists`, and `time` (the server clock every rate decision reads).
 pub const COMMANDS: &str = "+evalsha +evalsha_ro +eval +eval_ro +script|load +del \
-+get +set +incr +incrby +decrby +hget +hmget +hgetall +hset +hincrby +zadd +zcard +zrange \
++get +set +incr +incrby +hget +hmget +hgetall +hset +hincrby +zadd +zcard +zrange \
 +zrangebyscore +zrem +zremrangebyscore +zscore +exists +type +pexpire +pexpireat +pexpiretime \
 +pttl +time";
 
