@@ -174,10 +174,8 @@ async fn one_round(
     }
     server.restart();
     let mut conn = server.conn().await;
-    let stored: Option<u64> = redis::cmd("GET")
-        .arg(&counter)
-        .query_async(&mut conn)
-        .await?;
+    // The count, read as nolock stores it (tagged with the counter's numbers).
+    let stored = limits::peek(&mut conn, &counter).await?.count;
     // A grant made just before the kill may have survived with its lock:
     // wait out its TTL.
     let waiting = lock
@@ -194,7 +192,7 @@ async fn one_round(
     Ok(Round {
         ran,
         acked_increments,
-        stored: stored.unwrap_or(0),
+        stored,
         acked_fence,
         next_fence,
     })
