@@ -307,8 +307,21 @@ impl Operation {
             for key in chunk {
                 mget.arg(&key.data);
             }
-            let values: Vec<Option<i64>> = mget.query_async(conn).await?;
-            stored.extend(values);
+            let values: Vec<Option<String>> = mget.query_async(conn).await?;
+            // nolock's states carry their tag ("c100x60000:7", lua/lib/tag.lua);
+            // the lock-based versions store the bare number.
+            for value in values {
+                stored.push(match value {
+                    None => None,
+                    Some(v) => {
+                        let number = v.rsplit(':').next().unwrap_or_default();
+                        let parsed: i64 = number
+                            .parse()
+                            .map_err(|_| format!("{v:?} holds no number"))?;
+                        Some(parsed)
+                    }
+                });
+            }
         }
         let started = micros_since_epoch(started);
         let interval = RATE_INTERVAL.as_micros() as i64;
