@@ -50,8 +50,8 @@
 //! [`PermitId`] (32 lowercase hex digits, 128 random bits) and `i` from 1 to
 //! the holder's weight, scored with its **expiry in server milliseconds**
 //! since the Unix epoch. A weighted holder of 3 permits is 3 members with
-//! one expiry, so "permits in use" is the set's size (`ZCARD`, O(1)) and a
-//! weight is capped at [`MAX_PERMITS`].
+//! one expiry, so "permits in use" is the set's size less its tag (below;
+//! `ZCARD`, O(1)) and a weight is capped at [`MAX_PERMITS`].
 //!
 //! One more member, `"by:m<permits>"` scored 0 (below every expiry), is the
 //! set's **tag**: the size of the semaphore that granted last. An acquire
