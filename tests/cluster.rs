@@ -69,7 +69,8 @@ async fn admits_up_to_the_limit_then_denies_without_consuming(d: &Deployment) {
         assert_eq!((a.count, a.remaining), (3, 0));
     }
     let mut owner = d.owner(&key).await;
-    assert_eq!(get(&mut owner, &key).await.as_deref(), Some("3"));
+    // The count behind its tag (lua/lib/tag.lua): limit 3, a minute.
+    assert_eq!(get(&mut owner, &key).await.as_deref(), Some("c3x60000:3"));
     let ttl: i64 = raw(&mut owner, &["PTTL", &key]).await;
     assert!(ttl > 0 && ttl <= 60_000, "{ttl}");
 }
@@ -209,7 +210,10 @@ async fn concurrent_callers_admit_exactly_the_limit(d: &Deployment) {
     }
     assert_eq!(admitted, (1..=100).collect());
     let mut owner = d.owner(&key).await;
-    assert_eq!(get(&mut owner, &key).await.as_deref(), Some("100"));
+    assert_eq!(
+        get(&mut owner, &key).await.as_deref(),
+        Some("c100x60000:100")
+    );
 }
 
 async fn keys_are_routed_to_the_node_that_owns_them(d: &Deployment) {
@@ -226,7 +230,11 @@ async fn keys_are_routed_to_the_node_that_owns_them(d: &Deployment) {
         assert!(a.admitted);
         let mut owner = d.owner(&key).await;
         let stored = get(&mut owner, &key).await;
-        assert_eq!(stored, Some((1 + i % 5).to_string()), "{key} on its owner");
+        assert_eq!(
+            stored,
+            Some(format!("c10x60000:{}", 1 + i % 5)),
+            "{key} on its owner"
+        );
         *per_owner.entry(d.owner_port(&key).await).or_default() += 1;
     }
     let expected_owners = if d.is_cluster() { 3 } else { 1 };
@@ -329,7 +337,7 @@ async fn a_batch_gives_the_same_results_as_single_calls(d: &Deployment) {
         let expected = single_results[i].count.max(single_results[i + 750].count);
         assert_eq!(
             get(&mut owner, &key).await,
-            Some(expected.to_string()),
+            Some(format!("c3x60000:{expected}")),
             "{key}"
         );
     }
@@ -351,7 +359,11 @@ async fn a_flush_between_two_batches_is_recovered_and_nothing_runs_twice(d: &Dep
     // Stored counts: each key ran exactly three times in total.
     for key in keys.iter().step_by(50) {
         let mut owner = d.owner(key).await;
-        assert_eq!(get(&mut owner, key).await.as_deref(), Some("9"), "{key}");
+        assert_eq!(
+            get(&mut owner, key).await.as_deref(),
+            Some("c1000x60000:9"),
+            "{key}"
+        );
     }
 }
 

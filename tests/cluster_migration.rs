@@ -134,11 +134,13 @@ async fn a_slot_moves_under_load_without_errors_and_counts_stay_exact() {
             .cloned()
             .collect();
         let mut owner = cluster.node(cluster.shard_of(key).await.primary).await;
-        let stored: u64 = redis::cmd("GET")
+        let stored: String = redis::cmd("GET")
             .arg(key)
             .query_async(&mut owner)
             .await
             .expect("read the counter");
+        // The count behind the counter's tag ("c<limit>x<window>:<count>").
+        let stored: u64 = stored.rsplit(':').next().unwrap().parse().unwrap();
         // The first increment before the run counts as admitted.
         let verdict = check_counter(&mine, stored - 1, LIMIT);
         assert!(verdict.is_ok(), "{key}: {verdict:?}");
