@@ -68,8 +68,10 @@ pub const CLUSTER_COMMANDS: &str = "+cluster|slots";
 ///   its script.
 /// * `publish` (with the channel pattern `&{app:*`): `fence/release` wakes
 ///   the fence `Waiters` of the resource (channel `keys::derive(resource,
-///   "released")`) through `redis.pcall`, so a refused publish does not fail
-///   the release; waiters then wake on their backoff instead. `subscribe`
+///   "released")`, sent only while their flag `keys::derive(resource,
+///   "waiting")`, under the key pattern `~{app:*`, exists) through
+///   `redis.pcall`, so a refused publish does not fail the release; waiters
+///   then wake on their backoff instead. `subscribe`
 ///   and `unsubscribe` are what the `Waiters`' own connection needs (without
 ///   `unsubscribe` it stays subscribed to channels nobody waits on).
 /// * `config|get`: the fence durability check reads the persistence

@@ -222,10 +222,12 @@ impl Grant {
     /// Consumes the grant.
     ///
     /// Never deletes a lock that expired and was taken by someone else.
-    /// Declared `allow-oom`, so it works on a full server. A release is
-    /// announced with `PUBLISH` on the channel
-    /// `keys::derive(resource, "released")`, which wakes the
-    /// [`super::Waiters`] of every process waiting for the lock.
+    /// Declared `allow-oom`, so it works on a full server. While a
+    /// [`super::Waiters`] waits for the lock (its flag
+    /// `keys::derive(resource, "waiting")` exists), a release is announced
+    /// with `PUBLISH` on the channel `keys::derive(resource, "released")`,
+    /// which wakes them in every process; without waiters nothing is
+    /// published.
     ///
     /// # Errors
     ///
@@ -388,7 +390,7 @@ impl fmt::Debug for Holder {
 
 impl Holder {
     fn release_call(&self) -> Invocation {
-        Invocation::new(&RELEASE, &[self.keys.lock.as_str()])
+        Invocation::new(&RELEASE, &[self.keys.lock.as_str(), &self.keys.waiting])
             .arg(self.value.as_str())
             .arg(self.keys.released.as_str())
     }
@@ -532,8 +534,9 @@ mod tests {
             [
                 "EVALSHA",
                 RELEASE.sha1(),
-                "1",
+                "2",
                 "{r}:lock",
+                "{r}:waiting",
                 "7:t0k",
                 "{r}:released"
             ]

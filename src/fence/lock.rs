@@ -452,11 +452,30 @@ impl AcquireLock {
     /// [`AcquireLock::with_token`] for the lock's own acquires, which
     /// confirm acknowledged grants themselves.
     pub(super) fn build(lock: &Lock, resource: &str, token: &Token) -> Result<Self> {
+        AcquireLock::build_waiting(lock, resource, token, None)
+    }
+
+    /// [`AcquireLock::build`] for a waiter of [`super::Waiters`] that sleeps
+    /// at most `sleep_ms` between attempts: each attempt that finds the lock
+    /// held keeps the resource's waiting flag at least that long, so that a
+    /// release meanwhile is announced.
+    pub(super) fn build_waiting(
+        lock: &Lock,
+        resource: &str,
+        token: &Token,
+        sleep_ms: Option<u64>,
+    ) -> Result<Self> {
         let keys = Keys::of(resource)?;
         let ttl_ms = millis(lock.ttl)?;
-        let call = Invocation::new(&ACQUIRE, &[&keys.lock, &keys.fence])
-            .arg(token.as_str())
-            .arg(ttl_ms);
+        let call = match sleep_ms {
+            None => Invocation::new(&ACQUIRE, &[&keys.lock, &keys.fence])
+                .arg(token.as_str())
+                .arg(ttl_ms),
+            Some(ms) => Invocation::new(&ACQUIRE, &[&keys.lock, &keys.fence, &keys.waiting])
+                .arg(token.as_str())
+                .arg(ttl_ms)
+                .arg(ms),
+        };
         Ok(AcquireLock {
             call,
             keys,
@@ -540,6 +559,26 @@ mod tests {
                 "{r}:fence",
                 "t0k",
                 "1500"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_waiters_acquire_also_names_the_waiting_flag_and_its_sleep() {
+        let token = Token("t0k".into());
+        let op = AcquireLock::build_waiting(&lock(1500), "r", &token, Some(502)).unwrap();
+        assert_eq!(
+            words(op.invocation().command()),
+            [
+                "EVALSHA",
+                ACQUIRE.sha1(),
+                "3",
+                "{r}:lock",
+                "{r}:fence",
+                "{r}:waiting",
+                "t0k",
+                "1500",
+                "502"
             ]
         );
     }

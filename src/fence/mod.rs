@@ -67,8 +67,9 @@
 //! ([`crate::keys::derive`], which also says how names with `{` or `}` are
 //! laid out): `{r}:lock`, holding the grant's fence and owner token
 //! (`"<fence>:<token>"`) with the TTL, `{r}:fence`, the counter, and
-//! `{r}:value`, the value of [`Fence::write`]. Releases are announced on the
-//! pub/sub channel `{r}:released`. The counter has **no TTL**: it must never
+//! `{r}:value`, the value of [`Fence::write`], and `{r}:waiting`, a flag with
+//! a short TTL that [`Waiters`] set while they wait. A release is announced
+//! on the pub/sub channel `{r}:released` only while that flag exists. The counter has **no TTL**: it must never
 //! start again from zero, so it stays (about 60 bytes) for every resource name
 //! ever locked. Derive resource names from a bounded set (one per account, per
 //! job kind), not from unbounded input.
@@ -353,8 +354,8 @@ pub enum LockExtend {
     Lost,
 }
 
-/// The keys of a resource: the lock, its fence counter, its value and its
-/// release channel.
+/// The keys of a resource: the lock, its fence counter, its value, its
+/// release channel and its waiting flag.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Keys {
     pub(crate) lock: String,
@@ -363,6 +364,8 @@ pub(crate) struct Keys {
     pub(crate) value: String,
     /// The pub/sub channel on which a release is announced.
     pub(crate) released: String,
+    /// The flag of [`Waiters`]: while it exists, a release is announced.
+    pub(crate) waiting: String,
 }
 
 impl Keys {
@@ -373,6 +376,7 @@ impl Keys {
             fence: keys::derive(resource, "fence"),
             value: keys::derive(resource, "value"),
             released: keys::derive(resource, "released"),
+            waiting: keys::derive(resource, "waiting"),
         })
     }
 }
@@ -408,6 +412,11 @@ mod tests {
         assert_eq!(keys.lock, "{payout:42}:lock");
         assert_eq!(keys.fence, "{payout:42}:fence");
         assert_eq!(keys.value, "{payout:42}:value");
+        assert_eq!(keys.waiting, "{payout:42}:waiting");
+        assert_eq!(
+            crate::keys::slot(&keys.waiting),
+            crate::keys::slot(&keys.lock)
+        );
         assert_eq!(
             crate::keys::slot(&keys.value),
             crate::keys::slot("payout:42")

@@ -7,7 +7,7 @@ use redis::aio::ConnectionLike;
 
 use super::{AcquireLock, Lock, LockAttempt};
 use crate::backoff::{jitter, random_u64};
-use crate::{timer, Error, Result};
+use crate::{timer, Backoff, Error, Result};
 
 /// The waiting loop of a [`Lock`] built [`Lock::with_wait`], and of
 /// [`Waiters::acquire`](super::Waiters::acquire): `op` (one token for every
@@ -93,7 +93,7 @@ where
         let sleep = match (wake, expires_in) {
             // Woken by the release; the expiry (capped by max_delay, which
             // bounds what a lost message costs) is the fallback.
-            (Some(_), Some(expiry)) => expiry.min(backoff.max_delay.max(backoff.initial_delay)),
+            (Some(_), Some(expiry)) => expiry.min(fallback(backoff)),
             (None, Some(expiry)) => backoff.delay(attempt).min(expiry),
             (_, None) => backoff.delay(attempt),
         };
@@ -114,6 +114,18 @@ where
             None => timer.await,
         }
     }
+}
+
+/// The longest a waiter sleeps between attempts with a wake-up signal: the
+/// cap of its backoff (which bounds the sleep when the lock has no expiry,
+/// and the fallback when a release is not heard), plus the jitter.
+pub(super) fn longest_sleep(backoff: &Backoff) -> Duration {
+    (fallback(backoff) + MS).min(backoff.timeout)
+}
+
+/// How long a woken waiter sleeps at most when no release wakes it.
+fn fallback(backoff: &Backoff) -> Duration {
+    backoff.max_delay.max(backoff.initial_delay)
 }
 
 const MS: Duration = Duration::from_millis(1);

@@ -8,7 +8,7 @@ use redis::aio::{ConnectionLike, PubSubSink};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
-use super::retry::wait_for;
+use super::retry::{longest_sleep, wait_for};
 use super::{AcquireLock, Lock, LockAttempt};
 #[cfg(doc)]
 use crate::Backoff;
@@ -18,10 +18,17 @@ use crate::{timer, Error, Result};
 /// connection, shared (clone it freely), that wakes a waiter of
 /// [`Waiters::acquire`] as soon as the lock it waits for is released.
 ///
-/// [`super::Grant::release`] (and so [`super::Lease`] and
-/// [`super::Lock::with_lease`]) `PUBLISH`es on the channel `keys::derive(resource, "released")` after
-/// deleting the lock. A [`Waiters`] subscribes to the channel of each
-/// resource it is asked to wait for, and each message wakes **one** waiter
+/// A [`Waiters`] subscribes to the channel `keys::derive(resource,
+/// "released")` of each resource it is asked to wait for, then tries the
+/// lock; each attempt that finds it held also sets the resource's waiting
+/// flag (`keys::derive(resource, "waiting")`, in the same slot) for at least
+/// as long as the waiter then sleeps. [`super::Grant::release`] (and so
+/// [`super::Lease`] and [`super::Lock::with_lease`]) `PUBLISH`es on the
+/// channel after deleting the lock **only while that flag exists**: a
+/// release nobody waits for publishes nothing. No wake-up is lost by it: a
+/// release after a waiter's failed attempt sees the flag that attempt set,
+/// and one before it left the lock free for the attempt (the subscription
+/// came first, so the message is heard either way). Each message wakes **one** waiter
 /// of this process for that resource (the first to have gone back to
 /// sleep: Tokio's `Notify::notify_one` is first in, first out), which tries at
 /// once: a release costs one attempt per waiting process, not one per
@@ -39,7 +46,8 @@ use crate::{timer, Error, Result};
 ///
 /// In a script on a cluster, `PUBLISH` is broadcast over the cluster bus to
 /// every node, so a [`Waiters`] built from a client of **any one node**
-/// hears every release. Sharded pub/sub (`SPUBLISH`, Redis 7.0+) would keep
+/// hears every release (that is also why a release without waiters skips
+/// it). Sharded pub/sub (`SPUBLISH`, Redis 7.0+) would keep
 /// each message on the shard that owns the resource's slot (the channel is
 /// derived like the resource's keys, so it fits the slot model), but the
 /// subscriber would then need an `SSUBSCRIBE` on that shard's node, which
@@ -165,7 +173,13 @@ impl Waiters {
     where
         C: ConnectionLike + Send,
     {
-        let op = AcquireLock::build(lock, resource, &super::Token::random()?)?;
+        // Whole milliseconds, rounded up: the flag must outlive the sleep.
+        let sleep = longest_sleep(lock.wait()).as_nanos().div_ceil(1_000_000);
+        let sleep_ms = u64::try_from(sleep)
+            .unwrap_or(u64::MAX)
+            .clamp(1, crate::MAX_INTEGER);
+        let op =
+            AcquireLock::build_waiting(lock, resource, &super::Token::random()?, Some(sleep_ms))?;
         lock.wait().check()?;
         let watch = self.watch(op.released_channel()).await?;
         wait_for(conn, lock, &op, Some(&watch.wake)).await
