@@ -390,9 +390,9 @@ impl fmt::Debug for Holder {
 
 impl Holder {
     fn release_call(&self) -> Invocation {
+        // The script derives the channel (`keys.released`) from the flag's name.
         Invocation::new(&RELEASE, &[self.keys.lock.as_str(), &self.keys.waiting])
             .arg(self.value.as_str())
-            .arg(self.keys.released.as_str())
     }
 
     fn extend_call(&self) -> Invocation {
@@ -537,8 +537,7 @@ mod tests {
                 "2",
                 "{r}:lock",
                 "{r}:waiting",
-                "7:t0k",
-                "{r}:released"
+                "7:t0k"
             ]
         );
         assert_eq!(

@@ -413,6 +413,12 @@ mod tests {
         assert_eq!(keys.fence, "{payout:42}:fence");
         assert_eq!(keys.value, "{payout:42}:value");
         assert_eq!(keys.waiting, "{payout:42}:waiting");
+        // fence/release names the channel after the flag.
+        for resource in ["payout:42", "{u1}:job", "a}b"] {
+            let keys = Keys::of(resource).unwrap();
+            let stem = keys.waiting.strip_suffix(":waiting").unwrap();
+            assert_eq!(keys.released, format!("{stem}:released"));
+        }
         assert_eq!(
             crate::keys::slot(&keys.waiting),
             crate::keys::slot(&keys.lock)
