@@ -9,11 +9,25 @@
     python3 benches/script_instructions.py --only pair   # the rows whose label has "pair"
 
 Runs `redis-server` (PATH, or $NOLOCK_REDIS_SERVER) under
-`valgrind --tool=callgrind --instr-atstart=no` on its own port, sends N
-EVALSHAs of each script one at a time with instrumentation on, and prints
-instructions per call. Unlike `usec_per_call` the count does not move with
-the machine's load, so runs of different trees compare. Every figure includes
-the dispatch of one command (the `return 1` row). A program, not a test.
+`valgrind --tool=callgrind --instr-atstart=no --collect-atstart=no
+--toggle-collect=processCommand` on its own port, sends N EVALSHAs of each
+script one at a time with instrumentation on, and prints instructions per
+call. Only the command itself is counted: `processCommand` (lookup, ACL
+check, `call`: the script and every command it calls, the propagation of its
+writes), not the reading and parsing of the request, the writing of the reply
+to the socket, nor the server's timers (`serverCron`, active expiry) that
+happen to run between two calls. Unlike `usec_per_call` the count does not
+move with the machine's load, so runs of different trees compare. Every
+figure includes the dispatch of one command (the `return 1` row). A program,
+not a test.
+
+Every key a row measures stays present for the whole run: admitting rows
+have room for far more calls than a run makes (a burst of 10^6 at 1 s per
+unit, windows of an hour), denying rows are exhausted by the warm-up and keep
+their state for an hour, and a peek reads a state a check wrote first. After
+each row the script checks that its keys still have a TTL longer than the run
+took, so a row that measured an expired (and recreated) key is refused, not
+printed. Each rate check is printed for its admitting and its denying path.
 
 Scripts are composed as `src/script/compose.rs` does (each `--@include
 lib/<name>` replaced by the helper without its header, helpers first and
@@ -100,49 +114,81 @@ class Conn:
         return None if n < 0 else [self.read() for _ in range(n)]
 
 
+# Arguments that keep every key present for a run (see the module docs):
+# GCRA and token bucket (cost, T us, burst): each admit adds 1 s to a burst
+# of 10^6; a deny has a burst of 1 at 1 h per unit. Windows (cost, w ms,
+# limit): an hour's window, of 10^9 or of 1.
+ADMIT, DENY = [1, 1000000, 1000000], [1, 3600000000, 1]
+WINDOW_ADMIT, WINDOW_DENY = [1, 3600000, 1000000000], [1, 3600000, 1]
+# try_increment and the reference counter (limit, w ms, n).
+COUNT_ADMIT, COUNT_DENY = [1 << 50, 3600000, 1], [1, 3600000, 1]
+
+
+def one(label, src, keys, args, setup=()):
+    """A row of one script; `setup`: commands sent once before it."""
+    return (label, [src], [(0, keys, args)], list(setup))
+
+
 def cases(lua, tower):
     refs = references()
     mine = lambda name: compose(lua, name)
-    one = lambda label, src, keys, args: (label, [src], [(0, keys, args)])
-    admit, deny = [1, 1, 1000000], [1, 3600000000, 1]
-    window_admit, window_deny = [1, 1000, 1000000], [1, 3600000, 1]
     rows = [
         one('EVALSHA of return 1 (dispatch)', 'return 1', [], []),
-        one('reference: 10-line bounded counter', refs['REF_COUNTER'], ['rc'], [1 << 50, 3600000, 1]),
-        one('limits/try_increment', mine('limits/try_increment'), ['ti'], [1 << 50, 3600000, 1]),
-        one('reference: minimal GCRA, admit', refs['REF_GCRA'], ['rga'], admit),
-        one('reference: minimal GCRA, deny', refs['REF_GCRA'], ['rgd'], deny),
+        one('reference: 10-line bounded counter, admit', refs['REF_COUNTER'], ['rca'], COUNT_ADMIT),
+        one('reference: 10-line bounded counter, deny', refs['REF_COUNTER'], ['rcd'], COUNT_DENY),
+        one('limits/try_increment, admit', mine('limits/try_increment'), ['tia'], COUNT_ADMIT),
+        one('limits/try_increment, deny', mine('limits/try_increment'), ['tid'], COUNT_DENY),
+        one('reference: minimal GCRA, admit', refs['REF_GCRA'], ['rga'], ADMIT),
+        one('reference: minimal GCRA, deny', refs['REF_GCRA'], ['rgd'], DENY),
     ]
     if tower:
+        # Read as (capacity, emission interval in µs), the order earlier
+        # runs sent: a capacity of 10^6 at 1 s each admits; 1 at 1 h denies
+        # after the first. The key check below refuses the row if the key
+        # did not stay.
         src = open(tower).read()
-        rows += [one('tower-rate-limit-redis GCRA, admit', src, ['twa'], [1000000, 1]),
-                 one('tower-rate-limit-redis GCRA, deny', src, ['twd'], [1, 3600000])]
-    for alg, a, d in [('gcra', admit, deny), ('token_bucket', admit, deny),
-                      ('sliding_window', window_admit, window_deny),
-                      ('fixed_window', [1, 1000, 1000000000], window_deny)]:
+        rows += [one('tower-rate-limit-redis GCRA, admit', src, ['twa'], [1000000, 1000000]),
+                 one('tower-rate-limit-redis GCRA, deny', src, ['twd'], [1, 3600000000])]
+    for alg, a, d in [('gcra', ADMIT, DENY), ('token_bucket', ADMIT, DENY),
+                      ('sliding_window', WINDOW_ADMIT, WINDOW_DENY),
+                      ('fixed_window', WINDOW_ADMIT, WINDOW_DENY)]:
         src = mine('rate/%s/check' % alg)
         rows += [one('rate/%s/check, admit' % alg, src, [alg + 'a'], a),
                  one('rate/%s/check, deny' % alg, src, [alg + 'd'], d)]
-    rows.append(one('rate/gcra/peek', mine('rate/gcra/peek'), ['gp'], admit))
+    # A peek of a state one check wrote (a missing key is another path).
+    rows.append(one('rate/gcra/peek', mine('rate/gcra/peek'), ['gp'], ADMIT,
+                    [('EVAL', mine('rate/gcra/check'), 1, 'gp', *ADMIT)]))
     rows.append(one('rate/gcra/check, 3 limits, admit', mine('rate/gcra/check'),
-                    ['m{x}1', 'm{x}2', 'm{x}3'], [1, 1, 1000000, 6, 10000000, 36, 100000000]))
+                    ['m{x}1', 'm{x}2', 'm{x}3'],
+                    [1, 1000000, 1000000, 2000000, 1000000, 3000000, 1000000]))
     rows.append(one('rate/sliding_window/check, 3 limits, admit', mine('rate/sliding_window/check'),
-                    ['w{x}1', 'w{x}2', 'w{x}3'], [1, 1000, 1000000, 60000, 10000000, 3600000, 100000000]))
+                    ['w{x}1', 'w{x}2', 'w{x}3'],
+                    [1, 3600000, 100000000, 7200000, 100000000, 10800000, 100000000]))
     rows.append(('reference: SET NX PX + INCR, token-checked release (pair)',
                  [refs['REF_ACQUIRE'], refs['REF_RELEASE']],
-                 [(0, ['{r}', '{r}:fence'], [TOKEN, 30000]), (1, ['{r}'], [TOKEN])]))
-    rows.append(('fence/acquire + fence/release (pair)',
-                 [mine('fence/acquire'), mine('fence/release')],
-                 [(0, ['{f}:lock', '{f}:fence'], [TOKEN, 30000]), (1, ['{f}:lock'], [HELD, '{f}:released'])]))
-    # What waking the waiters costs: the same pair with no channel to PUBLISH on.
-    rows.append(('fence/acquire + fence/release without the PUBLISH (pair)',
-                 [mine('fence/acquire'), mine('fence/release')],
-                 [(0, ['{g}:lock', '{g}:fence'], [TOKEN, 30000]), (1, ['{g}:lock'], [HELD])]))
+                 [(0, ['{r}', '{r}:fence'], [TOKEN, 30000]), (1, ['{r}'], [TOKEN])], []))
+    # The release as nolock sends it: since the waiting flag, with the flag's
+    # key (it publishes only while the flag exists, on a channel named after
+    # it); before, with the channel (it always published).
+    flagged = 'waiting flag' in open(os.path.join(lua, 'fence', 'release.lua')).read()
+    acquire, release = mine('fence/acquire'), mine('fence/release')
+    sent = lambda t: (([t + ':lock', t + ':waiting'], [HELD]) if flagged
+                      else ([t + ':lock'], [HELD, t + ':released']))
+    rows.append(('fence/acquire + fence/release (pair)', [acquire, release],
+                 [(0, ['{f}:lock', '{f}:fence'], [TOKEN, 30000]), (1, *sent('{f}'))], []))
+    if flagged:
+        # A waiter's flag present (an hour long): the release publishes.
+        rows.append(('fence/acquire + fence/release, a waiter waits (pair)', [acquire, release],
+                     [(0, ['{h}:lock', '{h}:fence'], [TOKEN, 30000]), (1, *sent('{h}'))],
+                     [('SET', '{h}:waiting', 1, 'PX', 3600000)]))
+    # The floor: the same pair with no channel (and no flag) at all.
+    rows.append(('fence/acquire + fence/release without the PUBLISH (pair)', [acquire, release],
+                 [(0, ['{g}:lock', '{g}:fence'], [TOKEN, 30000]), (1, ['{g}:lock'], [HELD])], []))
     # A check of 2 and a refund of 1 (the refund gives back and writes its
     # record, a fresh one per pair): what a refund costs on top of its check.
     # Trees before the reset markers took no marker key.
     marked = 'reset marker' in open(os.path.join(lua, 'lib', 'refund.lua')).read()
-    for alg, params in [('gcra', [1000, 100000]), ('token_bucket', [1000, 100000])]:
+    for alg, params in [('gcra', [1000000, 100000]), ('token_bucket', [1000000, 100000])]:
         key = '{%s}' % alg[0]
         keys = [key, lambda reply, n, k=key: '%s:charge#%d' % (k, n)] + ([key + ':reset'] if marked else [])
         # amount 1, actual 0, at (the check's time), cost 2, deadline 1 h on
@@ -152,7 +198,7 @@ def cases(lua, tower):
         argv = [1, 0, lambda reply, n: reply[1], 2, deadline, 9007199254740991, *params, 2, 0]
         rows.append(('rate/%s/check + refund (pair)' % alg,
                      [mine('rate/%s/check' % alg), mine('rate/%s/refund' % alg)],
-                     [(0, [key], [2, *params]), (1, keys, argv)]))
+                     [(0, [key], [2, *params]), (1, keys, argv)], []))
     return rows
 
 
@@ -188,7 +234,7 @@ ABLATIONS = [
 
 def ablations(lua):
     base = compose(lua, 'rate/gcra/check')
-    admit, deny = [1, 1, 1000000], [1, 3600000000, 1]
+    admit, deny = ADMIT, DENY
     rows = []
     every, contracts = base, None
     for n, (label, edits) in enumerate(ABLATIONS):
@@ -201,14 +247,14 @@ def ablations(lua):
                 sys.exit('--ablate: %r was already edited away; reorder ABLATIONS' % old)
             every = every.replace(old, new, 1)
         # Each row its own keys: stored times differ in format between rows.
-        rows += [('GCRA check without %s, admit' % label, [src], [(0, ['a%da' % n], admit)]),
-                 ('GCRA check without %s, deny' % label, [src], [(0, ['a%dd' % n], deny)])]
+        rows += [one('GCRA check without %s, admit' % label, src, ['a%da' % n], admit),
+                 one('GCRA check without %s, deny' % label, src, ['a%dd' % n], deny)]
         if n == 2:
             contracts = every
-    rows += [('GCRA check without the three contracts above, admit', [contracts], [(0, ['ca'], admit)]),
-             ('GCRA check without the three contracts above, deny', [contracts], [(0, ['cd'], deny)]),
-             ('GCRA check without all of the above, admit', [every], [(0, ['ea'], admit)]),
-             ('GCRA check without all of the above, deny', [every], [(0, ['ed'], deny)])]
+    rows += [one('GCRA check without the three contracts above, admit', contracts, ['ca'], admit),
+             one('GCRA check without the three contracts above, deny', contracts, ['cd'], deny),
+             one('GCRA check without all of the above, admit', every, ['ea'], admit),
+             one('GCRA check without all of the above, deny', every, ['ed'], deny)]
     return rows
 
 
@@ -231,7 +277,13 @@ def main():
             + ablations(args.lua)
     with tempfile.TemporaryDirectory() as dir:
         out = os.path.join(dir, 'callgrind.out')
+        # Collected only inside processCommand: the command as dispatched,
+        # without the request's parsing, the reply's socket write and the
+        # timers (serverCron) that run between commands. Not `call`: a
+        # script's redis.call enters it again, and a toggle there would turn
+        # collection off for the commands the script calls.
         proc = subprocess.Popen(['valgrind', '--tool=callgrind', '--instr-atstart=no',
+                                 '--collect-atstart=no', '--toggle-collect=processCommand',
                                  '--callgrind-out-file=' + out, server, '--port', str(args.port),
                                  '--save', '', '--appendonly', 'no', '--dir', dir],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -249,8 +301,10 @@ def main():
             print('redis %s under callgrind; %d calls per row; instructions per call'
                   % (version, args.calls))
             print('| script | instructions per call |\n|---|---:|')
-            for label, sources, calls in rows:
+            for label, sources, calls, setup in rows:
                 shas = [conn.cmd('SCRIPT', 'LOAD', s) for s in sources]
+                for command in setup:
+                    conn.cmd(*command)
 
                 count = [0]
 
@@ -273,11 +327,23 @@ def main():
 
                 for _ in range(3):
                     run()  # warm up (and exhaust the deny rows)
+                # The state the row keeps: every key that exists after the
+                # warm-up (a fence pair's lock is gone after each release,
+                # a refund's record is new each time).
+                kept = [k for _, keys, _ in calls for k in keys
+                        if not callable(k) and conn.cmd('EXISTS', k)]
                 control('-z')
                 control('-i', 'on')
+                began = time.monotonic()
                 for _ in range(args.calls):
                     run()
+                took_ms = (time.monotonic() - began) * 1000
                 control('-i', 'off')
+                for key in kept:
+                    pttl = conn.cmd('PTTL', key)
+                    if pttl != -1 and pttl < took_ms:
+                        sys.exit('%s: %s has a PTTL of %r ms after a run of %.0f ms: it may have '
+                                 'expired during the run' % (label, key, pttl, took_ms))
                 control('-d')
                 time.sleep(0.3)
                 dump = max(glob.glob(out + '.*'), key=os.path.getmtime)
