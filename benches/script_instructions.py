@@ -155,9 +155,10 @@ def cases(lua, tower):
         src = mine('rate/%s/check' % alg)
         rows += [one('rate/%s/check, admit' % alg, src, [alg + 'a'], a),
                  one('rate/%s/check, deny' % alg, src, [alg + 'd'], d)]
-    # A peek of a state one check wrote (a missing key is another path).
+    # A peek of a state one check wrote (a missing key is another path): a
+    # charge of 1000 units at 1 s each, so it stays 1000 s.
     rows.append(one('rate/gcra/peek', mine('rate/gcra/peek'), ['gp'], ADMIT,
-                    [('EVAL', mine('rate/gcra/check'), 1, 'gp', *ADMIT)]))
+                    [('EVAL', mine('rate/gcra/check'), 1, 'gp', 1000, *ADMIT[1:])]))
     rows.append(one('rate/gcra/check, 3 limits, admit', mine('rate/gcra/check'),
                     ['m{x}1', 'm{x}2', 'm{x}3'],
                     [1, 1000000, 1000000, 2000000, 1000000, 3000000, 1000000]))

@@ -302,3 +302,78 @@ async fn waiters_are_woken_across_a_script_flush(d: &Deployment) {
     assert!(took < Duration::from_secs(5), "woken after {took:?}");
     release(&mut conn, got).await;
 }
+
+/// CPU seconds (user + system) one node has used so far.
+async fn cpu_seconds(conn: &mut redis::aio::MultiplexedConnection) -> f64 {
+    let info: String = support::raw(conn, &["INFO", "cpu"]).await;
+    info.lines()
+        .filter_map(|line| {
+            let (name, value) = line.split_once(':')?;
+            matches!(name, "used_cpu_user" | "used_cpu_sys")
+                .then(|| value.trim().parse::<f64>().ok())?
+        })
+        .sum()
+}
+
+/// What a lock's release costs the 3x2 cluster, with and without a
+/// waiter's flag (so with and without the PUBLISH the cluster bus
+/// broadcasts to every node): CPU per acquire + release pair, summed over
+/// the six nodes and over the five that do not own the lock, alternating
+/// the two cases in one run. A measurement, not a check: run it alone,
+/// `cargo test --test fence_wake -- --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement: prints the CPU of a lock pair on the cluster with and without waiters"]
+async fn cluster_cpu_of_a_release_with_and_without_waiters() {
+    let _alone = support::deployment::CLUSTER_ACCESS.write().await;
+    let d = Deployment::cluster();
+    let Deployment::Cluster(cluster) = &d else {
+        unreachable!()
+    };
+    let mut conn = d.conn().await;
+    let resource = format!("{}cost", prefix("wake"));
+    let flag = waiting_key(&resource);
+    let owner_port = d.owner_port(&flag).await;
+    let mut owner = d.owner(&flag).await;
+    let locks = lock(MINUTE);
+    let pairs = 4000;
+    println!(
+        "| round | without a waiter | with a waiter's flag | ratio | of it, the 5 other nodes |"
+    );
+    println!("|---|---:|---:|---:|---|");
+    for round in 0..6 {
+        let mut per_pair = [(0.0, 0.0); 2];
+        // Each case first in every other round: drift falls on both.
+        let order = [round % 2 == 1, round % 2 == 0];
+        for waiting in order {
+            let case = usize::from(waiting);
+            if waiting {
+                let _: () = support::raw(&mut owner, &["SET", &flag, "1", "PX", "600000"]).await;
+            } else {
+                let _: i64 = support::raw(&mut owner, &["DEL", &flag]).await;
+            }
+            let mut nodes = cluster.nodes().await;
+            let mut before = Vec::new();
+            for (_, c) in nodes.iter_mut() {
+                before.push(cpu_seconds(c).await);
+            }
+            for _ in 0..pairs {
+                let g = grant(locks.acquire(&mut conn, &resource).await.unwrap());
+                release(&mut conn, g).await;
+            }
+            let (mut all, mut others) = (0.0, 0.0);
+            for ((port, c), was) in nodes.iter_mut().zip(before) {
+                let used = cpu_seconds(c).await - was;
+                all += used;
+                if *port != owner_port {
+                    others += used;
+                }
+            }
+            per_pair[case] = (all * 1e6 / pairs as f64, others * 1e6 / pairs as f64);
+        }
+        let [(without, without_others), (with, with_others)] = per_pair;
+        println!(
+            "| {round} | {without:.1} µs | {with:.1} µs | {:.2} | {without_others:.1} µs / {with_others:.1} µs |",
+            with / without
+        );
+    }
+}
