@@ -53,9 +53,10 @@ use crate::{timer, Error, Result};
 /// subscriber would then need an `SSUBSCRIBE` on that shard's node, which
 /// redis-rs 1.8 offers only on the cluster connection with RESP3 pushes, and
 /// which moves with the slot on failover. The broadcast costs one small
-/// message per release per node, which is fine for locks (they are not
-/// taken thousands of times a second); switching to `SPUBLISH` is a change
-/// of the script and of this type only.
+/// message per node for each release that someone waits for (on the local
+/// 3x2 cluster, an acquire + release pair used 1.2 to 1.9 times the CPU of
+/// one nobody waited for: `fence_wake::cluster_cpu_of_a_release_with_and_without_waiters`);
+/// switching to `SPUBLISH` is a change of the script and of this type only.
 #[derive(Debug, Clone)]
 pub struct Waiters {
     inner: Arc<Inner>,
