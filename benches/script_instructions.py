@@ -31,7 +31,8 @@ printed. Each rate check is printed for its admitting and its denying path.
 
 Scripts are composed as `src/script/compose.rs` does (each `--@include
 lib/<name>` replaced by the helper without its header, helpers first and
-once, `SCRIPT_NAME` before the first); the references are the `REF_*`
+once, `SCRIPT_NAME` before the first, or before the code of a script that
+names it without any); the references are the `REF_*`
 scripts of `examples/rate_cost.rs`.
 """
 import argparse, glob, os, re, socket, subprocess, sys, tempfile, time
@@ -75,7 +76,13 @@ def compose(lua, name):
                 out.append('\n')
 
     splice(open(os.path.join(lua, name + '.lua')).read())
-    return ''.join(out)
+    composed = ''.join(out)
+    if not included and 'SCRIPT_NAME' in composed:
+        # A script that writes its errors in place: its name before its code.
+        shebang = composed.index('\n') + 1 if composed.startswith('#!') else 0
+        header = len(composed) - len(body(composed[shebang:]))
+        composed = composed[:header] + "local SCRIPT_NAME = '%s'\n" % name + composed[header:]
+    return composed
 
 
 def references():
