@@ -33,56 +33,73 @@
 --   {1, 1, 60000}  {1, 2, 59998}  {1, 3, 59997}  {0, 3, 59996} ... until expiry;
 --   the key holds "c3x60000:3". A call with limit 5 on it is refused.
 
---@include lib/fail
-
 local MAX = 9007199254740991
 
--- The checks of lib/args, lib/stored and lib/tag, written in place: a
--- helper costs a closure and a call on every increment, on the hottest
--- script there is.
-local limit, window, n = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-if not limit or limit % 1 ~= 0 or limit < 1 or limit > MAX then
-  return fail('bad limit: ' .. tostring(ARGV[1]))
-end
-if not window or window % 1 ~= 0 or window < 1 or window > MAX then
-  return fail('bad window: ' .. tostring(ARGV[2]))
-end
-if not n or n % 1 ~= 0 or n < 1 or n > MAX then return fail('bad n: ' .. tostring(ARGV[3])) end
-if n > limit then return fail('n is above limit') end
+-- The checks of lib/args, lib/stored and lib/tag, and lib/fail's errors,
+-- written in place: a helper costs a closure and a call on every
+-- increment, on the hottest script there is. Arguments convert by
+-- arithmetic (tonumber parses a string twice): a non-numeric one raises
+-- Lua's own error, still before any write, so the refusal stays definite.
 local adopt = #ARGV == 4 and ARGV[4] == 'adopt'
 if #ARGV ~= 3 and not adopt then
-  return fail('expected 3 arguments, or 4 with "adopt", got ' .. #ARGV)
+  return redis.error_reply('ERR nolock ' .. SCRIPT_NAME
+    .. ': expected 3 arguments, or 4 with "adopt", got ' .. #ARGV)
 end
--- Formatted, not ARGV as sent: equal numbers give one tag ("1e3" is 1000).
-local tag = string.format('c%dx%d', limit, window)
+local limit, window, n = ARGV[1] + 0, ARGV[2] + 0, ARGV[3] + 0
+if limit % 1 ~= 0 or limit < 1 or limit > MAX then
+  return redis.error_reply('ERR nolock ' .. SCRIPT_NAME .. ': bad limit: ' .. ARGV[1])
+end
+if window % 1 ~= 0 or window < 1 or window > MAX then
+  return redis.error_reply('ERR nolock ' .. SCRIPT_NAME .. ': bad window: ' .. ARGV[2])
+end
+if n % 1 ~= 0 or n < 1 or n > MAX then
+  return redis.error_reply('ERR nolock ' .. SCRIPT_NAME .. ': bad n: ' .. ARGV[3])
+end
+if n > limit then
+  return redis.error_reply('ERR nolock ' .. SCRIPT_NAME .. ': n is above limit')
+end
+-- The tag and its colon, from the arguments as sent (the Rust side sends
+-- canonical integers). A count is written with %d past 14 digits: Lua's
+-- own number-to-string keeps 14.
+local prefix = 'c' .. ARGV[1] .. 'x' .. ARGV[2] .. ':'
 
 local stored = redis.call('GET', KEYS[1])
 if not stored then
   -- A new window: one write creates the counter with its expiry.
-  redis.call('SET', KEYS[1], string.format('%s:%d', tag, n), 'PX', window)
+  redis.call('SET', KEYS[1], n < 1e14 and prefix .. n or prefix .. string.format('%d', n), 'PX', window)
   return {1, n, window}
 end
--- "<tag>:<count>" is at most 34 + 1 + 16 bytes; a bare count is legacy.
-local raw = #stored <= 51 and stored
-local colon = raw and string.find(raw, ':', 1, true)
-if colon then
-  local by = string.sub(raw, 1, colon - 1)
-  if by ~= tag then
+-- "<tag>:<count>": its own tag costs one comparison of the prefix;
+-- another tag, or a bare count (written before tags), is looked at only
+-- then.
+local len = #prefix
+local raw = stored
+if string.sub(stored, 1, len) == prefix then
+  raw = string.sub(stored, len + 1)
+else
+  local colon = string.find(stored, ':', 1, true)
+  if colon then
+    local by = string.sub(stored, 1, colon - 1)
     if not string.find(by, '^[a-z]%d+x%d+$') and not string.find(by, '^m%d+$') then
-      return fail('key ' .. KEYS[1] .. ' holds a non-counter value')
+      return redis.error_reply('ERR nolock ' .. SCRIPT_NAME .. ': key ' .. KEYS[1]
+        .. ' holds a non-counter value')
     end
-    -- lib/tag's tag_same and tag_refuse.
-    if not (adopt and string.byte(by, 1) == string.byte(tag, 1)) then
+    -- lib/tag's tag_same and tag_refuse: adopting reads any counter's
+    -- ('c' is byte 99).
+    if not (adopt and string.byte(by) == 99) then
       return redis.error_reply('NOLOCK_STATE nolock ' .. SCRIPT_NAME .. ': ' .. KEYS[1]
-        .. ' holds state written by ' .. by .. ', not ' .. tag .. '; nothing was written')
+        .. ' holds state written by ' .. by .. ', not ' .. string.sub(prefix, 1, len - 1)
+        .. '; nothing was written')
     end
+    raw = string.sub(stored, colon + 1)
   end
-  raw = string.sub(raw, colon + 1)
 end
--- Only a canonical integer in [0, 2^53 - 1], as this script writes it.
-local count = raw and #raw <= 16 and (raw == '0' or string.find(raw, '^[1-9]%d*$')) and tonumber(raw)
+-- Only a canonical integer in [0, 2^53 - 1], as this script writes it;
+-- converted by arithmetic once its digits are checked.
+local count = #raw <= 16 and (raw == '0' or string.find(raw, '^[1-9]%d*$')) and raw + 0
 if not count or count > MAX then
-  return fail('key ' .. KEYS[1] .. ' holds a non-counter value')
+  return redis.error_reply('ERR nolock ' .. SCRIPT_NAME .. ': key ' .. KEYS[1]
+    .. ' holds a non-counter value')
 end
 
 -- A counter found without an expiry (written by something else) gets one,
@@ -98,10 +115,11 @@ if n > limit - count then
   return {0, count, pttl}
 end
 count = count + n
+local value = count < 1e14 and prefix .. count or prefix .. string.format('%d', count)
 if pttl == -1 then
-  redis.call('SET', KEYS[1], string.format('%s:%d', tag, count), 'PX', window)
+  redis.call('SET', KEYS[1], value, 'PX', window)
   pttl = window
 else
-  redis.call('SET', KEYS[1], string.format('%s:%d', tag, count), 'KEEPTTL')
+  redis.call('SET', KEYS[1], value, 'KEEPTTL')
 end
 return {1, count, pttl}
