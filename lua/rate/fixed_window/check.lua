@@ -53,18 +53,27 @@
 -- calls 2 ms later: the last gets {0, N + 2000, 3, M + 60000} (retry and
 -- reset after 59998 ms).
 
---@include lib/fail
---@include lib/rate
-
 local MAX = 9007199254740991
 
--- The checks of lib/args, lib/fixed and lib/tag, written in place (see
--- rate/gcra/check): no helper calls, no table but the reply, whose slots
--- 4i-1 .. 4i+2 keep limit i's count, window end, w and L between the
--- decision and the writes.
+-- The checks of lib/rate, lib/args, lib/fixed and lib/tag, and lib/fail's
+-- errors, written in place (see rate/gcra/check): no helper calls, no table
+-- but the reply, whose slots 4i-1 .. 4i+2 keep limit i's count, window end,
+-- w and L between the decision and the writes. Arguments convert by
+-- arithmetic (tonumber parses a string twice): a non-numeric one raises
+-- Lua's own error, still before any write, so the refusal stays definite.
 
-local n, cost, micros, adopt = rate_begin()
-if not n then return fail(cost) end
+local n = #KEYS
+local adopt = #ARGV == 2 + 2 * n and ARGV[2 + 2 * n] == 'adopt'
+if n < 1 or (#ARGV ~= 1 + 2 * n and not adopt) then
+  return redis.error_reply('ERR nolock ' .. SCRIPT_NAME .. ': expected 1 + 2 arguments per key, got '
+    .. #ARGV .. ' for ' .. n .. ' keys')
+end
+local cost = ARGV[1] + 0
+if cost % 1 ~= 0 or cost < 1 or cost > MAX then
+  return redis.error_reply('ERR nolock ' .. SCRIPT_NAME .. ': bad cost: ' .. ARGV[1])
+end
+local time = redis.call('TIME')
+local micros = time[1] * 1000000 + time[2]
 local now = math.floor(micros / 1000) -- exact: micros < 2^53 (lib/div)
 
 -- A limit's end is stored as 0 when there is no window (missing key, or
@@ -72,20 +81,31 @@ local now = math.floor(micros / 1000) -- exact: micros < 2^53 (lib/div)
 -- and must be given one.
 local reply, admitted = {0, micros, 0, 0, 0, 0}, 1
 for i = 1, n do
-  local w, l = tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
-  if not w or not l or w % 1 ~= 0 or l % 1 ~= 0 or w < 1 or l < 1 or w > MAX or l > MAX then
-    return fail('bad window or limit for key ' .. i)
+  local w, l = ARGV[2 * i] + 0, ARGV[2 * i + 1] + 0
+  if w % 1 ~= 0 or l % 1 ~= 0 or w < 1 or l < 1 or w > MAX or l > MAX then
+    return redis.error_reply('ERR nolock ' .. SCRIPT_NAME .. ': bad window or limit for key ' .. i)
   end
-  if cost > l then return fail('cost is above the limit of key ' .. i) end
+  if cost > l then
+    return redis.error_reply('ERR nolock ' .. SCRIPT_NAME .. ': cost is above the limit of key ' .. i)
+  end
   -- The state: "<tag>:<count>" (at most 34 + 1 + 16 bytes) or a bare
   -- count, a canonical integer in [0, 2^53 - 1] (as lib/fixed reads it);
   -- missing, or past its end, is empty.
   local c, e = 0, 0
   local stored = redis.call('GET', KEYS[i])
   if stored then
-    local colon = #stored <= 51 and string.find(stored, ':', 1, true)
+    -- Its own tag costs one comparison of the prefix; another tag, or a
+    -- bare count (written before tags), is looked at only then.
+    local prefix = 'f' .. ARGV[2 * i] .. 'x' .. ARGV[2 * i + 1] .. ':'
+    local len = #prefix
+    local colon = false
+    if string.sub(stored, 1, len) == prefix then
+      stored = string.sub(stored, len + 1)
+    else
+      colon = #stored <= 51 and string.find(stored, ':', 1, true)
+    end
     if colon then
-      local by, tag = string.sub(stored, 1, colon - 1), string.format('f%dx%d', w, l)
+      local by, tag = string.sub(stored, 1, colon - 1), string.sub(prefix, 1, len - 1)
       -- lib/tag's tag_same and tag_refuse. A prefix that is no tag is
       -- left in place: the value is then foreign data, refused below.
       if by == tag then
@@ -98,9 +118,10 @@ for i = 1, n do
         stored = string.sub(stored, colon + 1)
       end
     end
-    c = #stored <= 16 and (stored == '0' or string.find(stored, '^[1-9]%d*$')) and tonumber(stored)
+    c = #stored <= 16 and (stored == '0' or string.find(stored, '^[1-9]%d*$')) and stored + 0
     if not c or c > MAX then
-      return fail('key ' .. KEYS[i] .. ' does not hold a counter')
+      return redis.error_reply('ERR nolock ' .. SCRIPT_NAME .. ': key ' .. KEYS[i]
+        .. ' does not hold a counter')
     end
     e = redis.call('PEXPIRETIME', KEYS[i])
     if e == -1 then
@@ -117,7 +138,8 @@ end
 reply[1] = admitted
 
 -- Every write is the tagged count; the window (expiry) is set with it, or
--- kept. Numbers are formatted as integers (%d): exact below 2^53.
+-- kept. A count past 14 digits is formatted with %d: Lua's own
+-- number-to-string keeps 14.
 for i = 1, n do
   local j = 4 * i - 1
   local c, e, w = reply[j], reply[j + 1], reply[j + 2]
@@ -129,7 +151,8 @@ for i = 1, n do
     else
       c = c + cost
     end
-    local value = string.format('f%dx%d:%d', w, reply[j + 3], c)
+    local value = 'f' .. ARGV[2 * i] .. 'x' .. ARGV[2 * i + 1] .. ':'
+    value = c < 1e14 and value .. c or value .. string.format('%d', c)
     if e == reply[j + 1] then
       redis.call('SET', KEYS[i], value, 'KEEPTTL')
     else
