@@ -13,8 +13,6 @@
 
 --@include lib/args
 --@include lib/stored
---@include lib/fail
---@include lib/tag
 
 local function gcra_tat(key, now, tag, adopt)
   local stored = redis.call('GET', key)
@@ -24,28 +22,25 @@ local function gcra_tat(key, now, tag, adopt)
     local by = string.sub(stored, 1, at - 1)
     if by ~= tag then
       if not string.find(by, '^[a-z]%d+x%d+$') and not string.find(by, '^m%d+$') then
-        return nil, fail('key ' .. key .. ' does not hold a GCRA state')
+        return nil, redis.error_reply('ERR nolock ' .. SCRIPT_NAME .. ': key ' .. key
+          .. ' does not hold a GCRA state')
       end
-      if not tag_same(by, tag, adopt) then return nil, tag_refuse(key, by, tag) end
+      -- lib/tag's tag_same and tag_refuse, in place (helpers cost a
+      -- closure per call): adopting reads any GCRA state ('g' is byte 103).
+      if not adopt or string.byte(by) ~= 103 then
+        return nil, redis.error_reply('NOLOCK_STATE nolock ' .. SCRIPT_NAME .. ': ' .. key
+          .. ' holds state written by ' .. by .. ', not ' .. tag .. '; nothing was written')
+      end
     end
     stored = string.sub(stored, at + 1)
   end
   local tat = stored_int(stored, 0, now + 2251799813685248)
-  if not tat then return nil, fail('key ' .. key .. ' does not hold a GCRA state') end
+  if not tat then
+    return nil, redis.error_reply('ERR nolock ' .. SCRIPT_NAME .. ': key ' .. key
+      .. ' does not hold a GCRA state')
+  end
   if tat > now then return tat end
   return now
-end
-
--- gcra_tag(i) -> limit i's tag: "g<T>x<b>" from ARGV[2i] and ARGV[2i + 1]
--- (checked by gcra_limit first).
-local function gcra_tag(i)
-  return 'g' .. ARGV[2 * i] .. 'x' .. ARGV[2 * i + 1]
-end
-
--- gcra_state(tag, tat) -> the string a GCRA state is stored as. string.format
--- and not `..`: Lua prints a number with 14 digits, and a TAT has 16.
-local function gcra_state(tag, tat)
-  return tag .. ':' .. string.format('%d', tat)
 end
 
 -- gcra_limit(i, cost) -> T, b: limit i's emission interval (ARGV[2i],

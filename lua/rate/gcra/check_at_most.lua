@@ -39,13 +39,13 @@
 --@include lib/div
 --@include lib/time
 --@include lib/gcra
---@include lib/tag
 
 local MAX = 9007199254740991      -- 2^53 - 1: Lua numbers are doubles
 local MAX_FILL = 2251799813685248 -- 2^51 microseconds, about 71 years
 
-local adopt = tag_adopt(3)
-if #KEYS ~= 1 or adopt == nil then
+-- A trailing "adopt" (lib/tag's tag_adopt, in place).
+local adopt = #ARGV == 4 and ARGV[4] == 'adopt'
+if #KEYS ~= 1 or (#ARGV ~= 3 and not adopt) then
   return fail('expected 1 key and 3 arguments, got ' .. #KEYS .. ' and ' .. #ARGV)
 end
 local max = arg_int(1, 1, MAX)
@@ -66,6 +66,6 @@ if room > 0 then available = floor_div(room, step) end
 local granted = math.min(max, available)
 if granted > 0 then
   tat = tat + granted * step
-  redis.call('SET', KEYS[1], gcra_state(tag, tat), 'PXAT', ceil_div(tat, 1000))
+  redis.call('SET', KEYS[1], tag .. ':' .. string.format('%d', tat), 'PXAT', ceil_div(tat, 1000))
 end
 return {granted, now, tat}

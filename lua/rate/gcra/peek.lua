@@ -21,13 +21,13 @@
 --@include lib/args
 --@include lib/time
 --@include lib/gcra
---@include lib/tag
 
 -- As rate/gcra/check decides, without the charge.
 
 local n = #KEYS
-local adopt = n >= 1 and tag_adopt(1 + 2 * n)
-if adopt == nil or n < 1 then
+-- A trailing "adopt" (lib/tag's tag_adopt, in place).
+local adopt = #ARGV == 2 + 2 * n and ARGV[2 + 2 * n] == 'adopt'
+if n < 1 or (#ARGV ~= 1 + 2 * n and not adopt) then
   return fail('expected 1 + 2 arguments per key, got ' .. #ARGV .. ' for ' .. n .. ' keys')
 end
 local cost = arg_int(1, 1, 9007199254740991)
@@ -39,7 +39,7 @@ local reply, admitted = {0, now}, 1
 for i = 1, n do
   local step, b = gcra_limit(i, cost)
   if not step then return fail('bad interval or burst, or cost above the burst, for key ' .. i) end
-  local t, refused = gcra_tat(KEYS[i], now, gcra_tag(i), adopt)
+  local t, refused = gcra_tat(KEYS[i], now, 'g' .. ARGV[2 * i] .. 'x' .. ARGV[2 * i + 1], adopt)
   if not t then return refused end
   if (t - now) + cost * step > b * step then admitted = 0 end
   reply[i + 2] = t

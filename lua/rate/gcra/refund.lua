@@ -102,7 +102,7 @@ for i = 1, n do
     if t == now then
       redis.call('DEL', KEYS[i])
     else
-      redis.call('SET', KEYS[i], gcra_state(tags[i], t), 'PXAT', ceil_div(t, 1000))
+      redis.call('SET', KEYS[i], tags[i] .. ':' .. string.format('%d', t), 'PXAT', ceil_div(t, 1000))
     end
   end
   local j = 4 * i - 1
