@@ -137,6 +137,7 @@ use crate::script::{Invocation, Script};
 use crate::{validate, Error, Result};
 
 mod at_most;
+mod calendar;
 mod charge;
 mod deny_cache;
 mod fixed_window;
@@ -153,6 +154,7 @@ mod token_bucket;
 mod wait;
 
 pub use at_most::Partial;
+pub use calendar::{Period, Unit, Weekday, Zone};
 pub use charge::{Charge, MultiCharge, MultiRefundCharge, RefundCharge, DEFAULT_SETTLE_WITHIN};
 pub use headers::Headers;
 pub(crate) use limiter::valid_name;
