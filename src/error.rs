@@ -436,6 +436,22 @@ pub enum Error {
         detail: String,
     },
 
+    /// A calendar quota's call reached a server whose clock is outside the
+    /// periods the call computed (the client's estimate of the server's
+    /// time was off by more than a period); nothing was written.
+    ///
+    /// The refusal carries the server's time, which corrects the estimate:
+    /// the calls of [`rate::Limiter`](crate::rate::Limiter),
+    /// [`rate::MultiLimiter`](crate::rate::MultiLimiter) and their charges
+    /// build the call again once by themselves. An operation in a
+    /// [`Batch`](crate::Batch) returns it: build the operation again and
+    /// send it once more.
+    #[error("the server's clock is outside the calendar periods this call computed: {detail}")]
+    PeriodMismatch {
+        /// The server's message: the script, its time in ms and the key.
+        detail: String,
+    },
+
     /// A compare-and-set kept losing to other writers; nothing was written.
     /// Retry later.
     #[error("the {what} kept changing under this call; nothing was written")]
@@ -444,6 +460,10 @@ pub enum Error {
         what: &'static str,
     },
 }
+
+/// The error code of a calendar script whose server clock is outside the
+/// periods sent (`lua/lib/calendar.lua`).
+pub(crate) const PERIOD_MISMATCH: &str = "NOLOCK_PERIOD";
 
 /// The error code of a script refusing a state another limit wrote (`lua/lib/tag.lua`).
 pub(crate) const STATE_MISMATCH: &str = "NOLOCK_STATE";
@@ -465,6 +485,11 @@ impl Error {
             return Error::StateMismatch {
                 detail: err.detail().unwrap_or_default().to_owned(),
             };
+        }
+        if err.code() == Some(PERIOD_MISMATCH) {
+            let detail = err.detail().unwrap_or_default().to_owned();
+            crate::rate::saw_server_time_in(&detail);
+            return Error::PeriodMismatch { detail };
         }
         if err.code() == Some(crate::semaphore::WEIGHT_MISMATCH) {
             return Error::PermitWeightMismatch {

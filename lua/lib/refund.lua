@@ -32,12 +32,15 @@
 -- ARGV[4i+3 .. 4i+6]   limit i: two numbers of its quota (as its check takes
 --                      them), held (the client's count of units still held,
 --                      <= cost) and reset (the charge's reset_after on limit
---                      i, ms).
+--                      i, ms). A calendar limit (rate/calendar/refund) has
+--                      per = 8 numbers: its check's six, then held and
+--                      reset; in general limit i's are ARGV[per(i-1)+7 ..
+--                      per i + 6], held and reset the last two.
 --
--- ARGV[7 + 4n]  optional: "adopt" (lib/tag), from a handle following a
+-- ARGV[7 + per n]  optional: "adopt" (lib/tag), from a handle following a
 --              declared change of its stored numbers.
 --
--- refund_begin(now_ms) -> n, give, excess, at, cost, settle, cap,
+-- refund_begin(now_ms, per) -> n, give, excess, at, cost, settle, cap,
 -- held, status, adopt: held[i] is the least of the client's count, the cost and
 -- the record's h_i. Per limit, give[i] is what to give back (a refund:
 -- min(amount, held[i]); a settlement: held[i] - actual when positive) and
@@ -63,11 +66,12 @@
 --@include lib/args
 --@include lib/stored
 
-local function refund_begin(now_ms)
+local function refund_begin(now_ms, per)
+  per = per or 4
   local n = (#KEYS - 1) / 2
-  local adopt = n >= 1 and #ARGV == 7 + 4 * n and ARGV[#ARGV] == 'adopt'
-  if n < 1 or n % 1 ~= 0 or (#ARGV ~= 6 + 4 * n and not adopt) then
-    return nil, 'expected 6 + 4 arguments per limit, a record key and a reset key per limit, got '
+  local adopt = n >= 1 and #ARGV == 7 + per * n and ARGV[#ARGV] == 'adopt'
+  if n < 1 or n % 1 ~= 0 or (#ARGV ~= 6 + per * n and not adopt) then
+    return nil, 'expected 6 + ' .. per .. ' arguments per limit, a record key and a reset key per limit, got '
       .. #ARGV .. ' arguments for ' .. #KEYS .. ' keys'
   end
   local MAX = 9007199254740991
@@ -79,8 +83,8 @@ local function refund_begin(now_ms)
   end
   local held = {}
   for i = 1, n do
-    local h = arg_int(4 * i + 5, 0, cost)
-    if not h or not arg_int(4 * i + 6, 0, MAX) then
+    local h = arg_int(per * i + 5, 0, cost)
+    if not h or not arg_int(per * i + 6, 0, MAX) then
       return nil, 'bad held or reset for limit ' .. i
     end
     held[i] = h

@@ -93,6 +93,7 @@ pub(crate) fn kind(algorithm: Algorithm) -> &'static str {
         Algorithm::TokenBucket => "bucket",
         Algorithm::SlidingWindow => "sliding",
         Algorithm::FixedWindow => "fixed",
+        Algorithm::Calendar => "calendar",
     }
 }
 
@@ -555,6 +556,7 @@ pub(crate) fn switched(current: &Current<Limiter>, cost: u64) -> Result<Option<r
         reset_after: Duration::ZERO,
         at: SystemTime::now(),
         debt: 0,
+        period_end: None,
     }))
 }
 

@@ -740,6 +740,7 @@ pub(crate) fn switched_multi(
             reset_after: Duration::ZERO,
             at,
             debt: 0,
+            period_end: None,
         })
         .collect();
     Ok(Some(MultiRateLimit::uncharged(allowed, limits)))
@@ -759,5 +760,6 @@ pub(crate) fn multi_kind(algorithm: Algorithm) -> &'static str {
         Algorithm::TokenBucket => "multi-bucket",
         Algorithm::SlidingWindow => "multi-sliding",
         Algorithm::FixedWindow => "multi-fixed",
+        Algorithm::Calendar => "multi-calendar",
     }
 }

@@ -144,6 +144,7 @@ impl Local {
                 reset_after: ms_up(tat - now),
                 at,
                 debt: 0,
+                period_end: None,
             });
         }
         Ok((admitted, out))

@@ -180,7 +180,7 @@ impl Weekday {
     }
 
     /// Days after Monday (Monday 0, Sunday 6).
-    const fn from_monday(self) -> i64 {
+    const fn days_after_monday(self) -> i64 {
         self as i64
     }
 }
@@ -295,7 +295,10 @@ impl Zone {
         })
     }
 
-    fn load(name: &str, rules: impl FnOnce() -> std::result::Result<TimeZone, jiff::Error>) -> Result<Zone> {
+    fn load(
+        name: &str,
+        rules: impl FnOnce() -> std::result::Result<TimeZone, jiff::Error>,
+    ) -> Result<Zone> {
         let read = ZONES.read().unwrap_or_else(|e| e.into_inner());
         if let Some(i) = read.iter().position(|(n, _)| n == name) {
             return Ok(Zone(ZoneRepr::Loaded(i as u32)));
@@ -343,9 +346,7 @@ impl Zone {
     fn rules(&self) -> TimeZone {
         match self.0 {
             ZoneRepr::Utc => TimeZone::UTC,
-            ZoneRepr::Fixed(s) => {
-                TimeZone::fixed(Offset::from_seconds(s).unwrap_or(Offset::UTC))
-            }
+            ZoneRepr::Fixed(s) => TimeZone::fixed(Offset::from_seconds(s).unwrap_or(Offset::UTC)),
             ZoneRepr::Loaded(i) => Self::with_loaded(i, |_, tz| tz.clone()),
         }
     }
@@ -386,8 +387,8 @@ fn parse_offset(text: &str) -> Option<i32> {
     let mut parts = rest.split(':');
     let mut next = |max: i32| -> Option<i32> {
         let p = parts.next()?;
-        let v: i32 = (p.len() == 2 && p.bytes().all(|b| b.is_ascii_digit()))
-            .then(|| p.parse().ok())??;
+        let v: i32 =
+            (p.len() == 2 && p.bytes().all(|b| b.is_ascii_digit())).then(|| p.parse().ok())??;
         (v <= max).then_some(v)
     };
     let (h, m) = (next(25)?, next(59)?);
@@ -704,7 +705,7 @@ impl Period {
     /// Days from 1970-01-01 to the first week start on or before it
     /// (1970-01-01 was a Thursday).
     fn first_week(&self) -> i64 {
-        -(3 - self.week_start.from_monday()).rem_euclid(7)
+        -(3 - self.week_start.days_after_monday()).rem_euclid(7)
     }
 
     /// The first instant (ms) of period `k`.
@@ -765,7 +766,11 @@ fn epoch_days(date: Date) -> Result<i64> {
 
 fn from_epoch_days(days: i64) -> Result<Date> {
     Date::constant(1970, 1, 1)
-        .checked_add(jiff::Span::new().try_days(days).map_err(|_| out_of_calendar("day"))?)
+        .checked_add(
+            jiff::Span::new()
+                .try_days(days)
+                .map_err(|_| out_of_calendar("day"))?,
+        )
         .map_err(|_| out_of_calendar("out of range"))
 }
 
@@ -862,8 +867,19 @@ pub(crate) fn parse_time_of_day(text: &str) -> Result<(u8, u8)> {
 /// and says its time, and the call is built again once).
 static SERVER_AHEAD_MS: AtomicI64 = AtomicI64::new(0);
 
+thread_local! {
+    /// The server's time (ms) a call is being built again for, after the
+    /// server refused the first one ([`run_rebuilt`]): that call uses the
+    /// time the server just gave, not the shared estimate, which another
+    /// task may have moved meanwhile (towards another server).
+    static REBUILDING_AT: std::cell::Cell<Option<i64>> = const { std::cell::Cell::new(None) };
+}
+
 /// This process's best estimate of the server's clock, ms since the epoch.
 pub(super) fn server_now_ms() -> i64 {
+    if let Some(ms) = REBUILDING_AT.with(std::cell::Cell::get) {
+        return ms;
+    }
     let local = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64);
@@ -877,6 +893,59 @@ pub(super) fn saw_server_time(server_us: u64) {
         .map_or(0, |d| d.as_millis() as i64);
     let server = (server_us / 1000) as i64;
     SERVER_AHEAD_MS.store(server - local, Ordering::Relaxed);
+}
+
+/// The server's time (ms) in a NOLOCK_PERIOD refusal ("... the server
+/// time <ms> ms is outside ...").
+fn server_time_in(detail: &str) -> Option<i64> {
+    detail
+        .split("server time ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse::<i64>().ok())
+}
+
+/// Learns the server's clock from a NOLOCK_PERIOD refusal.
+pub(crate) fn saw_server_time_in(detail: &str) {
+    if let Some(ms) = server_time_in(detail) {
+        saw_server_time(ms as u64 * 1000);
+    }
+}
+
+/// Builds a calendar call again after the server refused `err` (a
+/// [`Error::PeriodMismatch`]), for the time the server gave in it; any other
+/// error is returned as it is.
+pub(super) fn rebuild<O>(err: Error, build: impl Fn() -> Result<O>) -> Result<O> {
+    let Error::PeriodMismatch { detail } = &err else {
+        return Err(err);
+    };
+    let Some(ms) = server_time_in(detail) else {
+        return Err(err);
+    };
+    REBUILDING_AT.with(|at| at.set(Some(ms)));
+    let op = build();
+    REBUILDING_AT.with(|at| at.set(None));
+    op
+}
+
+/// Runs the operation `build` makes; when a calendar call was refused
+/// because the server's clock was outside the periods it computed, builds
+/// it again for the server's time the refusal gave and runs it once more.
+/// Other operations never get that refusal, so this costs them nothing.
+pub(super) async fn run_rebuilt<O, C>(
+    build: impl Fn() -> Result<O>,
+    conn: &mut C,
+) -> Result<O::Output>
+where
+    O: crate::script::Operation,
+    C: redis::aio::ConnectionLike + Send,
+{
+    match crate::script::run_one(&build()?, conn).await {
+        Err(err @ Error::PeriodMismatch { .. }) => {
+            crate::script::run_one(&rebuild(err, build)?, conn).await
+        }
+        other => other,
+    }
 }
 
 #[cfg(test)]
@@ -898,7 +967,13 @@ mod tests {
     fn months_end_on_the_last_millisecond_of_their_last_day() {
         let utc = TimeZone::UTC;
         let p = Period::MONTH;
-        for (y, m, days) in [(2024, 1, 31), (2024, 2, 29), (2023, 2, 28), (2024, 4, 30), (2024, 12, 31)] {
+        for (y, m, days) in [
+            (2024, 1, 31),
+            (2024, 2, 29),
+            (2023, 2, 28),
+            (2024, 4, 30),
+            (2024, 12, 31),
+        ] {
             let start = ms(y, m, 1, 0, 0, &utc);
             let end = start + days * 86_400_000;
             assert_eq!(period_of(&p, start), (start, end), "{y}-{m}");
@@ -914,7 +989,10 @@ mod tests {
         let monday = ms(2024, 3, 4, 0, 0, &utc);
         let sunday = ms(2024, 3, 3, 0, 0, &utc);
         let wed = ms(2024, 3, 6, 12, 0, &utc);
-        assert_eq!(period_of(&Period::WEEK, wed), (monday, monday + 7 * 86_400_000));
+        assert_eq!(
+            period_of(&Period::WEEK, wed),
+            (monday, monday + 7 * 86_400_000)
+        );
         let us = Period::WEEK.weeks_start_on(Weekday::Sunday);
         assert_eq!(period_of(&us, wed), (sunday, sunday + 7 * 86_400_000));
         assert_eq!(period_of(&us, sunday - 1).1, sunday);
@@ -953,15 +1031,23 @@ mod tests {
         assert_eq!(period_of(&p, six - 1), (six - 86_400_000, six));
         let m = Period::MONTH.days_start_at(6, 0).unwrap();
         assert_eq!(period_of(&m, six).0, ms(2024, 5, 1, 6, 0, &utc));
-        assert_eq!(period_of(&m, ms(2024, 5, 1, 5, 59, &utc)).1, ms(2024, 5, 1, 6, 0, &utc));
+        assert_eq!(
+            period_of(&m, ms(2024, 5, 1, 5, 59, &utc)).1,
+            ms(2024, 5, 1, 6, 0, &utc)
+        );
     }
 
     #[test]
     fn elapsed_units_align_to_the_epoch_and_candidates_span_three_periods() {
-        let p = Period::seconds(10).unwrap().in_zone(Zone::fixed(3600).unwrap());
+        let p = Period::seconds(10)
+            .unwrap()
+            .in_zone(Zone::fixed(3600).unwrap());
         assert_eq!(p.zone(), Zone::UTC);
         assert_eq!(period_of(&p, 1_234_567), (1_230_000, 1_240_000));
-        assert_eq!(p.candidates(1_234_567).unwrap(), [1_220_000, 1_230_000, 1_240_000, 1_250_000]);
+        assert_eq!(
+            p.candidates(1_234_567).unwrap(),
+            [1_220_000, 1_230_000, 1_240_000, 1_250_000]
+        );
     }
 
     #[test]

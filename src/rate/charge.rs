@@ -29,11 +29,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use redis::aio::ConnectionLike;
 use serde::{Deserialize, Serialize};
 
+use super::calendar::run_rebuilt;
 use super::deny_cache::DenyCache;
 use super::state::State;
 use super::RateLimit;
 use super::{Algorithm, Quota, Refund};
-use crate::script::{run_one, Invocation, Operation, Reply};
+use crate::script::{Invocation, Operation, Reply};
 use crate::{keys, validate, Error, Result};
 
 /// What a [`Charge`] and a [`MultiCharge`] hold.
@@ -84,20 +85,20 @@ impl Receipt {
                 reason: format!("{amount} is more than the {held} units the charge still holds"),
             });
         }
-        Ok(self.call(amount, 0))
+        self.call(amount, 0)
     }
 
     /// The settlement's call at the real cost `actual`.
     pub(super) fn settle_call(&self, actual: u64) -> Result<Invocation> {
         let actual = validate::at_most("actual", actual, crate::MAX_INTEGER)?;
-        Ok(self.call(0, actual))
+        self.call(0, actual)
     }
 
     /// `lua/rate/<algorithm>/refund.lua` for a refund of `amount`, or (with
     /// `amount` 0) a settlement at `actual` (see `lua/lib/refund`). Both
     /// carry the charge's deadline and read the limits' reset markers:
     /// after either, the charge can change nothing.
-    fn call(&self, amount: u64, actual: u64) -> Invocation {
+    fn call(&self, amount: u64, actual: u64) -> Result<Invocation> {
         let record = keys::derive(&self.keys[0], &format!("charge#{}", self.id));
         let markers: Vec<String> = self.keys.iter().map(|k| super::reset_marker(k)).collect();
         let mut keys: Vec<&str> = self.keys.iter().map(String::as_str).collect();
@@ -112,13 +113,15 @@ impl Receipt {
             .arg(self.settle_by_ms.max(1))
             .arg(self.debt_cap.unwrap_or(crate::MAX_INTEGER));
         for ((quota, held), reset) in self.quotas.iter().zip(&self.held).zip(&self.reset_ms) {
-            let [a, b] = self.algorithm.params(quota);
-            call = call.arg(a).arg(b).arg(*held).arg(*reset);
+            for value in self.algorithm.params(quota)?.as_slice() {
+                call = call.arg(*value);
+            }
+            call = call.arg(*held).arg(*reset);
         }
         if self.adopt {
             call = call.arg(super::ADOPT);
         }
-        call
+        Ok(call)
     }
 
     pub(super) fn reading(&self) -> Reading {
@@ -428,7 +431,7 @@ impl Charge {
     where
         C: ConnectionLike + Send,
     {
-        let refund = run_one(&RefundCharge::new(self, amount)?, conn).await?;
+        let refund = run_rebuilt(|| RefundCharge::new(self, amount), conn).await?;
         refund.apply_to(self);
         Ok(refund)
     }
@@ -455,7 +458,7 @@ impl MultiCharge {
     where
         C: ConnectionLike + Send,
     {
-        let refunds = run_one(&MultiRefundCharge::new(self, amount)?, conn).await?;
+        let refunds = run_rebuilt(|| MultiRefundCharge::new(self, amount), conn).await?;
         self.apply_refunds(&refunds);
         Ok(refunds)
     }

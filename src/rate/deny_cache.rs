@@ -178,6 +178,7 @@ mod tests {
             reset_after: Duration::from_millis(retry_ms),
             at: SystemTime::UNIX_EPOCH,
             debt: 0,
+            period_end: None,
         }
     }
 

@@ -142,6 +142,7 @@ mod tests {
             reset_after: Duration::from_millis(reset_ms),
             at: UNIX_EPOCH,
             debt: 0,
+            period_end: None,
         }
     }
 

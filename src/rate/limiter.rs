@@ -7,6 +7,7 @@ use std::ops::Deref;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::calendar::run_rebuilt;
 use super::charge::Terms;
 use super::charge::{next_id, Issuer};
 use super::deny_cache::DenyCache;
@@ -249,7 +250,7 @@ impl Limiter {
         C: ConnectionLike + Send,
     {
         let Some(Denials(cache)) = &self.denials else {
-            return run_one(&Check::new(self, key, cost)?, conn).await;
+            return run_rebuilt(|| Check::new(self, key, cost), conn).await;
         };
         // Input errors come first, as without the cache.
         let check = Check::new(self, key, cost)?;
@@ -258,7 +259,13 @@ impl Limiter {
             crate::observe::decision(&self.name, false);
             return Ok(Decision::uncharged(local));
         }
-        let decision = run_one(&check, conn).await?;
+        let decision = match run_one(&check, conn).await {
+            Err(err @ Error::PeriodMismatch { .. }) => {
+                let again = super::calendar::rebuild(err, || Check::new(self, key, cost))?;
+                run_one(&again, conn).await?
+            }
+            other => other?,
+        };
         cache.record(key, cost, &decision, sent, self.empty_for(&decision));
         Ok(decision)
     }
@@ -282,7 +289,7 @@ impl Limiter {
                 let rest = (self.quota.burst() - 1).checked_mul(self.quota.interval_us())?;
                 reset.checked_sub(Duration::from_micros(rest))?
             }
-            Algorithm::FixedWindow => reset,
+            Algorithm::FixedWindow | Algorithm::Calendar => reset,
             _ => return None,
         };
         Some(wait).filter(|w| !w.is_zero())
@@ -309,7 +316,7 @@ impl Limiter {
     where
         C: ConnectionLike + Send,
     {
-        Ok(run_one(&Check::build(self, key, cost, true)?, conn)
+        Ok(run_rebuilt(|| Check::build(self, key, cost, true), conn)
             .await?
             .rate)
     }

@@ -154,6 +154,7 @@ mod token_bucket;
 mod wait;
 
 pub use at_most::Partial;
+pub(crate) use calendar::saw_server_time_in;
 pub use calendar::{Period, Unit, Weekday, Zone};
 pub use charge::{Charge, MultiCharge, MultiRefundCharge, RefundCharge, DEFAULT_SETTLE_WITHIN};
 pub use headers::Headers;
@@ -228,15 +229,51 @@ pub enum Algorithm {
     /// all end at once; up to `2 × rate` can pass within one period across a
     /// window end.
     FixedWindow,
+
+    /// Calendar quota: at most `limit` per calendar [`Period`] (a month in
+    /// a customer's zone, a day from 06:00, a quarter), starting again at
+    /// each period's end. Takes quotas built by [`Quota::calendar`] only.
+    ///
+    /// **Time**: the client computes the boundaries of three periods
+    /// around its estimate of the server's clock, from the zone's rules
+    /// (`rate::calendar`); the script counts in the one holding the
+    /// server's `TIME`. A client whose clock is off by hours therefore
+    /// counts in the period the server is in, never the next one early;
+    /// when its estimate is off by more than a period, the server refuses,
+    /// sends its time, and the call is built again once (the estimate is
+    /// kept from every reply, so this happens at most on a process's first
+    /// call after its clock jumped).
+    ///
+    /// **State**: a string per key, `"k<h>x<limit>:<count>"`, where `h` is
+    /// a hash of the period's definition; its expiry is the period's end,
+    /// so a month's key is gone when the month is. A stored period that
+    /// has not ended is counted in even when a client computed another end
+    /// (two processes with other zone data): one period is never counted
+    /// twice at once.
+    ///
+    /// **Answers**: [`RateLimit::period_end`] is the period's end;
+    /// `retry_after` of a denial is the time left until it, and so is
+    /// `reset_after` once anything was counted. Refunds give back only
+    /// within the charge's period; a settlement's excess is charged to the
+    /// current period (debt until it ends).
+    ///
+    /// Compared with a [`SlidingWindow`](Algorithm::SlidingWindow) of 30
+    /// days: a calendar month resets everyone at once, on a date a customer
+    /// can read on an invoice, and allows up to `2 × limit` across a
+    /// period's end; a rolling window never resets at once and never
+    /// allows more than about `limit` in any 30 days, but its "reset" is
+    /// a moving estimate.
+    Calendar,
 }
 
 impl Algorithm {
     /// Every algorithm, in declaration order.
-    pub const ALL: [Algorithm; 4] = [
+    pub const ALL: [Algorithm; 5] = [
         Algorithm::Gcra,
         Algorithm::TokenBucket,
         Algorithm::SlidingWindow,
         Algorithm::FixedWindow,
+        Algorithm::Calendar,
     ];
 
     /// The algorithm's name, as in its script paths (`"gcra"`, `"token_bucket"`, ...).
@@ -246,6 +283,7 @@ impl Algorithm {
             Algorithm::TokenBucket => "token_bucket",
             Algorithm::SlidingWindow => "sliding_window",
             Algorithm::FixedWindow => "fixed_window",
+            Algorithm::Calendar => "calendar",
         }
     }
 
@@ -255,17 +293,32 @@ impl Algorithm {
             Algorithm::TokenBucket => &token_bucket::SCRIPTS,
             Algorithm::SlidingWindow => &sliding_window::SCRIPTS,
             Algorithm::FixedWindow => &fixed_window::SCRIPTS,
+            Algorithm::Calendar => &CALENDAR,
         }
     }
 
-    /// The two numbers each script takes per limit.
-    fn params(self, quota: &Quota) -> [u64; 2] {
-        match self {
-            Algorithm::Gcra => gcra::params(quota),
-            Algorithm::TokenBucket => token_bucket::params(quota),
-            Algorithm::SlidingWindow => sliding_window::params(quota),
-            Algorithm::FixedWindow => fixed_window::params(quota),
-        }
+    /// The numbers each script takes per limit: two of its quota; a
+    /// calendar's six (its tag number, its limit, and the boundaries of
+    /// three periods around the server's time as best known now).
+    fn params(self, quota: &Quota) -> Result<Params> {
+        let two = |[a, b]: [u64; 2]| Params {
+            len: 2,
+            values: [a, b, 0, 0, 0, 0],
+        };
+        Ok(match self {
+            Algorithm::Gcra => two(gcra::params(quota)),
+            Algorithm::TokenBucket => two(token_bucket::params(quota)),
+            Algorithm::SlidingWindow => two(sliding_window::params(quota)),
+            Algorithm::FixedWindow => two(fixed_window::params(quota)),
+            Algorithm::Calendar => {
+                let period = calendar_of(quota)?;
+                let [b0, b1, b2, b3] = period.candidates(calendar::server_now_ms())?;
+                Params {
+                    len: 6,
+                    values: [period.tag_number(), quota.rate(), b0, b1, b2, b3],
+                }
+            }
+        })
     }
 
     /// Checks what a [`Quota`] cannot check alone: whether this algorithm
@@ -275,7 +328,47 @@ impl Algorithm {
             Algorithm::Gcra | Algorithm::TokenBucket => Ok(()),
             Algorithm::SlidingWindow => sliding_window::accept(quota),
             Algorithm::FixedWindow => fixed_window::accept(quota),
+            Algorithm::Calendar => calendar_of(quota).map(drop),
         }
+        .and_then(|()| match (self, quota.calendar_period()) {
+            (Algorithm::Calendar, _) | (_, None) => Ok(()),
+            (_, Some(period)) => Err(Error::InvalidArgument {
+                what: "quota",
+                reason: format!(
+                    "a quota per calendar period ({period}) is for Algorithm::Calendar, not {self}"
+                ),
+            }),
+        })
+    }
+}
+
+/// A calendar quota's period, or the error for any other quota.
+fn calendar_of(quota: &Quota) -> Result<Period> {
+    quota
+        .calendar_period()
+        .ok_or_else(|| Error::InvalidArgument {
+            what: "quota",
+            reason: "Algorithm::Calendar takes quotas built by Quota::calendar".to_owned(),
+        })
+}
+
+/// The scripts of [`Algorithm::Calendar`].
+static CALENDAR: Scripts3 = Scripts3 {
+    check: crate::script::embedded!("rate/calendar/check"),
+    peek: crate::script::embedded!("rate/calendar/peek"),
+    refund: crate::script::embedded!("rate/calendar/refund"),
+};
+
+/// The numbers a rate script takes for one limit (see [`Algorithm::params`]).
+#[derive(Debug, Clone, Copy)]
+struct Params {
+    len: usize,
+    values: [u64; 6],
+}
+
+impl Params {
+    fn as_slice(&self) -> &[u64] {
+        &self.values[..self.len]
     }
 }
 
@@ -332,6 +425,11 @@ pub struct RateLimit {
     /// units until the limit is merely empty again; windows: the units
     /// counted above the limit in the current window.
     pub debt: u64,
+    /// The end of the window or calendar period the decision counted in,
+    /// by the server's clock: for [`Algorithm::Calendar`] always (the
+    /// period's end, also when nothing was counted in it yet), for
+    /// [`Algorithm::FixedWindow`] while a window is open; `None` otherwise.
+    pub period_end: Option<SystemTime>,
 }
 
 /// What a refund gave back on one limit ([`Charge::refund`]).
@@ -366,7 +464,7 @@ fn validate_cost(cost: u64, quotas: &[Quota]) -> Result<u64> {
 /// configurations, whose numbers change only by a declared change.
 const ADOPT: &str = "adopt";
 
-/// `script KEYS... first (param_a param_b)... [adopt]`: the layout every rate
+/// `script KEYS... first (params)... [adopt]`: the layout every rate
 /// script takes.
 fn invocation(
     script: &'static Script,
@@ -375,16 +473,17 @@ fn invocation(
     quotas: &[Quota],
     first: u64,
     adopt: bool,
-) -> Invocation {
+) -> Result<Invocation> {
     let mut call = Invocation::new(script, keys).arg(first);
     for quota in quotas {
-        let [a, b] = algorithm.params(quota);
-        call = call.arg(a).arg(b);
+        for value in algorithm.params(quota)?.as_slice() {
+            call = call.arg(*value);
+        }
     }
     if adopt {
         call = call.arg(ADOPT);
     }
-    call
+    Ok(call)
 }
 
 /// The `check` (or `peek`) call for these limits. Keys must be validated.
@@ -399,7 +498,7 @@ fn decide_call(
     let cost = validate_cost(cost, quotas)?;
     let scripts = algorithm.scripts();
     let script = if peek { &scripts.peek } else { &scripts.check };
-    Ok(invocation(script, algorithm, keys, quotas, cost, adopt))
+    invocation(script, algorithm, keys, quotas, cost, adopt)
 }
 
 /// A decision on one or more limits, before charges are attached.
@@ -464,7 +563,8 @@ impl Algorithm {
                 .burst()
                 .saturating_mul(quota.interval_us())
                 .div_ceil(1000),
-            Algorithm::FixedWindow => quota.period_ms(),
+            // A calendar quota's period is its longest period.
+            Algorithm::FixedWindow | Algorithm::Calendar => quota.period_ms(),
             Algorithm::SlidingWindow => quota.period_ms().saturating_mul(2),
         };
         ms.max(1)
@@ -652,6 +752,7 @@ mod tests {
                 reset_after: Duration::from_millis(300),
                 at,
                 debt: 0,
+                period_end: None,
             }
         );
         assert_eq!(d.limits[1].retry_after, Some(Duration::from_millis(500)));

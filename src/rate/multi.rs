@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 
-use crate::script::{run_one, Invocation, Operation};
+use super::calendar::run_rebuilt;
+use crate::script::{Invocation, Operation};
 
 use super::charge::Terms;
 use super::charge::{next_id, Issuer};
@@ -522,7 +523,8 @@ impl MultiLimiter {
     where
         C: ConnectionLike + Send,
     {
-        run_one(&MultiCheck::new(self, key, cost)?, conn).await
+        let key = key.into();
+        run_rebuilt(|| MultiCheck::new(self, key.clone(), cost), conn).await
     }
 
     /// What [`MultiLimiter::check`] would answer, without taking anything
@@ -552,7 +554,8 @@ impl MultiLimiter {
     where
         C: ConnectionLike + Send,
     {
-        run_one(&MultiCheck::build(self, &key.into(), cost, true)?, conn).await
+        let key = key.into();
+        run_rebuilt(|| MultiCheck::build(self, &key, cost, true), conn).await
     }
 
     /// Forget every limit's state, shared ones included: all are full again,
@@ -751,6 +754,7 @@ mod tests {
             reset_after: Duration::from_secs(reset_s),
             at: UNIX_EPOCH,
             debt: 0,
+            period_end: None,
         };
         let d = MultiRateLimit::uncharged(true, vec![state(900, 1200), state(100, 36_000)]);
         let h = limits.headers(&d);

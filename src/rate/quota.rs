@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::Period;
 use crate::{validate, Error, Result};
 
 /// The longest period, and the longest burst refill time, a [`Quota`] accepts:
@@ -64,6 +65,8 @@ pub struct Quota {
     burst: u64,
     /// `ceil(period / rate)` in microseconds, at least 1.
     interval_us: u64,
+    /// The calendar period of a [`Quota::calendar`].
+    calendar: Option<Period>,
 }
 
 impl Quota {
@@ -100,6 +103,7 @@ impl Quota {
             period_ms: period_us.div_ceil(1000),
             burst: rate,
             interval_us: period_us.div_ceil(rate),
+            calendar: None,
         }
         .checked()
     }
@@ -129,6 +133,45 @@ impl Quota {
     /// As [`Quota::per`].
     pub fn per_hour(rate: u64) -> Result<Quota> {
         Quota::per(rate, Duration::from_secs(3600))
+    }
+
+    /// `limit` units per calendar [`Period`]: a month, a day in a customer's
+    /// zone, a quarter, or "per second" as wall-clock seconds. For
+    /// [`Algorithm::Calendar`](super::Algorithm::Calendar) only, which counts
+    /// up to `limit` per period and starts again at the period's end.
+    ///
+    /// The quota's [`period`](Quota::period) is [`Period::longest`] (the
+    /// `w` of its `RateLimit-Policy` header); its burst is the limit.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ZeroLimit`] (`limit` 0), [`Error::OutOfRange`] (above
+    /// 2^53 - 1, or above one unit per microsecond of the period).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use nolock::rate::{Period, Quota, Zone};
+    ///
+    /// # fn main() -> nolock::Result<()> {
+    /// let monthly = Quota::calendar(10_000, Period::MONTH.in_zone(Zone::fixed(3600)?))?;
+    /// assert_eq!(monthly.rate(), 10_000);
+    /// assert!(monthly.calendar_period().is_some());
+    /// assert!(Quota::calendar(0, Period::DAY).is_err());
+    /// # Ok(()) }
+    /// ```
+    pub fn calendar(limit: u64, period: Period) -> Result<Quota> {
+        let quota = Quota::per(limit, period.longest())?;
+        Ok(Quota {
+            calendar: Some(period),
+            ..quota
+        })
+    }
+
+    /// The calendar period of a [`Quota::calendar`]; `None` for every other
+    /// quota.
+    pub const fn calendar_period(&self) -> Option<Period> {
+        self.calendar
     }
 
     /// The same rate with another burst: the most a full limiter admits at
@@ -201,6 +244,7 @@ impl Quota {
             period_ms: period_us.div_ceil(1000),
             burst,
             interval_us,
+            calendar: None,
         }
     }
 
@@ -249,6 +293,8 @@ struct QuotaParts {
     period_ms: u64,
     burst: u64,
     interval_us: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    calendar: Option<Period>,
 }
 
 impl From<Quota> for QuotaParts {
@@ -258,6 +304,7 @@ impl From<Quota> for QuotaParts {
             period_ms: q.period_ms,
             burst: q.burst,
             interval_us: q.interval_us,
+            calendar: q.calendar,
         }
     }
 }
@@ -268,6 +315,21 @@ impl TryFrom<QuotaParts> for Quota {
     /// Only what [`Quota::per`] and [`Quota::with_burst`] can build: some
     /// period in microseconds rounds to both the interval and the window.
     fn try_from(p: QuotaParts) -> Result<Quota> {
+        if let Some(period) = p.calendar {
+            let quota = Quota::calendar(p.rate, period)?;
+            if (quota.period_ms, quota.burst, quota.interval_us)
+                != (p.period_ms, p.burst, p.interval_us)
+            {
+                return Err(Error::InvalidArgument {
+                    what: "quota",
+                    reason: format!(
+                        "{} per {period} is not the quota Quota::calendar builds",
+                        p.rate
+                    ),
+                });
+            }
+            return Ok(quota);
+        }
         let rate = validate::positive("rate", p.rate)?;
         validate::positive("burst", p.burst)?;
         // period_us in (interval - 1) × rate + 1 ..= interval × rate, and in
@@ -296,6 +358,7 @@ impl TryFrom<QuotaParts> for Quota {
             period_ms: p.period_ms,
             burst: p.burst,
             interval_us: p.interval_us,
+            calendar: None,
         }
         .checked()
     }

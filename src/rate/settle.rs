@@ -5,13 +5,14 @@ use std::fmt;
 
 use redis::aio::ConnectionLike;
 
+use super::calendar::run_rebuilt;
 use super::charge::{Adjusted, Reading, Status};
 #[cfg(doc)]
 use super::DEFAULT_SETTLE_WITHIN;
 use super::{Charge, MultiCharge, RateLimit};
 #[cfg(doc)]
 use super::{Limiter, MultiLimiter};
-use crate::script::{run_one, Invocation, Operation};
+use crate::script::{Invocation, Operation};
 use crate::{Error, Result};
 
 /// What settling a charge did ([`Charge::settle`]): one [`Settlement`] (or,
@@ -129,7 +130,7 @@ impl Charge {
     where
         C: ConnectionLike + Send,
     {
-        run_one(&SettleCharge::new(&self, actual)?, conn).await
+        run_rebuilt(|| SettleCharge::new(&self, actual), conn).await
     }
 }
 
@@ -144,7 +145,7 @@ impl MultiCharge {
     where
         C: ConnectionLike + Send,
     {
-        run_one(&MultiSettleCharge::new(&self, actual)?, conn).await
+        run_rebuilt(|| MultiSettleCharge::new(&self, actual), conn).await
     }
 }
 

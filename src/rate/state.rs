@@ -59,7 +59,9 @@ impl State {
                 count: reply.uint()?,
                 previous: reply.uint()?,
             },
-            Algorithm::FixedWindow => State::Fixed {
+            // A calendar limit's state is a fixed window's: a count and the
+            // end of the period it counts in.
+            Algorithm::FixedWindow | Algorithm::Calendar => State::Fixed {
                 count: reply.uint()?,
                 end: reply.uint()?,
             },
@@ -79,6 +81,10 @@ impl State {
     ) -> Option<RateLimit> {
         let at = UNIX_EPOCH + Duration::from_micros(now);
         let ms = Duration::from_millis;
+        let period_end = match self {
+            State::Fixed { end, .. } if end > 0 => Some(UNIX_EPOCH + Duration::from_millis(end)),
+            _ => None,
+        };
         let (fits, remaining, retry, reset, debt) = match self {
             State::Gcra { tat } => {
                 let (t, b) = (i128::from(quota.interval_us()), i128::from(quota.burst()));
@@ -182,6 +188,7 @@ impl State {
             reset_after: ms(u64::try_from(reset).ok()?),
             at,
             debt: u64::try_from(debt).ok()?,
+            period_end,
         })
     }
 }
@@ -208,6 +215,9 @@ pub(super) fn decode(
     let mut reply = Reply::new(script, value)?;
     let admitted = reply.flag()?;
     let now = reply.uint()?;
+    if algorithm == Algorithm::Calendar {
+        super::calendar::saw_server_time(now);
+    }
     let applied = admitted && !peek;
     let mut limits = Vec::with_capacity(quotas.len());
     for quota in quotas {
