@@ -4,7 +4,7 @@
 
 mod support;
 
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use nolock::rate::{Algorithm, Limiter, MultiKey, MultiLimiter, Quota, RateLimit};
 use nolock::Error;
@@ -26,6 +26,21 @@ async fn snapshot(conn: &mut Conn, key: &str) -> (Option<Vec<u8>>, i64) {
     (dump, expiry)
 }
 
+/// Waits, when the wall-clock minute ends within 10 s, for the next one: a
+/// calendar limit of a minute counts in wall-clock minutes, and a sequence
+/// that expects one count must not straddle two (the test server runs on
+/// this machine's clock).
+async fn room_in_this_minute() {
+    let into = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+        % 60_000;
+    if into > 50_000 {
+        tokio::time::sleep(Duration::from_millis(60_050 - into as u64)).await;
+    }
+}
+
 fn since(later: SystemTime, earlier: SystemTime) -> Duration {
     later.duration_since(earlier).unwrap_or_default()
 }
@@ -41,6 +56,9 @@ async fn every_algorithm_counts_down_then_denies_without_consuming() {
     let redis = support::redis();
     let mut conn = redis.conn().await;
     for algorithm in Algorithm::ALL {
+        if algorithm == Algorithm::Calendar {
+            room_in_this_minute().await;
+        }
         let key = format!("{}{algorithm}", prefix("sequence"));
         let l = limiter(algorithm, 10, MINUTE);
         let first = *l.check(&mut conn, &key, 1).await.unwrap();
@@ -74,6 +92,19 @@ async fn every_algorithm_counts_down_then_denies_without_consuming() {
                         "{ctx}"
                     )
                 }
+                // The wall-clock minute the call fell in: its end, named
+                // in the answer, is a whole minute since the epoch.
+                Algorithm::Calendar => {
+                    let end = d.period_end.expect("a calendar answer names its end");
+                    let end_ms = end.duration_since(UNIX_EPOCH).unwrap().as_millis();
+                    assert_eq!(end_ms % 60_000, 0, "{ctx}");
+                    assert!(
+                        end > d.at && end.duration_since(d.at).unwrap() <= MINUTE,
+                        "{ctx}"
+                    );
+                    assert!(reset + ms(1) >= end.duration_since(d.at).unwrap(), "{ctx}");
+                    assert!(reset <= end.duration_since(d.at).unwrap() + ms(1), "{ctx}");
+                }
                 _ => unreachable!(),
             }
         }
@@ -94,7 +125,7 @@ async fn every_algorithm_counts_down_then_denies_without_consuming() {
             // 10 in this window: wait for the next one, then for the weight of
             // these 10 to fall to 9.
             Algorithm::SlidingWindow => assert!(retry > ms(6_000) && retry <= ms(66_000), "{ctx}"),
-            Algorithm::FixedWindow => {
+            Algorithm::FixedWindow | Algorithm::Calendar => {
                 assert_eq!(Some(denied.reset_after), denied.retry_after, "{ctx}")
             }
             _ => unreachable!(),
@@ -227,6 +258,9 @@ async fn peek_answers_like_check_and_changes_nothing() {
         command_calls(&mut conn, "evalsha_ro").await + command_calls(&mut conn, "eval_ro").await;
     for algorithm in Algorithm::ALL {
         let p = prefix("peek");
+        if algorithm == Algorithm::Calendar {
+            room_in_this_minute().await;
+        }
         let key = format!("{p}{algorithm}");
         let l = limiter(algorithm, 10, MINUTE);
 
@@ -282,6 +316,9 @@ async fn refund_and_reset_restore_capacity() {
     let mut conn = redis.conn().await;
     for algorithm in Algorithm::ALL {
         let p = prefix("refund");
+        if algorithm == Algorithm::Calendar {
+            room_in_this_minute().await;
+        }
         let key = format!("{p}{algorithm}");
         let l = limiter(algorithm, 10, MINUTE);
 
@@ -371,6 +408,15 @@ async fn refund_and_reset_restore_capacity() {
             // A full limiter is a missing key.
             Algorithm::Gcra | Algorithm::TokenBucket | Algorithm::SlidingWindow => {
                 assert_eq!(exists, 0, "{algorithm}")
+            }
+            // The calendar keeps its period (count 0, tagged with the
+            // period's hash and the limit) until it ends.
+            Algorithm::Calendar => {
+                let value = raw::<String>(&mut conn, &["GET", &key]).await;
+                assert!(
+                    value.starts_with('k') && value.ends_with("x10:0"),
+                    "{value}"
+                );
             }
             // The fixed window keeps its window (count 0, tagged with its
             // window and limit) until it ends.

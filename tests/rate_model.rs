@@ -612,11 +612,13 @@ fn now_us() -> u64 {
 }
 
 /// The window a decision counts in: the fixed window by its end, the
-/// sliding window by its aligned number (0 for GCRA and token bucket).
+/// calendar period by the end its answer names, the sliding window by its
+/// aligned number (0 for GCRA and token bucket).
 fn window_of(algorithm: Algorithm, spec: &Spec, d: &RateLimit) -> u64 {
     let at_ms = micros(d.at) / 1000;
     match algorithm {
         Algorithm::FixedWindow => at_ms + d.reset_after.as_millis() as u64,
+        Algorithm::Calendar => d.period_end.map_or(0, |end| micros(end) / 1000),
         Algorithm::SlidingWindow => at_ms / spec.period_ms,
         _ => 0,
     }
@@ -624,7 +626,9 @@ fn window_of(algorithm: Algorithm, spec: &Spec, d: &RateLimit) -> u64 {
 
 fn bound(algorithm: Algorithm, spec: &Spec) -> Bound {
     match algorithm {
-        Algorithm::FixedWindow | Algorithm::SlidingWindow => Bound::windows(spec.rate),
+        Algorithm::FixedWindow | Algorithm::SlidingWindow | Algorithm::Calendar => {
+            Bound::windows(spec.rate)
+        }
         _ => Bound::rate_everywhere(spec.burst, spec.quota().emission_interval()),
     }
 }
@@ -892,6 +896,19 @@ fn sliding_window_receipts_hold_the_bound_in_every_window() {
 #[test]
 fn fixed_window_receipts_hold_the_bound_in_every_window() {
     receipts_hold_every_window(Algorithm::FixedWindow, 1);
+}
+
+/// Periods of the spec's length from the epoch (`Quota::per` under
+/// `Algorithm::Calendar`): refunds only within the charge's period, a
+/// settlement's excess into the period the server is in.
+#[test]
+fn calendar_receipts_hold_the_bound_in_every_window() {
+    receipts_hold_every_window(Algorithm::Calendar, 1);
+}
+
+#[test]
+fn calendar_multi_limit_receipts_hold_the_bound_in_every_window() {
+    receipts_hold_every_window(Algorithm::Calendar, 2);
 }
 
 #[test]

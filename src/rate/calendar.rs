@@ -9,7 +9,7 @@
 //!
 //! # How boundaries are computed
 //!
-//! * **Seconds, minutes, hours**: elapsed time, `N × unit` long, aligned
+//! * **Milliseconds, seconds, minutes, hours**: elapsed time, `N × unit` long, aligned
 //!   to the Unix epoch (so an hour ends at the same instant everywhere;
 //!   the zone, the week's start and the day's start do not apply).
 //! * **Days**: a day starts at the period's day start (midnight unless
@@ -44,6 +44,8 @@ use crate::{Error, Result};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Unit {
+    /// A millisecond of elapsed time, aligned to the Unix epoch.
+    Millisecond,
     /// A second of elapsed time, aligned to the Unix epoch.
     Second,
     /// A minute of elapsed time, aligned to the Unix epoch.
@@ -64,6 +66,7 @@ impl Unit {
     /// Its name, as in the serde form and on the command line.
     pub const fn as_str(self) -> &'static str {
         match self {
+            Unit::Millisecond => "millisecond",
             Unit::Second => "second",
             Unit::Minute => "minute",
             Unit::Hour => "hour",
@@ -77,6 +80,7 @@ impl Unit {
     /// Elapsed-time units have a fixed length; calendar units do not.
     const fn fixed_ms(self) -> Option<i64> {
         match self {
+            Unit::Millisecond => Some(1),
             Unit::Second => Some(1000),
             Unit::Minute => Some(60_000),
             Unit::Hour => Some(3_600_000),
@@ -92,7 +96,7 @@ impl Unit {
         const DAY: i64 = 86_400_000;
         const SLACK: i64 = 3 * 3_600_000;
         match self {
-            Unit::Second | Unit::Minute | Unit::Hour => match self.fixed_ms() {
+            Unit::Millisecond | Unit::Second | Unit::Minute | Unit::Hour => match self.fixed_ms() {
                 Some(ms) => ms,
                 None => 0,
             },
@@ -113,11 +117,12 @@ impl fmt::Display for Unit {
 impl std::str::FromStr for Unit {
     type Err = Error;
 
-    /// `second`, `minute`, `hour`, `day`, `week`, `month` or `year` (a
-    /// trailing `s` is accepted).
+    /// `millisecond`, `second`, `minute`, `hour`, `day`, `week`, `month` or
+    /// `year` (a trailing `s` is accepted).
     fn from_str(s: &str) -> Result<Unit> {
         let one = s.strip_suffix('s').unwrap_or(s);
         [
+            Unit::Millisecond,
             Unit::Second,
             Unit::Minute,
             Unit::Hour,
@@ -130,7 +135,9 @@ impl std::str::FromStr for Unit {
         .find(|u| u.as_str() == one)
         .ok_or_else(|| Error::InvalidArgument {
             what: "period unit",
-            reason: format!("{s:?}: one of second, minute, hour, day, week, month, year"),
+            reason: format!(
+                "{s:?}: one of millisecond, second, minute, hour, day, week, month, year"
+            ),
         })
     }
 }
@@ -478,6 +485,39 @@ impl Period {
         Ok(Period::of(unit, every))
     }
 
+    /// `n` milliseconds, aligned to the Unix epoch. See [`Period::new`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Period::new`].
+    pub fn millis(n: u32) -> Result<Period> {
+        Period::new(Unit::Millisecond, n)
+    }
+
+    /// The period of a quota that is no calendar quota
+    /// ([`Quota::per`](super::Quota::per)) under
+    /// [`Algorithm::Calendar`](super::Algorithm::Calendar): runs of its
+    /// length aligned to the Unix epoch, in the largest unit that divides
+    /// it (a minute is `1 minute`, 1500 ms is `1500 millisecond`).
+    pub(super) fn elapsed(ms: u64) -> Result<Period> {
+        let units = [
+            (Unit::Hour, 3_600_000),
+            (Unit::Minute, 60_000),
+            (Unit::Second, 1000),
+            (Unit::Millisecond, 1),
+        ];
+        let (unit, size) = units
+            .into_iter()
+            .find(|(_, size)| ms % size == 0)
+            .unwrap_or((Unit::Millisecond, 1));
+        let every = u32::try_from(ms / size).map_err(|_| Error::OutOfRange {
+            what: "calendar period (in its largest whole unit)",
+            given: ms / size,
+            max: u64::from(u32::MAX),
+        })?;
+        Period::new(unit, every)
+    }
+
     /// `n` seconds, aligned to the Unix epoch. See [`Period::new`].
     ///
     /// # Errors
@@ -698,7 +738,9 @@ impl Period {
                 (i64::from(date.year()) * 12 + i64::from(date.month()) - 1).div_euclid(every)
             }
             Unit::Year => i64::from(date.year()).div_euclid(every),
-            Unit::Second | Unit::Minute | Unit::Hour => unreachable!("elapsed-time units"),
+            Unit::Millisecond | Unit::Second | Unit::Minute | Unit::Hour => {
+                unreachable!("elapsed-time units")
+            }
         })
     }
 
@@ -729,7 +771,9 @@ impl Period {
                 let year = i16::try_from(k * every).map_err(|_| out_of_calendar("year"))?;
                 Date::new(year, 1, 1).map_err(|_| out_of_calendar("year"))?
             }
-            Unit::Second | Unit::Minute | Unit::Hour => unreachable!("elapsed-time units"),
+            Unit::Millisecond | Unit::Second | Unit::Minute | Unit::Hour => {
+                unreachable!("elapsed-time units")
+            }
         };
         let time = Time::new(
             (self.day_start / 3600) as i8,

@@ -16,7 +16,9 @@
 //!   rounded up: after a denial, [`RateLimit::retry_after`] (the request is
 //!   refused for that long, and `Retry-After` then names the same moment, as
 //!   the draft asks); otherwise [`RateLimit::reset_after`], when the limiter is
-//!   full again.
+//!   full again, or for a calendar quota the time left in its period
+//!   ([`RateLimit::period_end`]): the quota starts again then, however
+//!   little was used.
 //! * `Retry-After: S`: only after a denial; [`RateLimit::retry_after`] in
 //!   whole seconds, rounded up, so a client that honours it is admitted.
 //!
@@ -113,8 +115,19 @@ pub(crate) fn window_policy_item(name: &str, limit: u64, window: Duration) -> St
 
 /// One `RateLimit` list member.
 pub(crate) fn rate_limit_item(name: &str, limit: &RateLimit) -> String {
-    let window = limit.retry_after.unwrap_or(limit.reset_after);
-    remaining_item(name, limit.remaining, window)
+    remaining_item(name, limit.remaining, effective_window(limit))
+}
+
+/// The draft's `t`: the retry after a denial; otherwise when the limit is
+/// full again, which for a calendar period is its end.
+fn effective_window(limit: &RateLimit) -> Duration {
+    if let Some(retry) = limit.retry_after {
+        return retry;
+    }
+    let to_end = limit
+        .period_end
+        .and_then(|end| end.duration_since(limit.at).ok());
+    to_end.map_or(limit.reset_after, |d| d.max(limit.reset_after))
 }
 
 /// One `RateLimit` list member from its parts: `remaining` units, and the
@@ -209,6 +222,20 @@ mod tests {
             l.headers(&state(true, 1000, None, 0)).rate_limit,
             r#""h";r=1000;t=0"#
         );
+    }
+
+    #[test]
+    fn a_calendar_period_advertises_the_time_left_in_it() {
+        use crate::rate::Period;
+        let q = Quota::calendar(10_000, Period::MONTH).unwrap();
+        let l = limiter(Algorithm::Calendar, q, "month");
+        // Nothing used yet, 2.5 days left in the month.
+        let mut fresh = state(true, 10_000, None, 0);
+        fresh.period_end = Some(UNIX_EPOCH + Duration::from_secs(216_000));
+        let h = l.headers(&fresh);
+        assert_eq!(h.rate_limit, r#""month";r=10000;t=216000"#);
+        // The longest month (31 days and 3 hours for offset changes).
+        assert_eq!(h.policy, r#""month";q=10000;w=2689200"#);
     }
 
     #[test]

@@ -232,7 +232,10 @@ pub enum Algorithm {
 
     /// Calendar quota: at most `limit` per calendar [`Period`] (a month in
     /// a customer's zone, a day from 06:00, a quarter), starting again at
-    /// each period's end. Takes quotas built by [`Quota::calendar`] only.
+    /// each period's end. Takes quotas built by [`Quota::calendar`], and
+    /// quotas of a duration, which count in runs of that duration from the
+    /// Unix epoch: `Quota::per_second(10)` is 10 per wall-clock second, the
+    /// same instant everywhere (a window whose end every client knows).
     ///
     /// **Time**: the client computes the boundaries of three periods
     /// around its estimate of the server's clock, from the zone's rules
@@ -328,7 +331,11 @@ impl Algorithm {
             Algorithm::Gcra | Algorithm::TokenBucket => Ok(()),
             Algorithm::SlidingWindow => sliding_window::accept(quota),
             Algorithm::FixedWindow => fixed_window::accept(quota),
-            Algorithm::Calendar => calendar_of(quota).map(drop),
+            // A period is a window: its burst must be its rate. A quota of
+            // a duration counts in runs of it from the epoch, in whole units.
+            Algorithm::Calendar => {
+                fixed_window::accept(quota).and_then(|()| calendar_of(quota).map(drop))
+            }
         }
         .and_then(|()| match (self, quota.calendar_period()) {
             (Algorithm::Calendar, _) | (_, None) => Ok(()),
@@ -342,14 +349,14 @@ impl Algorithm {
     }
 }
 
-/// A calendar quota's period, or the error for any other quota.
+/// The period an [`Algorithm::Calendar`] limit counts in: a calendar
+/// quota's, or for a quota of a duration, runs of that duration from the
+/// Unix epoch (wall-clock seconds for `Quota::per_second`).
 fn calendar_of(quota: &Quota) -> Result<Period> {
-    quota
-        .calendar_period()
-        .ok_or_else(|| Error::InvalidArgument {
-            what: "quota",
-            reason: "Algorithm::Calendar takes quotas built by Quota::calendar".to_owned(),
-        })
+    match quota.calendar_period() {
+        Some(period) => Ok(period),
+        None => Period::elapsed(quota.period_ms()),
+    }
 }
 
 /// The scripts of [`Algorithm::Calendar`].
