@@ -508,7 +508,7 @@ impl Period {
         ];
         let (unit, size) = units
             .into_iter()
-            .find(|(_, size)| ms % size == 0)
+            .find(|(_, size)| ms.is_multiple_of(*size))
             .unwrap_or((Unit::Millisecond, 1));
         let every = u32::try_from(ms / size).map_err(|_| Error::OutOfRange {
             what: "calendar period (in its largest whole unit)",
