@@ -439,6 +439,26 @@ pub struct RateLimit {
     pub period_end: Option<SystemTime>,
 }
 
+impl RateLimit {
+    /// The time left in the window or calendar period the decision counted
+    /// in, from the decision, by the server's clock: [`RateLimit::period_end`]
+    /// less [`RateLimit::at`], rounded up to the millisecond. `None` where
+    /// there is no period.
+    ///
+    /// ```
+    /// # fn check(d: nolock::rate::RateLimit) {
+    /// if let Some(left) = d.time_left_in_period() {
+    ///     println!("{} left for {left:?}", d.remaining);
+    /// }
+    /// # }
+    /// ```
+    pub fn time_left_in_period(&self) -> Option<Duration> {
+        let left = self.period_end?.duration_since(self.at).unwrap_or_default();
+        let ms = left.as_nanos().div_ceil(1_000_000);
+        Some(Duration::from_millis(u64::try_from(ms).unwrap_or(u64::MAX)))
+    }
+}
+
 /// What a refund gave back on one limit ([`Charge::refund`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[must_use = "a refund may give back less than asked (the charge drained, or its window ended)"]
