@@ -392,14 +392,17 @@ fn parse_offset(text: &str) -> Option<i32> {
         _ => return None,
     };
     let mut parts = rest.split(':');
-    let mut next = |max: i32| -> Option<i32> {
-        let p = parts.next()?;
+    let field = |p: &str, max: i32| -> Option<i32> {
         let v: i32 =
             (p.len() == 2 && p.bytes().all(|b| b.is_ascii_digit())).then(|| p.parse().ok())??;
         (v <= max).then_some(v)
     };
-    let (h, m) = (next(25)?, next(59)?);
-    let s = next(59).unwrap_or(0);
+    let (h, m) = (field(parts.next()?, 25)?, field(parts.next()?, 59)?);
+    // Seconds are optional, but when present they must be valid.
+    let s = match parts.next() {
+        Some(p) => field(p, 59)?,
+        None => 0,
+    };
     if parts.next().is_some() {
         return None;
     }
