@@ -43,6 +43,7 @@ use crate::{Error, Result};
 /// The unit a [`Period`] counts in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum Unit {
     /// A millisecond of elapsed time, aligned to the Unix epoch.
     Millisecond,
@@ -315,6 +316,10 @@ impl Zone {
             what: "zone",
             reason: format!("{name:?}: {e}"),
         })?;
+        // The database's own spelling ("europe/berlin" finds
+        // "Europe/Berlin"): one zone, one name, one tag.
+        let canonical = tz.iana_name().unwrap_or(name).to_owned();
+        let name = canonical.as_str();
         let mut write = ZONES.write().unwrap_or_else(|e| e.into_inner());
         let i = match write.iter().position(|(n, _)| n == name) {
             Some(i) => i,
@@ -677,7 +682,14 @@ impl Period {
             .ok_or_else(|| out_of_calendar("before the Unix epoch"))?;
         let k = self.index_of(ms)?;
         let (start, end) = (self.bound(k)?, self.bound(k + 1)?);
-        let time = |ms: i64| UNIX_EPOCH + Duration::from_millis(ms as u64);
+        let time = |ms: i64| {
+            let d = Duration::from_millis(ms.unsigned_abs());
+            if ms >= 0 {
+                UNIX_EPOCH + d
+            } else {
+                UNIX_EPOCH - d
+            }
+        };
         Ok(time(start)..time(end))
     }
 
