@@ -831,6 +831,7 @@ async fn inspect_through_the_library_names_what_is_wrong() {
             rate: 10,
             period_ms: 1000,
             burst: 10,
+            calendar: None,
         }],
     };
     configs.declare("m", per_member).await.unwrap();

@@ -545,6 +545,7 @@ mod tests {
             rate: 10,
             period_ms: 1000,
             burst: 10,
+            calendar: None,
         };
         let limits = [limit("user", Per::Member), limit("tenant", Per::Scope)];
         let scope = limits_read(&name, &limits, "acme", None).unwrap();
