@@ -520,6 +520,27 @@ mod tests {
             Spec::lock(Duration::from_millis(1500)).to_string(),
             "lock ttl 1.5s"
         );
+        let day = Period::DAY.days_start_at(6, 0).unwrap();
+        let daily = Spec::rate_limit(Algorithm::Calendar, Quota::calendar(500, day).unwrap());
+        assert_eq!(
+            daily.to_string(),
+            "calendar 500 per 1 day in UTC from 06:00"
+        );
+        daily.validate().unwrap();
+        let Spec::RateLimit {
+            rate,
+            period_ms,
+            burst,
+            ..
+        } = daily
+        else {
+            unreachable!()
+        };
+        // Stored as Quota::calendar computes them; anything else is refused.
+        assert_eq!((rate, burst), (500, 500));
+        assert_eq!(period_ms, day.longest().as_millis() as u64);
+        assert!(quota_of(500, period_ms + 1, 500, Some(day)).is_err());
+        assert!(quota_of(500, period_ms, 499, Some(day)).is_err());
         assert!(Spec::counter(0, Duration::from_secs(1)).validate().is_err());
         assert!(Spec::RateLimits {
             algorithm: Algorithm::Gcra,
