@@ -1070,6 +1070,27 @@ async fn calendar_periods_are_set_and_shown() {
     let weeks = fortnight.spec.quota().unwrap().calendar_period().unwrap();
     assert_eq!((weeks.every(), weeks.week_start()), (2, Weekday::Sunday));
 
+    // State written through a handle of that name reads back by inspect.
+    let handle = client
+        .rate_limit("plan", Quota::calendar(20_000, period).unwrap())
+        .unwrap();
+    handle.insist().await.unwrap();
+    assert_eq!(
+        handle.check_cost("acme", 5).await.unwrap().remaining,
+        19_995
+    );
+    let seen = ok_json(&url, &["inspect", "rate-limit", "plan", "acme"]);
+    assert_eq!(seen["state"]["remaining"], 19_995, "{seen}");
+    assert_eq!(seen["state"]["limit"], 20_000, "{seen}");
+    let end = handle.peek("acme").await.unwrap().period_end.unwrap();
+    let end_ms = end
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    assert_eq!(seen["state"]["period_end_ms"], end_ms, "{seen}");
+    let text = ok(&url, &["inspect", "rate-limit", "plan", "acme"]);
+    assert!(text.contains("period ends 20"), "{text}");
+
     // A calendar limit set without --algorithm keeps calendar, so a
     // rolling period is refused (exit 2), and nothing is written.
     let err = fails(
