@@ -4,7 +4,7 @@
 //! (`durability`). Built with the `cli` feature:
 //!
 //! ```text
-//! cargo install nolock --features cli
+//! cargo install nolock --features cli,tz   # tz: IANA zones of calendar quotas
 //! nolock set rate-limit api --algorithm gcra --rate 100 --per 1m --burst 100
 //! nolock set rate-limit plan --rate 10000 --calendar month --zone Europe/Berlin
 //! nolock list
@@ -15,7 +15,8 @@
 //! `--rate` per calendar period: `--every N` units of `second`, `minute`,
 //! `hour`, `day`, `week`, `month` or `year`, on the wall clock of `--zone`
 //! (UTC, an offset such as `+05:30`, an IANA name with the `tz` feature,
-//! or a POSIX TZ rule), from `--day-start HH:MM` and, for weeks,
+//! or a POSIX TZ rule; a binary built without `tz` cannot read a stored
+//! IANA zone, and answers exit 4), from `--day-start HH:MM` and, for weeks,
 //! `--week-start DAY`. A limit of `rate-limits` takes a calendar period as
 //! `NAME=RATE/[N]UNIT` (`user=10/second`, `tenant=100000/month`); the zone
 //! options apply to every such limit. `show` and `list` print the period
