@@ -831,6 +831,7 @@ async fn inspect_through_the_library_names_what_is_wrong() {
             rate: 10,
             period_ms: 1000,
             burst: 10,
+            calendar: None,
         }],
     };
     configs.declare("m", per_member).await.unwrap();
@@ -910,4 +911,374 @@ fn durability_reads_info_where_config_get_is_refused() {
     assert_eq!(report["role"], "master");
     assert_eq!(report["appendfsync"], Value::Null);
     assert!(report["appendonly"].is_boolean());
+}
+
+/// A calendar quota set from the command line: stored with its period,
+/// printed with it by `show` and `list`, read back by the library as the
+/// quota it names; `set` without `--algorithm` keeps it calendar.
+#[tokio::test]
+async fn calendar_periods_are_set_and_shown() {
+    use nolock::config::{Family, Spec};
+    use nolock::rate::{Period, Weekday, Zone};
+
+    let server = RedisServer::start();
+    let url = server.url();
+    let set = ok_json(
+        &url,
+        &[
+            "set",
+            "rate-limit",
+            "plan",
+            "--algorithm",
+            "calendar",
+            "--rate",
+            "10000",
+            "--calendar",
+            "month",
+            "--zone",
+            "Europe/Berlin",
+        ],
+    );
+    assert_eq!(set["spec"]["algorithm"], "calendar");
+    assert_eq!(set["spec"]["rate"], 10000);
+    assert_eq!(set["spec"]["burst"], 10000);
+    assert_eq!(
+        set["spec"]["calendar"],
+        serde_json::json!({"unit": "month", "every": 1, "zone": "Europe/Berlin",
+                           "week_start": "monday", "day_start": "00:00"})
+    );
+    let table = ok(&url, &["show", "plan"]);
+    assert!(
+        table.contains("calendar 10000 per 1 month in Europe/Berlin from 00:00"),
+        "{table}"
+    );
+    // Raised mid-month without --algorithm: still calendar, a day start set.
+    let raised = ok_json(
+        &url,
+        &[
+            "set",
+            "rate-limit",
+            "plan",
+            "--rate",
+            "20000",
+            "--calendar",
+            "months",
+            "--every",
+            "1",
+            "--zone",
+            "Europe/Berlin",
+            "--day-start",
+            "06:00",
+        ],
+    );
+    assert_eq!(raised["spec"]["algorithm"], "calendar");
+    assert_eq!(raised["spec"]["calendar"]["day_start"], "06:00");
+    // Weeks from Sunday, every two, at an offset.
+    ok(
+        &url,
+        &[
+            "set",
+            "rate-limit",
+            "fortnight",
+            "--rate",
+            "5",
+            "--calendar",
+            "week",
+            "--every",
+            "2",
+            "--week-start",
+            "sun",
+            "--zone",
+            "+01:00",
+        ],
+    );
+    // A stored gcra limit given a calendar period becomes calendar (its
+    // algorithm is not kept: a calendar period takes no other).
+    ok(
+        &url,
+        &["set", "rate-limit", "api", "--rate", "5", "--per", "1s"],
+    );
+    let switched = ok_json(
+        &url,
+        &[
+            "set",
+            "rate-limit",
+            "api",
+            "--rate",
+            "500",
+            "--calendar",
+            "day",
+            "--day-start",
+            "06:00",
+        ],
+    );
+    assert_eq!(switched["spec"]["algorithm"], "calendar");
+    // Several limits: a calendar second and a month, the zone applies to
+    // the month (seconds count elapsed time).
+    let multi = ok_json(
+        &url,
+        &[
+            "set",
+            "rate-limits",
+            "quota",
+            "--member-limit",
+            "user=10/second",
+            "--scope-limit",
+            "tenant=100000/month",
+            "--zone",
+            "+02:00",
+        ],
+    );
+    assert_eq!(multi["spec"]["algorithm"], "calendar");
+    assert_eq!(multi["spec"]["limits"][0]["calendar"]["unit"], "second");
+    assert_eq!(multi["spec"]["limits"][0]["calendar"]["zone"], "UTC");
+    assert_eq!(multi["spec"]["limits"][1]["calendar"]["zone"], "+02:00");
+    let list = ok(&url, &["list"]);
+    for line in [
+        "calendar 20000 per 1 month in Europe/Berlin from 06:00",
+        "calendar 5 per 2 week in +01:00 from 00:00, weeks from sunday",
+        "calendar 500 per 1 day in UTC from 06:00",
+        "calendar user per member 10 per 1 second, tenant per scope 100000 per 1 month in +02:00 from 00:00",
+    ] {
+        assert!(list.contains(line), "{line:?} not in\n{list}");
+    }
+
+    // The library reads what the command line wrote.
+    let client = nolock::Client::connect(url.as_str()).await.unwrap();
+    let configs = client.configs();
+    let plan = configs
+        .get(Family::RateLimit, "plan")
+        .await
+        .unwrap()
+        .unwrap();
+    let period = Period::MONTH
+        .in_zone(Zone::parse("Europe/Berlin").unwrap())
+        .days_start_at(6, 0)
+        .unwrap();
+    assert_eq!(
+        plan.spec,
+        Spec::rate_limit(
+            Algorithm::Calendar,
+            Quota::calendar(20_000, period).unwrap()
+        )
+    );
+    let fortnight = configs
+        .get(Family::RateLimit, "fortnight")
+        .await
+        .unwrap()
+        .unwrap();
+    let weeks = fortnight.spec.quota().unwrap().calendar_period().unwrap();
+    assert_eq!((weeks.every(), weeks.week_start()), (2, Weekday::Sunday));
+
+    // State written through a handle of that name reads back by inspect.
+    let handle = client
+        .rate_limit("plan", Quota::calendar(20_000, period).unwrap())
+        .unwrap();
+    handle.insist().await.unwrap();
+    assert_eq!(
+        handle.check_cost("acme", 5).await.unwrap().remaining,
+        19_995
+    );
+    let seen = ok_json(&url, &["inspect", "rate-limit", "plan", "acme"]);
+    assert_eq!(seen["state"]["remaining"], 19_995, "{seen}");
+    assert_eq!(seen["state"]["limit"], 20_000, "{seen}");
+    let end = handle.peek("acme").await.unwrap().period_end.unwrap();
+    let end_ms = end
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    assert_eq!(seen["state"]["period_end_ms"], end_ms, "{seen}");
+    let text = ok(&url, &["inspect", "rate-limit", "plan", "acme"]);
+    assert!(text.contains("period ends 20"), "{text}");
+
+    // A calendar limit set without --algorithm keeps calendar, so a
+    // rolling period is refused (exit 2), and nothing is written.
+    let err = fails(
+        &url,
+        &["set", "rate-limit", "plan", "--rate", "5", "--per", "1m"],
+        2,
+    );
+    assert!(one_line(&err).contains("needs a calendar period"), "{err}");
+    let still = configs
+        .get(Family::RateLimit, "plan")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(still.spec, plan.spec);
+    assert_eq!(still.epoch, plan.epoch);
+    // With --algorithm it can go back to a rolling limit.
+    ok(
+        &url,
+        &[
+            "set",
+            "rate-limit",
+            "plan",
+            "--algorithm",
+            "gcra",
+            "--rate",
+            "5",
+            "--per",
+            "1m",
+        ],
+    );
+}
+
+/// Bad calendar input exits 2 with a message naming what is wrong, and
+/// writes nothing.
+#[tokio::test]
+async fn bad_calendar_input_exits_2_and_writes_nothing() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let set = |extra: &[&'static str]| -> Vec<&'static str> {
+        let mut args = vec!["set", "rate-limit", "plan", "--rate", "10"];
+        args.extend_from_slice(extra);
+        args
+    };
+    // clap's own refusals of a value: the value is named.
+    for (extra, named) in [
+        (&["--calendar", "fortnight"][..], "fortnight"),
+        (
+            &["--calendar", "month", "--zone", "Mars/Olympus"],
+            "Mars/Olympus",
+        ),
+        (&["--calendar", "day", "--day-start", "24:00"], "24:00"),
+        (&["--calendar", "day", "--day-start", "6:00"], "6:00"),
+        (&["--calendar", "week", "--week-start", "funday"], "funday"),
+        (&["--calendar", "month", "--every", "x"], "x"),
+    ] {
+        let args = set(extra);
+        let err = fails(&url, &args, 2);
+        assert!(err.contains(named), "{args:?}: {err}");
+    }
+    // Our own: one line each, saying why.
+    for (extra, why) in [
+        (
+            &["--algorithm", "calendar", "--per", "1m"][..],
+            "--calendar",
+        ),
+        (
+            &["--algorithm", "gcra", "--calendar", "month"],
+            "only algorithm calendar",
+        ),
+        (
+            &["--calendar", "month", "--burst", "20"],
+            "--burst does not apply to a calendar period",
+        ),
+        (
+            &["--calendar", "month", "--per", "1m"],
+            "--per does not apply to a calendar period",
+        ),
+        (
+            &["--per", "1m", "--zone", "+01:00"],
+            "--zone needs --calendar",
+        ),
+        (&["--per", "1m", "--every", "2"], "--every needs --calendar"),
+        (
+            &["--calendar", "second", "--zone", "+01:00"],
+            "--zone applies to calendar periods of days",
+        ),
+        (
+            &["--calendar", "month", "--week-start", "sunday"],
+            "--week-start applies to calendar periods of weeks",
+        ),
+        (&["--calendar", "month", "--every", "0"], "period length"),
+    ] {
+        let args = set(extra);
+        let err = fails(&url, &args, 2);
+        assert!(one_line(&err).contains(why), "{args:?}: {err}");
+    }
+    let err = fails(
+        &url,
+        &[
+            "set",
+            "rate-limit",
+            "plan",
+            "--rate",
+            "0",
+            "--calendar",
+            "month",
+        ],
+        2,
+    );
+    assert!(one_line(&err).contains("rate"), "{err}");
+    // Limits of several: a calendar limit has no burst; a calendar and a
+    // rolling limit do not mix; zone options need a period that takes them.
+    for (args, code) in [
+        (
+            &["set", "rate-limits", "q", "--scope-limit", "m=10/month:20"][..],
+            2,
+        ),
+        (
+            &[
+                "set",
+                "rate-limits",
+                "q",
+                "--scope-limit",
+                "a=10/second",
+                "--scope-limit",
+                "b=10/1s",
+            ],
+            2,
+        ),
+        (
+            &[
+                "set",
+                "rate-limits",
+                "q",
+                "--scope-limit",
+                "a=10/second",
+                "--zone",
+                "+01:00",
+            ],
+            2,
+        ),
+        (
+            &[
+                "set",
+                "counter",
+                "c",
+                "--limit",
+                "1",
+                "--window",
+                "1s",
+                "--calendar",
+                "day",
+            ],
+            2,
+        ),
+    ] {
+        let err = fails(&url, args, code);
+        assert!(!err.is_empty(), "{args:?}");
+    }
+    let err = fails(
+        &url,
+        &[
+            "set",
+            "rate-limits",
+            "q",
+            "--scope-limit",
+            "a=10/second",
+            "--scope-limit",
+            "b=10/1s",
+        ],
+        2,
+    );
+    assert!(one_line(&err).contains("\"b\""), "{err}");
+    let mut conn = server.conn().await;
+    assert!(!exists(&mut conn, nolock::config::REGISTRY_KEY).await);
+    assert!(!exists(&mut conn, nolock::config::EPOCH_KEY).await);
+
+    // --help says how to write one.
+    let help = ok(&url, &["set", "--help"]);
+    for text in [
+        "--calendar <UNIT>",
+        "--every <N>",
+        "--zone <ZONE>",
+        "--day-start <HH:MM>",
+        "--week-start <DAY>",
+        "NAME=RATE/[N]UNIT",
+        "--calendar month",
+    ] {
+        assert!(help.contains(text), "{text:?} not in\n{help}");
+    }
 }

@@ -4,11 +4,23 @@
 //! (`durability`). Built with the `cli` feature:
 //!
 //! ```text
-//! cargo install nolock --features cli
+//! cargo install nolock --features cli,tz   # tz: IANA zones of calendar quotas
 //! nolock set rate-limit api --algorithm gcra --rate 100 --per 1m --burst 100
+//! nolock set rate-limit plan --rate 10000 --calendar month --zone Europe/Berlin
 //! nolock list
 //! nolock inspect rate-limit api alice --json
 //! ```
+//!
+//! A calendar quota (`--calendar UNIT`, algorithm `calendar`) admits
+//! `--rate` per calendar period: `--every N` units of `second`, `minute`,
+//! `hour`, `day`, `week`, `month` or `year`, on the wall clock of `--zone`
+//! (UTC, an offset such as `+05:30`, an IANA name with the `tz` feature,
+//! or a POSIX TZ rule; a binary built without `tz` cannot read a stored
+//! IANA zone, and answers exit 4), from `--day-start HH:MM` and, for weeks,
+//! `--week-start DAY`. A limit of `rate-limits` takes a calendar period as
+//! `NAME=RATE/[N]UNIT` (`user=10/second`, `tenant=100000/month`); the zone
+//! options apply to every such limit. `show` and `list` print the period
+//! (`calendar 10000 per 1 month in Europe/Berlin from 00:00`).
 //!
 //! Output is a readable table by default and JSON with `--json` (`list`
 //! and `show` print an array of configurations, `set`, `block`,
@@ -33,7 +45,7 @@ use std::time::Duration;
 
 use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use nolock::config::{Change, Config, Configs, Family, Spec};
-use nolock::rate::Algorithm;
+use nolock::rate::{Algorithm, Unit, Weekday, Zone};
 use nolock::redis::IntoConnectionInfo;
 use nolock::{Client, Error};
 
@@ -45,7 +57,10 @@ mod output;
 mod parse;
 
 use output::{config_out, configs_out, durability, json};
-use parse::{parse_algorithm, parse_duration, parse_family, parse_limit, LimitArg};
+use parse::{
+    parse_algorithm, parse_day_start, parse_duration, parse_family, parse_limit, parse_unit,
+    parse_weekday, parse_zone, DayStart, LimitArg,
+};
 
 const EXIT_CODES: &str = "\
 Exit codes:
@@ -56,12 +71,16 @@ Exit codes:
   4  foreign data in the registry ({nolock:config}), a mismatch, or
      (inspect) a state another limit wrote
 
-Durations: 500ms, 10s, 1m (or 1min), 1h, 1d.";
+Durations: 500ms, 10s, 1m (or 1min), 1h, 1d.
+Calendar periods: second, minute, hour, day, week, month, year.";
 
 const SET_EXAMPLES: &str = "\
 Examples:
   nolock set rate-limit api --algorithm gcra --rate 100 --per 1m --burst 100
   nolock set rate-limits api --member-limit user=10/1s --scope-limit tenant=1000/1m:2000
+  nolock set rate-limit plan --algorithm calendar --rate 10000 --calendar month --zone +01:00
+  nolock set rate-limit daily --rate 500 --calendar day --day-start 06:00
+  nolock set rate-limits quota --scope-limit burst=10/second --scope-limit month=100000/month
   nolock set counter api --limit 100 --window 60s
   nolock set semaphore jobs --permits 3 --ttl 30s
   nolock set lock payout --ttl 10s
@@ -150,10 +169,31 @@ struct SetArgs {
     family: Family,
     /// The configuration's name.
     name: String,
-    /// rate-limit(s): gcra, token_bucket, sliding_window or fixed_window
-    /// (default: the stored one, else gcra).
+    /// rate-limit(s): gcra, token_bucket, sliding_window, fixed_window or
+    /// calendar (default: calendar with a calendar period, else the stored
+    /// one, else gcra).
     #[arg(long, value_parser = parse_algorithm, default_value = "gcra")]
     algorithm: Algorithm,
+    /// rate-limit: a calendar period of second, minute, hour, day, week,
+    /// month or year: --rate per period, restarting at its end (algorithm
+    /// calendar).
+    #[arg(long, value_parser = parse_unit, value_name = "UNIT")]
+    calendar: Option<Unit>,
+    /// rate-limit: how many units one calendar period lasts (default 1;
+    /// --calendar month --every 3 is a quarter).
+    #[arg(long, value_name = "N")]
+    every: Option<u32>,
+    /// rate-limit(s): the calendar's time zone: UTC (default), an offset
+    /// (+05:30), an IANA name (Europe/Berlin) or a POSIX TZ rule.
+    #[arg(long, value_parser = parse_zone)]
+    zone: Option<Zone>,
+    /// rate-limit(s): when a calendar day starts on the zone's clock
+    /// (default 00:00).
+    #[arg(long, value_parser = parse_day_start, value_name = "HH:MM")]
+    day_start: Option<DayStart>,
+    /// rate-limit(s): the first day of a calendar week (default monday).
+    #[arg(long, value_parser = parse_weekday, value_name = "DAY")]
+    week_start: Option<Weekday>,
     /// rate-limit: units per period.
     #[arg(long)]
     rate: Option<u64>,
@@ -163,10 +203,12 @@ struct SetArgs {
     /// rate-limit: the burst (default: the rate).
     #[arg(long)]
     burst: Option<u64>,
-    /// rate-limits: a limit kept per member, NAME=RATE/PERIOD[:BURST]; repeatable.
+    /// rate-limits: a limit kept per member, NAME=RATE/PERIOD[:BURST] or,
+    /// calendar, NAME=RATE/[N]UNIT; repeatable.
     #[arg(long, value_parser = parse_limit)]
     member_limit: Vec<LimitArg>,
-    /// rate-limits: a limit shared by a scope, NAME=RATE/PERIOD[:BURST]; repeatable.
+    /// rate-limits: a limit shared by a scope, NAME=RATE/PERIOD[:BURST] or,
+    /// calendar, NAME=RATE/[N]UNIT; repeatable.
     #[arg(long, value_parser = parse_limit)]
     scope_limit: Vec<LimitArg>,
     /// counter: at most this many per window.
@@ -334,8 +376,17 @@ enum Plan<'a> {
 
 /// Checks the input of `command` (`set_matches`: the `set` subcommand's
 /// matches, for the order of its limits).
-/// A rate limit set without `--algorithm` keeps the stored one.
+/// A rate limit set without `--algorithm` keeps the stored one, unless it
+/// has a calendar period, which only the calendar algorithm takes.
 fn keep_algorithm(spec: &mut Spec, stored: Option<&Spec>) {
+    let calendar = match spec {
+        Spec::RateLimit { calendar, .. } => calendar.is_some(),
+        Spec::RateLimits { limits, .. } => limits.iter().any(|l| l.calendar.is_some()),
+        _ => false,
+    };
+    if calendar {
+        return;
+    }
     let stored = match stored {
         Some(Spec::RateLimit { algorithm, .. } | Spec::RateLimits { algorithm, .. }) => *algorithm,
         _ => return,
@@ -478,7 +529,7 @@ mod tests {
             .lines()
             .filter_map(|l| l.trim().strip_prefix("nolock "))
             .collect();
-        assert_eq!(examples.len(), 6);
+        assert_eq!(examples.len(), 9);
         for example in examples {
             let words = example.split('#').next().unwrap_or_default();
             let cli =

@@ -20,7 +20,8 @@ use crate::{Error, Result};
 
 impl Client {
     /// A rate limit named `name`, admitting `quota` per id, decided with
-    /// [`Algorithm::Gcra`] (change it with [`RateLimit::with_algorithm`]).
+    /// [`Algorithm::Gcra`] (change it with [`RateLimit::with_algorithm`]),
+    /// or with [`Algorithm::Calendar`] for a [`Quota::calendar`].
     /// The name is the policy name of the `RateLimit-Policy` and
     /// `RateLimit` headers, and part of every key (`{nolock:<name>:<id>}`):
     /// two handles with one name share their state, so give each limit its
@@ -52,9 +53,14 @@ impl Client {
     /// # Ok(()) }
     /// ```
     pub fn rate_limit(&self, name: &str, quota: Quota) -> Result<RateLimit> {
-        let name = Name::new(kind(Algorithm::Gcra), name)?;
+        // A calendar quota is for the calendar algorithm alone.
+        let algorithm = match quota.calendar_period() {
+            Some(_) => Algorithm::Calendar,
+            None => Algorithm::Gcra,
+        };
+        let name = Name::new(kind(algorithm), name)?;
         let settings = Settings {
-            algorithm: Algorithm::Gcra,
+            algorithm,
             quota,
             settle_within: None,
             debt_cap: None,

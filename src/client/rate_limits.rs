@@ -236,12 +236,9 @@ impl RateLimitsBuilder {
             limits: self
                 .limits
                 .iter()
-                .map(|(limit, quota, per_member)| LimitSpec {
-                    name: limit.clone(),
-                    per: if *per_member { Per::Member } else { Per::Scope },
-                    rate: quota.rate(),
-                    period_ms: quota.period().as_millis() as u64,
-                    burst: quota.burst(),
+                .map(|(limit, quota, per_member)| {
+                    let per = if *per_member { Per::Member } else { Per::Scope };
+                    LimitSpec::new(limit.as_str(), per, *quota)
                 })
                 .collect(),
         };

@@ -36,7 +36,7 @@ use super::{Config, Configs, Family, LimitSpec, Mode, Per, Spec};
 use crate::client::rate::kind;
 use crate::client::rate_limits::multi_kind;
 use crate::client::Name;
-use crate::rate::{Limiter, MultiKey, MultiLimiter};
+use crate::rate::{Algorithm, Limiter, MultiKey, MultiLimiter};
 use crate::script::{embedded, Invocation, Reply, Script};
 use crate::{keys, Error, Result};
 
@@ -114,6 +114,11 @@ pub struct LimitState {
     /// Units charged beyond empty by settlements (see
     /// [`crate::rate::RateLimit::debt`]).
     pub debt: u64,
+    /// A calendar limit's period end, ms since the Unix epoch by the
+    /// server's clock (see [`crate::rate::RateLimit::period_end`]); `None`
+    /// (and left out of the JSON) for every other algorithm.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub period_end_ms: Option<u64>,
 }
 
 /// A counter's state.
@@ -285,6 +290,7 @@ impl Configs {
                     reset_after: now.reset_after,
                     retry_after: now.retry_after,
                     debt: now.debt,
+                    period_end_ms: calendar_end(*algorithm, &now),
                 })
             }
             Spec::RateLimits { algorithm, limits } => {
@@ -310,6 +316,7 @@ impl Configs {
                         reset_after: now.reset_after,
                         retry_after: now.retry_after,
                         debt: now.debt,
+                        period_end_ms: calendar_end(*algorithm, &now),
                     })
                     .collect();
                 State::RateLimits { limits }
@@ -487,6 +494,15 @@ impl fmt::Display for Inspection {
     }
 }
 
+/// The period end of a calendar limit's answer, in ms since the epoch.
+fn calendar_end(algorithm: Algorithm, now: &crate::rate::RateLimit) -> Option<u64> {
+    if algorithm != Algorithm::Calendar {
+        return None;
+    }
+    let end = now.period_end?.duration_since(std::time::UNIX_EPOCH).ok()?;
+    u64::try_from(end.as_millis()).ok()
+}
+
 fn write_limit(f: &mut fmt::Formatter<'_>, l: &LimitState) -> fmt::Result {
     if let (Some(name), Some(per)) = (&l.limit_name, l.per) {
         let per = match per {
@@ -501,6 +517,15 @@ fn write_limit(f: &mut fmt::Formatter<'_>, l: &LimitState) -> fmt::Result {
     match l.retry_after {
         Some(d) => writeln!(f, "  retry after {}", duration(d))?,
         None => writeln!(f, "  retry after - (one unit fits now)")?,
+    }
+    if let Some(ms) = l.period_end_ms {
+        let end = i64::try_from(ms)
+            .ok()
+            .and_then(|ms| jiff::Timestamp::from_millisecond(ms).ok());
+        match end {
+            Some(end) => writeln!(f, "  period ends {end}")?,
+            None => writeln!(f, "  period ends {ms} ms after the epoch")?,
+        }
     }
     writeln!(f, "  debt        {}", l.debt)
 }
@@ -545,6 +570,7 @@ mod tests {
             rate: 10,
             period_ms: 1000,
             burst: 10,
+            calendar: None,
         };
         let limits = [limit("user", Per::Member), limit("tenant", Per::Scope)];
         let scope = limits_read(&name, &limits, "acme", None).unwrap();

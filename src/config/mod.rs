@@ -48,6 +48,12 @@
 //!   debt for the same time.
 //! * The fixed and sliding windows keep the count of the current (and the
 //!   previous) window; the new limit applies to it.
+//! * A calendar quota ([`Algorithm::Calendar`](crate::rate::Algorithm::Calendar))
+//!   keeps the count of the stored period and that period's end: a plan
+//!   raised from 10 000 to 20 000 a month mid-month leaves 20 000 minus
+//!   what the month used; a new period (another zone, unit or day start)
+//!   applies from the end of the stored one, so no period is counted twice
+//!   at once.
 //! * A counter keeps its count and its window's end; the new window applies
 //!   from the next window.
 //! * A semaphore keeps its holders; the new size applies to the next

@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use crate::rate::{Algorithm, Quota};
+use crate::rate::{Algorithm, Period, Quota};
 use crate::{Error, Result};
 
 /// The kind of handle a configuration is for. A name is unique within a
@@ -108,16 +108,84 @@ pub struct LimitSpec {
     pub period_ms: u64,
     /// The burst.
     pub burst: u64,
+    /// The calendar period of a limit of [`Algorithm::Calendar`] (a
+    /// [`Quota::calendar`]); `None` for every other algorithm. Left out
+    /// of the stored JSON when `None`, so configurations stored before
+    /// calendar quotas read (and are written) as they were.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calendar: Option<Period>,
 }
 
 impl LimitSpec {
-    /// The limit's quota.
+    /// A limit named `name`, kept `per` member or scope, admitting `quota`
+    /// (its calendar period included).
+    pub fn new(name: impl Into<String>, per: Per, quota: Quota) -> LimitSpec {
+        LimitSpec {
+            name: name.into(),
+            per,
+            rate: quota.rate(),
+            period_ms: millis_of(quota.period()),
+            burst: quota.burst(),
+            calendar: quota.calendar_period(),
+        }
+    }
+
+    /// The limit's quota: [`Quota::calendar`] when it has a calendar
+    /// period, else [`Quota::per`] with its burst.
     ///
     /// # Errors
     ///
-    /// Those of [`Quota::per`] and [`Quota::with_burst`].
+    /// Those of [`Quota::per`], [`Quota::with_burst`] and
+    /// [`Quota::calendar`]; [`Error::InvalidArgument`] when a calendar
+    /// limit's `period_ms` or `burst` is not what [`Quota::calendar`]
+    /// computes.
     pub fn quota(&self) -> Result<Quota> {
-        Quota::per(self.rate, Duration::from_millis(self.period_ms))?.with_burst(self.burst)
+        quota_of(self.rate, self.period_ms, self.burst, self.calendar)
+    }
+}
+
+/// Milliseconds of a quota's period (below `MAX_PERIOD`, so it fits).
+fn millis_of(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The quota of stored numbers. A calendar quota's `period_ms` and
+/// `burst` are derived ([`Period::longest`] and the limit): they are
+/// stored for readers that do not know calendars, and must agree.
+fn quota_of(rate: u64, period_ms: u64, burst: u64, calendar: Option<Period>) -> Result<Quota> {
+    let Some(period) = calendar else {
+        return Quota::per(rate, Duration::from_millis(period_ms))?.with_burst(burst);
+    };
+    let quota = Quota::calendar(rate, period)?;
+    let want = (millis_of(quota.period()), quota.burst());
+    if (period_ms, burst) != want {
+        return Err(Error::InvalidArgument {
+            what: "spec",
+            reason: format!(
+                "{rate} per {period} has period_ms {} and burst {}, not {period_ms} and {burst}",
+                want.0, want.1
+            ),
+        });
+    }
+    Ok(quota)
+}
+
+/// Refuses a calendar period without [`Algorithm::Calendar`], and the
+/// calendar algorithm without a period: the handle would refuse either.
+fn calendar_matches(algorithm: Algorithm, calendar: Option<&Period>, what: &str) -> Result<()> {
+    match (algorithm, calendar) {
+        (Algorithm::Calendar, None) => Err(Error::InvalidArgument {
+            what: "spec",
+            reason: format!("{what} of algorithm calendar needs a calendar period"),
+        }),
+        (Algorithm::Calendar, Some(_)) | (_, None) => Ok(()),
+        (other, Some(period)) => Err(Error::InvalidArgument {
+            what: "spec",
+            reason: format!(
+                "{what} has a calendar period ({period}), which only algorithm calendar \
+                 takes, not {other}"
+            ),
+        }),
     }
 }
 
@@ -135,6 +203,11 @@ pub enum Spec {
         period_ms: u64,
         /// The burst.
         burst: u64,
+        /// The calendar period of [`Algorithm::Calendar`] (see
+        /// [`LimitSpec::calendar`]); left out of the stored JSON when
+        /// `None`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        calendar: Option<Period>,
     },
     /// A [`client::RateLimits`](crate::client::RateLimits).
     RateLimits {
@@ -165,13 +238,27 @@ pub enum Spec {
 }
 
 impl Spec {
-    /// A rate limit's numbers.
+    /// A rate limit's numbers, a calendar quota's period included
+    /// ([`Quota::calendar_period`]).
+    ///
+    /// ```
+    /// use nolock::config::Spec;
+    /// use nolock::rate::{Algorithm, Period, Quota};
+    ///
+    /// # fn main() -> nolock::Result<()> {
+    /// let monthly = Spec::rate_limit(Algorithm::Calendar, Quota::calendar(10_000, Period::MONTH)?);
+    /// assert_eq!(monthly.to_string(), "calendar 10000 per 1 month in UTC from 00:00");
+    /// assert_eq!(monthly.quota()?.calendar_period(), Some(Period::MONTH));
+    /// monthly.validate()?;
+    /// # Ok(()) }
+    /// ```
     pub fn rate_limit(algorithm: Algorithm, quota: Quota) -> Spec {
         Spec::RateLimit {
             algorithm,
             rate: quota.rate(),
-            period_ms: quota.period().as_millis() as u64,
+            period_ms: millis_of(quota.period()),
             burst: quota.burst(),
+            calendar: quota.calendar_period(),
         }
     }
 
@@ -214,15 +301,16 @@ impl Spec {
     /// # Errors
     ///
     /// [`Error::InvalidArgument`] for another family; those of
-    /// [`Quota::per`] and [`Quota::with_burst`].
+    /// [`LimitSpec::quota`].
     pub fn quota(&self) -> Result<Quota> {
         match self {
             Spec::RateLimit {
                 rate,
                 period_ms,
                 burst,
+                calendar,
                 ..
-            } => Quota::per(*rate, Duration::from_millis(*period_ms))?.with_burst(*burst),
+            } => quota_of(*rate, *period_ms, *burst, *calendar),
             other => Err(Error::InvalidArgument {
                 what: "spec",
                 reason: format!("a {} has no quota", other.family()),
@@ -238,12 +326,19 @@ impl Spec {
     /// for a window algorithm whose burst differs from its rate,
     /// [`crate::limits::Counter::new`], [`crate::semaphore::Semaphore::new`],
     /// [`crate::fence::Lock::new`]); [`Error::InvalidArgument`] for a
-    /// multi-limit without limits or with two limits of one name.
+    /// multi-limit without limits or with two limits of one name, for
+    /// [`Algorithm::Calendar`] without a calendar period, and for a
+    /// calendar period with another algorithm.
     ///
     /// [`Limiter::new`]: crate::rate::Limiter::new
     pub fn validate(&self) -> Result<()> {
         match self {
-            Spec::RateLimit { algorithm, .. } => {
+            Spec::RateLimit {
+                algorithm,
+                calendar,
+                ..
+            } => {
+                calendar_matches(*algorithm, calendar.as_ref(), "a rate limit")?;
                 crate::rate::Limiter::new(*algorithm, self.quota()?)?;
             }
             Spec::RateLimits { algorithm, limits } => {
@@ -256,6 +351,8 @@ impl Spec {
                 // The multi-limiter checks each name and refuses a repeated one.
                 let mut multi = crate::rate::MultiLimiter::new(*algorithm);
                 for limit in limits {
+                    let what = format!("the limit {:?}", limit.name);
+                    calendar_matches(*algorithm, limit.calendar.as_ref(), &what)?;
                     multi = multi.shared_limit(&limit.name, limit.quota()?)?;
                 }
             }
@@ -284,16 +381,24 @@ pub(super) fn millis(ms: u64) -> String {
     }
 }
 
-/// `gcra 100/1min burst 100`, `counter 100/1min`, `semaphore 3 ttl 30s`,
-/// `lock ttl 10s`.
+/// `gcra 100/1min burst 100`, `calendar 10000 per 1 month in Europe/Berlin
+/// from 00:00` (a calendar limit's burst is its limit, so it is not
+/// shown), `counter 100/1min`, `semaphore 3 ttl 30s`, `lock ttl 10s`.
 impl fmt::Display for Spec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Spec::RateLimit {
                 algorithm,
                 rate,
+                calendar: Some(period),
+                ..
+            } => write!(f, "{algorithm} {rate} per {period}"),
+            Spec::RateLimit {
+                algorithm,
+                rate,
                 period_ms,
                 burst,
+                calendar: None,
             } => write!(f, "{algorithm} {rate}/{} burst {burst}", millis(*period_ms)),
             Spec::RateLimits { algorithm, limits } => {
                 write!(f, "{algorithm}")?;
@@ -303,14 +408,19 @@ impl fmt::Display for Spec {
                         Per::Member => "member",
                         Per::Scope => "scope",
                     };
-                    write!(
-                        f,
-                        "{sep}{} per {per} {}/{} burst {}",
-                        l.name,
-                        l.rate,
-                        millis(l.period_ms),
-                        l.burst
-                    )?;
+                    match &l.calendar {
+                        Some(period) => {
+                            write!(f, "{sep}{} per {per} {} per {period}", l.name, l.rate)?
+                        }
+                        None => write!(
+                            f,
+                            "{sep}{} per {per} {}/{} burst {}",
+                            l.name,
+                            l.rate,
+                            millis(l.period_ms),
+                            l.burst
+                        )?,
+                    }
                 }
                 Ok(())
             }
@@ -410,6 +520,27 @@ mod tests {
             Spec::lock(Duration::from_millis(1500)).to_string(),
             "lock ttl 1.5s"
         );
+        let day = Period::DAY.days_start_at(6, 0).unwrap();
+        let daily = Spec::rate_limit(Algorithm::Calendar, Quota::calendar(500, day).unwrap());
+        assert_eq!(
+            daily.to_string(),
+            "calendar 500 per 1 day in UTC from 06:00"
+        );
+        daily.validate().unwrap();
+        let Spec::RateLimit {
+            rate,
+            period_ms,
+            burst,
+            ..
+        } = daily
+        else {
+            unreachable!()
+        };
+        // Stored as Quota::calendar computes them; anything else is refused.
+        assert_eq!((rate, burst), (500, 500));
+        assert_eq!(period_ms, day.longest().as_millis() as u64);
+        assert!(quota_of(500, period_ms + 1, 500, Some(day)).is_err());
+        assert!(quota_of(500, period_ms, 499, Some(day)).is_err());
         assert!(Spec::counter(0, Duration::from_secs(1)).validate().is_err());
         assert!(Spec::RateLimits {
             algorithm: Algorithm::Gcra,
