@@ -1177,3 +1177,39 @@ async fn a_script_flush_before_calendar_calls_is_survived(d: &Deployment) {
             .allowed
     );
 }
+
+/// The checker's own test: a history with one unit too many in one period
+/// (but not from the start of the run) fails it.
+#[test]
+#[should_panic(expected = "3 units admitted in the period ending at 3000 ms, limit 2")]
+fn the_period_checker_catches_one_period_over_its_limit() {
+    let seen = |at_ms: i64, end_ms: i64| Seen {
+        allowed: true,
+        cost: 1,
+        at_us: at_ms * 1000,
+        end_ms,
+    };
+    // Periods of 1 s: 2, 0, then 3 (the run as a whole is under 2 per s).
+    let history = [
+        seen(0, 1000),
+        seen(999, 1000),
+        seen(2000, 3000),
+        seen(2500, 3000),
+        seen(2999, 3000),
+    ];
+    check_periods(&history, 1000, 2);
+}
+
+/// The checker's own test: a decision whose server time is not in the
+/// period it reports (at its end, which belongs to the next) fails it.
+#[test]
+#[should_panic(expected = "decided outside the period it reports")]
+fn the_period_checker_catches_a_decision_outside_its_period() {
+    let history = [Seen {
+        allowed: false,
+        cost: 1,
+        at_us: 1_000_000,
+        end_ms: 1000,
+    }];
+    check_periods(&history, 1000, 2);
+}
