@@ -4,6 +4,17 @@
 //! the charge's period, a settlement's excess goes into the current
 //! period, and a client whose boundaries miss the server's clock is
 //! refused with nothing written.
+//!
+//! Also: bad arguments to the three scripts (raw `EVALSHA`) are definite
+//! errors with nothing written on any key; foreign data (another tag, no
+//! counter, a hash) is refused and left byte for byte, a bare count is read
+//! as an untagged state, a count without expiry gets its period's end at its
+//! next admission; `SCRIPT FLUSH` is survived; 64 racing tasks across real
+//! second boundaries never pass the limit in any period (a checker holds
+//! every decision to the period it reports); a client hours ahead is
+//! refused for hourly periods and counted in the server's day for daily
+//! ones; with stale zone data the stored period wins while it lasts. The
+//! server's clock moved is `tests/calendar_clock.rs`.
 
 mod support;
 
