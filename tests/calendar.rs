@@ -44,6 +44,7 @@ both!(
         sixty_four_tasks_on_seconds_and_minutes_never_pass_either_limit,
         a_client_hours_ahead_is_refused_for_hours_and_counted_in_the_servers_day,
         stale_zone_data_the_stored_period_wins_while_it_lasts,
+        a_charge_of_an_ended_period_gives_nothing_back_and_its_excess_goes_to_the_next,
     ],
     exclusive: [a_script_flush_before_calendar_calls_is_survived],
 );
@@ -1223,4 +1224,58 @@ fn the_period_checker_catches_a_decision_outside_its_period() {
         end_ms: 1000,
     }];
     check_periods(&history, 1000, 2);
+}
+
+/// Periods of one second, on the server's real clock: a charge of one
+/// period refunded or settled in the next gives nothing back there, and a
+/// settlement's excess is charged to the next period's count.
+async fn a_charge_of_an_ended_period_gives_nothing_back_and_its_excess_goes_to_the_next(
+    d: &Deployment,
+) {
+    let mut conn = d.conn().await;
+    let key = format!("{}s", prefix("cal_next"));
+    let second = Period::seconds(1).unwrap();
+    let h = tag_number(&second);
+    let limiter = Limiter::new(Algorithm::Calendar, Quota::calendar(10, second).unwrap()).unwrap();
+    // Start early in a second, so that the three charges share it.
+    let now = server_ms(d, &key).await;
+    if now % 1000 > 500 {
+        tokio::time::sleep(Duration::from_millis((1000 - now % 1000) as u64 + 5)).await;
+    }
+    let mut a = limiter.check(&mut conn, &key, 4).await.unwrap();
+    let b = limiter.check(&mut conn, &key, 3).await.unwrap();
+    let c = limiter.check(&mut conn, &key, 2).await.unwrap();
+    let end = ms(a.period_end.unwrap());
+    assert!(a.allowed && b.allowed && c.allowed);
+    assert_eq!(c.period_end, Some(at_ms(end)), "one second");
+    assert_eq!(c.remaining, 1);
+    let wait = end + 5 - server_ms(d, &key).await;
+    tokio::time::sleep(Duration::from_millis(wait.max(0) as u64)).await;
+    // The next second: opened by a check of 1.
+    let next = limiter.check(&mut conn, &key, 1).await.unwrap();
+    let next_end = ms(next.period_end.unwrap());
+    assert!(next_end > end);
+    let back = a.charge_mut().unwrap().refund(&mut conn, 4).await.unwrap();
+    let mut left = 9;
+    if server_ms(d, &key).await >= next_end {
+        return; // a slow machine: the next second ended too
+    }
+    assert_eq!((back.credited, back.remaining), (0, left));
+    let settled = b.into_charge().unwrap().settle(&mut conn, 1).await.unwrap();
+    let Settle::Settled(s) = settled else {
+        panic!("{settled:?}")
+    };
+    assert_eq!((s.credited, s.charged, s.state.remaining), (0, 0, left));
+    let settled = c.into_charge().unwrap().settle(&mut conn, 5).await.unwrap();
+    let Settle::Settled(s) = settled else {
+        panic!("{settled:?}")
+    };
+    left -= 3;
+    assert_eq!((s.credited, s.charged, s.state.remaining), (0, 3, left));
+    let (value, expiry) = stored(d, &key).await;
+    if server_ms(d, &key).await < next_end {
+        assert_eq!(value, Some(format!("k{h}x10:4")));
+        assert_eq!(expiry, next_end);
+        assert_eq!(s.state.period_end, Some(at_ms(next_end)));
+    }
 }

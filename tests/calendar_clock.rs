@@ -218,12 +218,18 @@ async fn a_reservation_settled_after_the_months_end_charges_the_next_month() {
 
     // 2025-04-01T00:00:01Z.
     set_server_at(&clock, APR + 1_000);
+    // Meanwhile the process talked to a server whose clock is right: the
+    // settlement is built for today, refused, and built again, unseen.
+    let elsewhere = support::RedisServer::start();
+    learn_todays_time(&mut elsewhere.conn().await).await;
+    let before = command_calls(&mut conn, "evalsha").await;
     let settled = big
         .into_charge()
         .unwrap()
         .settle(&mut conn, 1500)
         .await
         .unwrap();
+    assert_eq!(command_calls(&mut conn, "evalsha").await - before, 2);
     let Settle::Settled(s) = settled else {
         panic!("{settled:?}")
     };
