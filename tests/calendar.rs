@@ -45,6 +45,7 @@ both!(
         a_client_hours_ahead_is_refused_for_hours_and_counted_in_the_servers_day,
         stale_zone_data_the_stored_period_wins_while_it_lasts,
         a_charge_of_an_ended_period_gives_nothing_back_and_its_excess_goes_to_the_next,
+        every_kind_of_period_is_counted_in_the_period_holding_the_servers_time,
     ],
     exclusive: [a_script_flush_before_calendar_calls_is_survived],
 );
@@ -1313,4 +1314,40 @@ async fn a_settlement_after_the_period_ended_names_the_current_period(d: &Deploy
         "the settlement's state names no current period: {:?}",
         s.state
     );
+}
+
+/// Every kind of period the API builds (a zone's day from 06:00, Sunday
+/// weeks, quarters, years, a DST zone's month, minutes) is counted in the
+/// period holding the server's time, tagged with its own number.
+async fn every_kind_of_period_is_counted_in_the_period_holding_the_servers_time(d: &Deployment) {
+    let mut conn = d.conn().await;
+    let p = prefix("cal_kinds");
+    let berlin = nolock::rate::Zone::posix("CET-1CEST,M3.5.0,M10.5.0/3").unwrap();
+    let periods = [
+        Period::DAY
+            .in_zone(nolock::rate::Zone::fixed(5 * 3600 + 1800).unwrap())
+            .days_start_at(6, 0)
+            .unwrap(),
+        Period::WEEK.weeks_start_on(nolock::rate::Weekday::Sunday),
+        Period::months(3).unwrap(),
+        Period::YEAR,
+        Period::MONTH.in_zone(berlin),
+        Period::minutes(15).unwrap(),
+        Period::days(2)
+            .unwrap()
+            .in_zone(nolock::rate::Zone::fixed(-8 * 3600).unwrap()),
+    ];
+    for (i, period) in periods.iter().enumerate() {
+        let key = format!("{p}{i}");
+        let limiter =
+            Limiter::new(Algorithm::Calendar, Quota::calendar(7, *period).unwrap()).unwrap();
+        let r = limiter.check(&mut conn, &key, 2).await.unwrap();
+        assert!(r.allowed, "{period}");
+        let held = period.containing(r.at).unwrap();
+        assert_eq!(r.period_end, Some(held.end), "{period}");
+        let h = tag_number(period);
+        let (value, expiry) = stored(d, &key).await;
+        assert_eq!(value, Some(format!("k{h}x7:2")), "{period}");
+        assert_eq!(expiry, ms(held.end), "{period}");
+    }
 }

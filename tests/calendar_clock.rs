@@ -453,3 +453,50 @@ async fn a_batch_returns_the_period_mismatch_and_the_operation_built_again_is_co
     );
     clock.set(0.0);
 }
+
+/// A daily quota in central European time (a POSIX rule: no tz database
+/// needed) on the server's spring-forward day, 2025-03-30, which is 23
+/// hours long: counted until 2025-03-30T22:00:00Z (midnight CEST), then a
+/// fresh day whose end is 24 hours later.
+#[tokio::test]
+async fn a_day_of_23_hours_on_the_servers_clock_ends_at_the_zones_midnight() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let Some(clock) = skewed_or_skip("calendar DST day", &[]) else {
+        return;
+    };
+    const DAY_START: i64 = 1_743_289_200_000; // 2025-03-29T23:00:00Z
+    const DAY_END: i64 = 1_743_372_000_000; // 2025-03-30T22:00:00Z
+    const NEXT_END: i64 = 1_743_458_400_000; // 2025-03-31T22:00:00Z
+    assert_eq!(DAY_END - DAY_START, 23 * 3_600_000);
+    let mut conn = clock.server.conn().await;
+    let berlin = nolock::rate::Zone::posix("CET-1CEST,M3.5.0,M10.5.0/3").unwrap();
+    let day = Period::DAY.in_zone(berlin);
+    let h = tag_number(&day);
+    let limiter = Limiter::new(Algorithm::Calendar, Quota::calendar(2, day).unwrap()).unwrap();
+    let key = format!("{}d", prefix("cal_dst"));
+    set_server_at(&clock, DAY_END - 3_000);
+    let mut history = Vec::new();
+    for left in [1, 0] {
+        let r = limiter_check(&limiter, &mut conn, &key, 1).await;
+        assert_eq!(r.remaining, left);
+        assert_eq!(r.period_end, Some(at_ms(DAY_END)));
+        history.push(*r);
+    }
+    let denied = limiter.check(&mut conn, &key, 1).await.unwrap();
+    assert!(!denied.allowed);
+    history.push(*denied);
+    assert_eq!(
+        stored(&mut conn, &key).await,
+        (Some(format!("k{h}x2:2")), DAY_END)
+    );
+    set_server_at(&clock, DAY_END + 1_000);
+    let r = limiter_check(&limiter, &mut conn, &key, 1).await;
+    assert_eq!(r.remaining, 1);
+    assert_eq!(r.period_end, Some(at_ms(NEXT_END)));
+    history.push(*r);
+    clock.set(0.0);
+    for r in &history {
+        let p = day.containing(r.at).unwrap();
+        assert_eq!(Some(p.end), r.period_end, "{r:?}");
+    }
+}
