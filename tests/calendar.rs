@@ -15,6 +15,9 @@
 //! refused for hourly periods and counted in the server's day for daily
 //! ones; with stale zone data the stored period wins while it lasts. The
 //! server's clock moved is `tests/calendar_clock.rs`.
+//!
+//! One file past the usual 500 lines on purpose: each test binary starts
+//! its own 3x2 cluster, so the calendar's cluster tests share this one.
 
 mod support;
 
