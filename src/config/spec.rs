@@ -170,15 +170,12 @@ fn quota_of(rate: u64, period_ms: u64, burst: u64, calendar: Option<Period>) -> 
     Ok(quota)
 }
 
-/// Refuses a calendar period without [`Algorithm::Calendar`], and the
-/// calendar algorithm without a period: the handle would refuse either.
+/// Refuses a calendar period without [`Algorithm::Calendar`]: the handle
+/// would refuse it. The calendar algorithm without a period counts in runs
+/// of the quota's period from the epoch (wall-clock seconds).
 fn calendar_matches(algorithm: Algorithm, calendar: Option<&Period>, what: &str) -> Result<()> {
     match (algorithm, calendar) {
-        (Algorithm::Calendar, None) => Err(Error::InvalidArgument {
-            what: "spec",
-            reason: format!("{what} of algorithm calendar needs a calendar period"),
-        }),
-        (Algorithm::Calendar, Some(_)) | (_, None) => Ok(()),
+        (Algorithm::Calendar, _) | (_, None) => Ok(()),
         (other, Some(period)) => Err(Error::InvalidArgument {
             what: "spec",
             reason: format!(

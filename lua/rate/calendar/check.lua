@@ -28,7 +28,10 @@
 -- zone data: the stored period wins until it ends, so one period is never
 -- counted twice at once). Otherwise the period is the one of b holding
 -- now; when none does, the call is refused with NOLOCK_PERIOD and the
--- server's time, nothing written on any key. Then
+-- server's time, nothing written on any key. A stored period that the
+-- client's boundaries place after the one holding now (the server's clock
+-- stepped back across a boundary) is not counted in early: the server's
+-- own period answers as full until its end. Then
 --   fits = count + cost <= L
 -- When every limit fits, each adds cost; otherwise nothing is counted.
 --
@@ -83,6 +86,13 @@ for i = 1, n do
     moved[i] = true
     if not e then c = 0 end
     e = pe
+  elseif e > b[2] and (e == b[3] or e == b[4]) then
+    -- The stored period is one the client sent as later than the one the
+    -- server's clock is in: the clock stepped back across a boundary.
+    -- That earlier period's count was replaced; it counts as full until
+    -- it ends, so the later one is never spent early.
+    local pe = calendar_end(b, now)
+    if pe and e > pe then c, e = l, pe end
   end
   if cost > l - c then admitted = 0 end
   tags[i], counts[i], ends[i] = tag, c, e

@@ -51,6 +51,11 @@ for i = 1, n do
   if not e or e == -1 then
     e = calendar_end(b, now)
     if not e then return calendar_refuse(KEYS[i], now) end
+  elseif e > b[2] and (e == b[3] or e == b[4]) then
+    -- A later period stored (the clock stepped back): full until the
+    -- server's own period ends, as rate/calendar/check answers.
+    local pe = calendar_end(b, now)
+    if pe and e > pe then c, e = l, pe end
   end
   if cost > l - c then admitted = 0 end
   reply[2 * i + 1], reply[2 * i + 2] = c, e

@@ -31,7 +31,9 @@
 -- until the charge's period ends or its deadline, whichever is later.
 --
 -- Reply: {status, now, then per limit: credited, charged, excess, count,
--- end}, as rate/fixed_window/refund.
+-- end}, as rate/fixed_window/refund; end is the period's end also when no
+-- period is stored (the one of b holding the server's time; 0 when the
+-- server is in none of them, nothing being counted).
 --
 -- Runs on a full server (allow-oom): giving back must not fail for lack of
 -- memory. Every key, the record included, is read and checked before the
@@ -58,7 +60,7 @@ local n, give, excess, at, cost, settle, cap, held, status, adopt = refund_begin
 if not n then return fail(give) end
 local charged_in = floor_div(at, 1000)
 
-local tags, limit, count, ends, take, opens, until_ms = {}, {}, {}, {}, {}, {}, now
+local tags, limit, count, ends, take, opens, answer_end, until_ms = {}, {}, {}, {}, {}, {}, {}, now
 for i = 1, n do
   local j = 8 * i - 1
   local h, l, b = calendar_args(j)
@@ -70,10 +72,15 @@ for i = 1, n do
     if e then return tag_refuse(KEYS[i], e, tag) end
     return fail('key ' .. KEYS[i] .. ' does not hold a counter')
   end
-  if (not e or e == -1) and excess[i] > 0 then
+  if not e or e == -1 then
+    -- No current period stored (or one without an end): the period the
+    -- server's clock is in, which the answer names and an excess opens
+    -- (or gives its end). Needed only then: a refund alone on a missing
+    -- key answers no end when the server is outside the periods sent.
     local pe = calendar_end(b, now)
-    if not pe then return calendar_refuse(KEYS[i], now) end
-    opens[i] = pe -- the write opens the period (or gives it its end)
+    if not pe and (e == -1 or excess[i] > 0) then return calendar_refuse(KEYS[i], now) end
+    if excess[i] > 0 or e == -1 then opens[i] = pe end
+    answer_end[i] = pe
   end
   tags[i], limit[i], count[i], ends[i], take[i] = tag, l, c, e, 0
   if e == charged_in + reset then take[i] = math.min(give[i], c) end
@@ -97,8 +104,11 @@ for i = 1, n do
     else
       redis.call('SET', KEYS[i], value, 'KEEPTTL')
     end
+  elseif e == -1 then
+    -- Left without an end: the next admission gives it one.
+    e = nil
   end
-  if e == -1 then e = nil end
+  if not e or e == -1 then e = answer_end[i] end
   local j = 5 * i - 2
   reply[j], reply[j + 1], reply[j + 2], reply[j + 3], reply[j + 4] = take[i], charged, excess[i], c, e or 0
 end
