@@ -41,7 +41,7 @@ both!(
         bad_arguments_to_check_are_definite_errors_that_write_nothing,
         bad_arguments_to_peek_and_refund_are_definite_errors_that_write_nothing,
         foreign_data_in_the_key_is_refused_and_left_as_it_was,
-        a_bare_count_is_read_as_an_untagged_period_and_tagged_at_admission,
+        a_bare_count_is_refused_as_foreign_and_left_alone,
         a_persisted_count_gets_the_periods_end_at_its_next_admission,
         sixty_four_tasks_across_second_boundaries_never_pass_the_limit_in_a_period,
         sixty_four_tasks_on_seconds_and_minutes_never_pass_either_limit,
@@ -710,33 +710,34 @@ async fn foreign_data_in_the_key_is_refused_and_left_as_it_was(d: &Deployment) {
 /// user's own counter) is read as an untagged state (lib/tag): its count
 /// and its expiry taken as the stored period, which wins while it lasts;
 /// the admission tags it and keeps the expiry; a denial writes nothing.
-async fn a_bare_count_is_read_as_an_untagged_period_and_tagged_at_admission(d: &Deployment) {
+/// A bare count (a fixed window's or counter's state from before tags) is
+/// no calendar state: calendar states were tagged from the start, so the
+/// calendar scripts read strictly and refuse it, writing nothing.
+async fn a_bare_count_is_refused_as_foreign_and_left_alone(d: &Deployment) {
     let mut conn = d.conn().await;
     let p = prefix("cal_bare");
-    let month = Period::MONTH;
-    let h = tag_number(&month);
-    let limiter = Limiter::new(Algorithm::Calendar, Quota::calendar(10, month).unwrap()).unwrap();
-    let key = format!("{p}4");
-    plant(d, &key, "4").await;
-    let before = stored(d, &key).await;
-    let peek = limiter.peek(&mut conn, &key, 1).await.unwrap();
-    assert_eq!(peek.remaining, 6);
-    assert_eq!(peek.period_end, Some(at_ms(before.1)));
-    let r = limiter.check(&mut conn, &key, 6).await.unwrap();
-    assert!(r.allowed);
-    assert_eq!(r.remaining, 0);
-    assert_eq!(r.period_end, Some(at_ms(before.1)));
-    assert_eq!(
-        stored(d, &key).await,
-        (Some(format!("k{h}x10:10")), before.1)
-    );
-
-    let key = format!("{p}10");
-    plant(d, &key, "10").await;
-    let before = stored(d, &key).await;
-    let denied = limiter.check(&mut conn, &key, 1).await.unwrap();
-    assert!(!denied.allowed);
-    assert_eq!(stored(d, &key).await, before, "a denial writes no tag");
+    let limiter = Limiter::new(
+        Algorithm::Calendar,
+        Quota::calendar(10, Period::MONTH).unwrap(),
+    )
+    .unwrap();
+    for count in ["4", "10"] {
+        let key = format!("{p}{count}");
+        plant(d, &key, count).await;
+        let before = stored(d, &key).await;
+        for result in [
+            limiter.peek(&mut conn, &key, 1).await.map(drop),
+            limiter.check(&mut conn, &key, 1).await.map(drop),
+        ] {
+            match result {
+                Err(Error::Redis(e)) => {
+                    assert!(e.to_string().contains("does not hold a counter"), "{e}")
+                }
+                other => panic!("{count}: {other:?}"),
+            }
+        }
+        assert_eq!(stored(d, &key).await, before, "nothing written");
+    }
 }
 
 async fn a_persisted_count_gets_the_periods_end_at_its_next_admission(d: &Deployment) {

@@ -43,7 +43,7 @@ for i = 1, n do
   if not h then return fail('bad period or limit for key ' .. i) end
   if cost > l then return fail('cost is above the limit of key ' .. i) end
   local tag = string.format('k%dx%d', h, l)
-  local c, e = fixed_read(KEYS[i], now, tag, adopt)
+  local c, e = fixed_read(KEYS[i], now, tag, adopt, true)
   if not c then
     if e then return tag_refuse(KEYS[i], e, tag) end
     return fail('key ' .. KEYS[i] .. ' does not hold a counter')
