@@ -9,6 +9,7 @@
 --   s<w>x<L>    rate/sliding_window window w ms, limit L
 --   c<L>x<w>    limits/*            limit L, window w ms
 --   m<P>        semaphore/*         P permits
+--   k<h>x<L>    rate/calendar       period hash h (< 2^32), limit L
 -- A string state is "<tag>:<value>" (value as before: "g100000x10:17964...");
 -- a hash state has a field "by" holding the tag; a semaphore holds the
 -- member "by:<tag>" with score 0 (below every permit's expiry).
