@@ -127,6 +127,10 @@ class Conn:
 # limit): an hour's window, of 10^9 or of 1.
 ADMIT, DENY = [1, 1000000, 1000000], [1, 3600000000, 1]
 WINDOW_ADMIT, WINDOW_DENY = [1, 3600000, 1000000000], [1, 3600000, 1]
+# Calendar (cost, h, L, b0..b3): the server's time lies in [1, 2100), a
+# period that keeps the key; of 10^9, or of 1.
+CAL_PERIODS = [0, 1, 4102444800000, 4102444800001]
+CAL_ADMIT, CAL_DENY = [1, 7, 1000000000, *CAL_PERIODS], [1, 7, 1, *CAL_PERIODS]
 # try_increment and the reference counter (limit, w ms, n).
 COUNT_ADMIT, COUNT_DENY = [1 << 50, 3600000, 1], [1, 3600000, 1]
 
@@ -162,6 +166,10 @@ def cases(lua, tower):
         src = mine('rate/%s/check' % alg)
         rows += [one('rate/%s/check, admit' % alg, src, [alg + 'a'], a),
                  one('rate/%s/check, deny' % alg, src, [alg + 'd'], d)]
+    if os.path.exists(os.path.join(lua, 'rate', 'calendar', 'check.lua')):
+        src = mine('rate/calendar/check')
+        rows += [one('rate/calendar/check, admit', src, ['cala'], CAL_ADMIT),
+                 one('rate/calendar/check, deny', src, ['cald'], CAL_DENY)]
     # A peek of a state one check wrote (a missing key is another path): a
     # charge of 1000 units at 1 s each, so it stays 1000 s.
     rows.append(one('rate/gcra/peek', mine('rate/gcra/peek'), ['gp'], ADMIT,

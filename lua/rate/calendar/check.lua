@@ -47,64 +47,108 @@
 -- b = {B0, B1, B2, B3}: {1, now_us, 1, B2}; the key holds "k<h>x3:1"
 -- until B2.
 
---@include lib/fail
---@include lib/args
---@include lib/time
---@include lib/fixed
---@include lib/tag
---@include lib/calendar
+-- The checks of lib/args, lib/calendar, lib/fixed and lib/tag, and lib/fail's
+-- errors, written in place (as rate/fixed_window/check): no helper calls.
+-- Arguments convert by arithmetic (tonumber parses a string twice): a
+-- non-numeric one raises Lua's own error, still before any write, so the
+-- refusal stays definite.
 
 local MAX = 9007199254740991
 
 local n = #KEYS
-local adopt = n >= 1 and tag_adopt(1 + 6 * n)
-if n < 1 or adopt == nil then
-  return fail('expected 1 + 6 arguments per key, got ' .. #ARGV .. ' for ' .. n .. ' keys')
+local adopt = #ARGV == 2 + 6 * n and ARGV[2 + 6 * n] == 'adopt'
+if n < 1 or (#ARGV ~= 1 + 6 * n and not adopt) then
+  return redis.error_reply('ERR nolock ' .. SCRIPT_NAME .. ': expected 1 + 6 arguments per key, got '
+    .. #ARGV .. ' for ' .. n .. ' keys')
 end
-local cost = arg_int(1, 1, MAX)
-if not cost then return fail('bad cost: ' .. tostring(ARGV[1])) end
+local cost = ARGV[1] + 0
+if cost % 1 ~= 0 or cost < 1 or cost > MAX then
+  return redis.error_reply('ERR nolock ' .. SCRIPT_NAME .. ': bad cost: ' .. ARGV[1])
+end
+local time = redis.call('TIME')
+local micros = time[1] * 1000000 + time[2]
+local now = math.floor(micros / 1000) -- exact: micros < 2^53 (lib/div)
 
-local micros = now_us()
-local now = math.floor(micros / 1000)
-
-local tags, counts, ends, moved, admitted = {}, {}, {}, {}, 1
+-- Per limit, slots 4i-1 .. 4i+2 of the reply keep its count, its end, its
+-- tag and whether the admission opens the period (sets its expiry).
+local reply, admitted = {0, micros, 0, 0, 0, 0}, 1
 for i = 1, n do
-  local h, l, b = calendar_args(6 * i - 4)
-  if not h then return fail('bad period or limit for key ' .. i) end
-  if cost > l then return fail('cost is above the limit of key ' .. i) end
-  local tag = string.format('k%dx%d', h, l)
-  local c, e = fixed_read(KEYS[i], now, tag, adopt, true)
-  if not c then
-    if e then return tag_refuse(KEYS[i], e, tag) end
-    return fail('key ' .. KEYS[i] .. ' does not hold a counter')
+  local j = 6 * i - 4
+  local h, l = ARGV[j] + 0, ARGV[j + 1] + 0
+  local b1, b2, b3, b4 = ARGV[j + 2] + 0, ARGV[j + 3] + 0, ARGV[j + 4] + 0, ARGV[j + 5] + 0
+  if h % 1 ~= 0 or l % 1 ~= 0 or b1 % 1 ~= 0 or b2 % 1 ~= 0 or b3 % 1 ~= 0 or b4 % 1 ~= 0
+    or h < 0 or h > 4294967295 or l < 1 or l > MAX or b1 < 0 or b2 <= b1 or b3 <= b2
+    or b4 <= b3 or b4 > MAX then
+    return redis.error_reply('ERR nolock ' .. SCRIPT_NAME .. ': bad period or limit for key ' .. i)
+  end
+  if cost > l then
+    return redis.error_reply('ERR nolock ' .. SCRIPT_NAME .. ': cost is above the limit of key ' .. i)
+  end
+  -- The end of the period holding now among the client's (lib/calendar).
+  local pe = now >= b1 and now < b4 and (now < b2 and b2 or now < b3 and b3 or b4)
+  local prefix = 'k' .. ARGV[j] .. 'x' .. ARGV[j + 1] .. ':'
+  local c, e, opens = 0, nil, false
+  local stored = redis.call('GET', KEYS[i])
+  if stored then
+    -- Its own tag costs one comparison of the prefix; another tag is
+    -- looked at only then (lib/tag); an untagged value is foreign
+    -- (calendar states were tagged from the start).
+    local len = #prefix
+    local tagged = string.sub(stored, 1, len) == prefix
+    if tagged then
+      stored = string.sub(stored, len + 1)
+    else
+      local colon = #stored <= 51 and string.find(stored, ':', 1, true)
+      local by = colon and string.sub(stored, 1, colon - 1)
+      if by and (string.find(by, '^[a-z]%d+x%d+$') or string.find(by, '^m%d+$')) then
+        if not (adopt and string.byte(by, 1) == 107) then -- 'k'
+          return redis.error_reply('NOLOCK_STATE nolock ' .. SCRIPT_NAME .. ': ' .. KEYS[i]
+            .. ' holds state written by ' .. by .. ', not ' .. string.sub(prefix, 1, len - 1)
+            .. '; nothing was written')
+        end
+        stored, tagged = string.sub(stored, colon + 1), true
+      end
+    end
+    c = tagged and #stored <= 16 and (stored == '0' or string.find(stored, '^[1-9]%d*$')) and stored + 0
+    if not c or c > MAX then
+      return redis.error_reply('ERR nolock ' .. SCRIPT_NAME .. ': key ' .. KEYS[i]
+        .. ' does not hold a counter')
+    end
+    e = redis.call('PEXPIRETIME', KEYS[i])
+    if e >= 0 and now >= e then c, e = 0, nil end
   end
   if not e or e == -1 then
     -- No current period stored (or one without an end): the server's
-    -- clock picks it among the client's.
-    local pe = calendar_end(b, now)
-    if not pe then return calendar_refuse(KEYS[i], now) end
-    moved[i] = true
-    if not e then c = 0 end
-    e = pe
-  elseif e > b[2] and (e == b[3] or e == b[4]) then
+    -- clock picks it among the client's; in none of them, refused with
+    -- the server's time, nothing written (lib/calendar).
+    if not pe then
+      return redis.error_reply('NOLOCK_PERIOD nolock ' .. SCRIPT_NAME .. ': the server time '
+        .. string.format('%d', now) .. ' ms is outside the periods sent for ' .. KEYS[i]
+        .. '; nothing was written')
+    end
+    e, opens = pe, true
+  elseif pe and e > pe and (e == b3 or e == b4) then
     -- The stored period is one the client sent as later than the one the
     -- server's clock is in: the clock stepped back across a boundary.
     -- That earlier period's count was replaced; it counts as full until
     -- it ends, so the later one is never spent early.
-    local pe = calendar_end(b, now)
-    if pe and e > pe then c, e = l, pe end
+    c, e = l, pe
   end
   if cost > l - c then admitted = 0 end
-  tags[i], counts[i], ends[i] = tag, c, e
+  local k = 4 * i - 1
+  reply[k], reply[k + 1], reply[k + 2], reply[k + 3] = c, e, prefix, opens
 end
+reply[1] = admitted
 
-local reply = {admitted, micros}
+-- Every write is the tagged count (%d past 14 digits: Lua's own
+-- number-to-string keeps 14); the period (expiry) set with it, or kept.
 for i = 1, n do
-  local c, e = counts[i], ends[i]
+  local k = 4 * i - 1
+  local c, e = reply[k], reply[k + 1]
   if admitted == 1 then
     c = c + cost
-    local value = string.format('%s:%d', tags[i], c)
-    if moved[i] then
+    local value = c < 1e14 and reply[k + 2] .. c or reply[k + 2] .. string.format('%d', c)
+    if reply[k + 3] then
       redis.call('SET', KEYS[i], value, 'PXAT', e)
     else
       redis.call('SET', KEYS[i], value, 'KEEPTTL')
@@ -112,4 +156,5 @@ for i = 1, n do
   end
   reply[2 * i + 1], reply[2 * i + 2] = c, e
 end
+for k = 2 * n + 3, 4 * n + 2 do reply[k] = nil end
 return reply
