@@ -264,3 +264,33 @@ async fn a_refund_or_reset_through_the_limiter_forgets_its_cached_denial() {
         assert!(d.allowed, "{algorithm}: admitted after the reset: {d:?}");
     }
 }
+
+/// A calendar limit that is spent is denied in the process until its
+/// period ends: after the admission that left nothing, further checks
+/// never reach Redis, and none is admitted.
+#[tokio::test]
+async fn a_spent_calendar_period_is_denied_locally_until_it_ends() {
+    use nolock::rate::Period;
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let redis = RedisServer::start();
+    let mut conn = redis.conn().await;
+    let key = format!("{}cal", prefix("deny_calendar"));
+    let month = Limiter::new(
+        Algorithm::Calendar,
+        Quota::calendar(3, Period::MONTH).unwrap(),
+    )
+    .unwrap()
+    .with_local_deny_cache(100);
+    let last = month.check(&mut conn, &key, 3).await.unwrap();
+    assert!(last.allowed && last.remaining == 0);
+    let before = evalsha_calls(&mut conn).await;
+    for _ in 0..50 {
+        let d = month.check(&mut conn, &key, 1).await.unwrap();
+        assert!(!d.allowed);
+        let retry = d.retry_after.unwrap();
+        assert!(retry <= last.reset_after, "{retry:?} within the period");
+    }
+    // INFO itself is no EVALSHA: every denial was local.
+    assert_eq!(evalsha_calls(&mut conn).await, before);
+    assert!(!month.peek(&mut conn, &key, 1).await.unwrap().allowed);
+}

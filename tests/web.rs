@@ -485,3 +485,62 @@ async fn an_invalid_key_is_a_500_with_a_body() {
         assert!(!r.body.contains("{t1}"), "no key in the body: {:?}", r.body);
     }
 }
+
+/// A monthly calendar quota behind the layer: `t` of the `RateLimit`
+/// header and `Retry-After` count the seconds left in the month by the
+/// server's clock, from the first request (a quota resets at the month's
+/// end however little was used), and the policy's `w` is the longest month.
+#[tokio::test]
+async fn a_monthly_calendar_quota_behind_the_layer_names_the_months_end() {
+    use nolock::rate::Period;
+    use std::time::SystemTime;
+    let redis = RedisServer::start();
+    let limiter = Limiter::new(
+        Algorithm::Calendar,
+        Quota::calendar(2, Period::MONTH).unwrap(),
+    )
+    .unwrap()
+    .named("plan")
+    .unwrap();
+    let layer = RateLimitLayer::new(redis.conn().await, limiter, |req| {
+        match req.headers.get("x-user").and_then(|v| v.to_str().ok()) {
+            Some(user) => Identity::Limited(format!("web:plan:{user}")),
+            None => Identity::Unlimited,
+        }
+    });
+    let addr = serve(
+        axum::Router::new()
+            .route("/", axum::routing::get(|| async { "ok" }))
+            .layer(layer),
+    )
+    .await;
+    // The test server runs on this machine's clock.
+    let now = SystemTime::now();
+    let month = Period::MONTH.containing(now).unwrap();
+    let left = month.end.duration_since(now).unwrap().as_secs_f64();
+    let near = |t: u64| (t as f64 - left).abs() <= 3.0;
+    for remaining in [1, 0] {
+        let r = get(addr, "/", "gina").await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(
+            r.header("ratelimit-policy"),
+            Some(r#""plan";q=2;w=2689200"#)
+        );
+        let rate = r.header("ratelimit").unwrap();
+        let t: u64 = rate.rsplit("t=").next().unwrap().parse().unwrap();
+        assert!(
+            rate.starts_with(&format!(r#""plan";r={remaining};t="#)),
+            "{rate}"
+        );
+        assert!(near(t), "t={t}, {left} s left in the month");
+    }
+    let denied = get(addr, "/", "gina").await;
+    assert_eq!(denied.status, 429);
+    let retry: u64 = denied.header("retry-after").unwrap().parse().unwrap();
+    assert!(
+        near(retry),
+        "Retry-After {retry}, {left} s left in the month"
+    );
+    // Another user has a month of their own.
+    assert_eq!(get(addr, "/", "hal").await.status, 200);
+}
