@@ -22,12 +22,13 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use nolock::rate::{Algorithm, Limiter, MultiLimiter, Period, Quota, Settle};
 use nolock::Error;
 use redis::aio::MultiplexedConnection;
 use redis::{FromRedisValue, RedisResult};
+use support::calendar::{at_ms, candidates, ms, period_of, tag_number};
 use support::deployment::{both, Deployment};
 use support::{prefix, raw};
 
@@ -52,10 +53,6 @@ both!(
     ],
     exclusive: [a_script_flush_before_calendar_calls_is_survived],
 );
-
-fn ms(t: SystemTime) -> i64 {
-    t.duration_since(UNIX_EPOCH).unwrap().as_millis() as i64
-}
 
 async fn server_ms(d: &Deployment, key: &str) -> i64 {
     let mut conn = d.owner(key).await;
@@ -187,37 +184,6 @@ async fn boundaries_the_server_is_not_in_are_refused_and_write_nothing(d: &Deplo
     assert_eq!(exists, 0);
 }
 
-/// The number in a calendar state's tag: a 32-bit FNV-1a of the period's
-/// text (as `Period::tag_number` computes it; the tests check that the
-/// states the API writes carry it).
-fn tag_number(period: &Period) -> u64 {
-    let mut h: u32 = 0x811c_9dc5;
-    for b in period.to_string().bytes() {
-        h ^= u32::from(b);
-        h = h.wrapping_mul(0x0100_0193);
-    }
-    u64::from(h)
-}
-
-fn at_ms(ms: i64) -> SystemTime {
-    UNIX_EPOCH + Duration::from_millis(ms as u64)
-}
-
-/// The period holding `now` (ms): its start and end.
-fn period_of(period: &Period, now: i64) -> (i64, i64) {
-    let p = period.containing(at_ms(now)).unwrap();
-    (ms(p.start), ms(p.end))
-}
-
-/// The four boundaries a client whose clock reads `now` sends: the period
-/// before the one holding `now`, that one, and the next.
-fn candidates(period: &Period, now: i64) -> [i64; 4] {
-    let (start, end) = period_of(period, now);
-    let (before, _) = period_of(period, start - 1);
-    let (_, after) = period_of(period, end);
-    [before, start, end, after]
-}
-
 /// The key's value and its expiry (PEXPIRETIME), read on its primary.
 async fn stored(d: &Deployment, key: &str) -> (Option<String>, i64) {
     let mut conn = d.owner(key).await;
@@ -268,6 +234,25 @@ fn definite<T: std::fmt::Debug>(result: RedisResult<T>, script: &str, what: &str
         "{case}: {text}"
     );
     assert_eq!(err.code(), Some("ERR"), "{case}: {text}");
+}
+
+/// The check's refusal of `args`. It converts its arguments by arithmetic
+/// (as the other hot checks, issue 37): a non-numeric one raises Lua's own
+/// error, a server error before any write, so still definite; any other
+/// bad argument is nolock's own ERR naming `what`.
+fn check_refused(r: RedisResult<redis::Value>, args: &[String], what: &str, case: &str) {
+    if args
+        .iter()
+        .any(|a| a.parse::<f64>().is_err() && a != "adopt")
+    {
+        let err = r.expect_err(case);
+        assert!(
+            matches!(err.kind(), redis::ErrorKind::Server(_)),
+            "{case}: {err:?}"
+        );
+    } else {
+        definite(r, "rate/calendar/check", what, case);
+    }
 }
 
 async fn costs_above_one_leave_the_exact_remaining_and_a_denial_writes_nothing(d: &Deployment) {
@@ -432,21 +417,7 @@ async fn bad_arguments_to_check_are_definite_errors_that_write_nothing(d: &Deplo
     }
     for (case, args, what) in &cases {
         let r: RedisResult<redis::Value> = evalsha(&mut owner, &sha, &[&key], args).await;
-        // The check converts its arguments by arithmetic (as the other hot
-        // checks, issue 37): a non-numeric one raises Lua's own error, a
-        // server error before any write, so still definite.
-        if args
-            .iter()
-            .any(|a| a.parse::<f64>().is_err() && a != "adopt")
-        {
-            let err = r.expect_err(case);
-            assert!(
-                matches!(err.kind(), redis::ErrorKind::Server(_)),
-                "{case}: {err:?}"
-            );
-        } else {
-            definite(r, "rate/calendar/check", what, case);
-        }
+        check_refused(r, args, what, case);
         assert_eq!(stored(d, &key).await, before, "{case}: nothing written");
     }
     // Two limits: the first fits, the second is bad: nothing on either.
@@ -459,18 +430,7 @@ async fn bad_arguments_to_check_are_definite_errors_that_write_nothing(d: &Deplo
         both.extend(second.iter().cloned());
         let r: RedisResult<redis::Value> = evalsha(&mut owner, &sha, &[&key, &other], &both).await;
         let what = what.replace("key 1", "key 2");
-        if both
-            .iter()
-            .any(|a| a.parse::<f64>().is_err() && a != "adopt")
-        {
-            let err = r.expect_err(case);
-            assert!(
-                matches!(err.kind(), redis::ErrorKind::Server(_)),
-                "{case}: {err:?}"
-            );
-        } else {
-            definite(r, "rate/calendar/check", &what, case);
-        }
+        check_refused(r, &both, &what, case);
         assert_eq!(stored(d, &key).await, before, "{case}: nothing on key 1");
         assert_eq!(stored(d, &other).await, (None, -2), "{case}: nor on key 2");
     }

@@ -19,6 +19,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use nolock::rate::{Algorithm, Limiter, Period, Quota, RateLimit, Settle};
+use support::calendar::{at_ms, ms, tag_number};
 use support::clock::{skewed_or_skip, SkewedServer};
 use support::{command_calls, prefix, raw};
 
@@ -36,14 +37,6 @@ const MAR: i64 = 1_740_787_200_000;
 const APR: i64 = 1_743_465_600_000;
 const MAY: i64 = 1_746_057_600_000;
 
-fn ms(t: SystemTime) -> i64 {
-    t.duration_since(UNIX_EPOCH).unwrap().as_millis() as i64
-}
-
-fn at_ms(ms: i64) -> SystemTime {
-    UNIX_EPOCH + Duration::from_millis(ms as u64)
-}
-
 /// Sets the server's clock to read `target` (ms since the epoch) now.
 fn set_server_at(clock: &SkewedServer, target: i64) {
     let here = SystemTime::now()
@@ -51,17 +44,6 @@ fn set_server_at(clock: &SkewedServer, target: i64) {
         .unwrap()
         .as_secs_f64();
     clock.set(target as f64 / 1000.0 - here);
-}
-
-/// The number in a calendar state's tag (`Period::tag_number`): FNV-1a of
-/// the period's text.
-fn tag_number(period: &Period) -> u64 {
-    let mut h: u32 = 0x811c_9dc5;
-    for b in period.to_string().bytes() {
-        h ^= u32::from(b);
-        h = h.wrapping_mul(0x0100_0193);
-    }
-    u64::from(h)
 }
 
 async fn stored(conn: &mut Conn, key: &str) -> (Option<String>, i64) {

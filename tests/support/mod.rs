@@ -8,6 +8,7 @@
 //! [`window`] holds a rate limit's history to its bound in every window.
 #![allow(dead_code)]
 
+pub mod calendar;
 pub mod clock;
 pub mod cluster;
 pub mod deployment;
