@@ -7,26 +7,7 @@
 //! here, never in Redis); the server's clock picks the period it is in
 //! (see [`Algorithm::Calendar`](super::Algorithm::Calendar)).
 //!
-//! # How boundaries are computed
-//!
-//! * **Milliseconds, seconds, minutes, hours**: elapsed time, `N × unit` long, aligned
-//!   to the Unix epoch (so an hour ends at the same instant everywhere;
-//!   the zone, the week's start and the day's start do not apply).
-//! * **Days**: a day starts at the period's day start (midnight unless
-//!   [`Period::days_start_at`]) on the zone's wall clock; N days are
-//!   counted from 1970-01-01.
-//! * **Weeks**: start on [`Period::weeks_start_on`] (Monday by default) at
-//!   the day start; N weeks are counted from the week holding 1970-01-01.
-//! * **Months**: start on the 1st at the day start; N months are counted
-//!   from January of year 0, so 3 months are the quarters and 6 the halves.
-//! * **Years**: start on 1 January at the day start; N years from year 0.
-//!
-//! A wall-clock start that falls in a DST gap (the clocks jump over it)
-//! becomes the instant the wall clock first shows a later time; one that
-//! falls in a fold (the clocks repeat an hour) becomes its first
-//! occurrence. So a day is 23 or 25 hours long across a DST change, every
-//! instant is in exactly one period, and periods follow each other without
-//! gap or overlap.
+//! [`Period`]'s documentation says where each boundary falls.
 
 use std::fmt;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -415,8 +396,30 @@ fn parse_offset(text: &str) -> Option<i32> {
 }
 
 /// A calendar period: `every` [`Unit`]s, on the wall clock of a [`Zone`]
-/// for days and longer. See the [module documentation](self) for where
-/// each boundary falls.
+/// for days and longer.
+///
+/// # Where the boundaries fall
+///
+/// * **Milliseconds, seconds, minutes, hours**: elapsed time, `N × unit`
+///   long, aligned to the Unix epoch (so an hour ends at the same instant everywhere;
+///   the zone, the week's start and the day's start do not apply).
+/// * **Days**: a day starts at the period's day start (midnight unless
+///   [`Period::days_start_at`]) on the zone's wall clock; N days are
+///   counted from 1970-01-01.
+/// * **Weeks**: start on [`Period::weeks_start_on`] (Monday by default) at
+///   the day start; N weeks are counted from the week holding 1970-01-01.
+/// * **Months**: start on the 1st at the day start; N months are counted
+///   from January of year 0, so 3 months are the quarters and 6 the halves.
+/// * **Years**: start on 1 January at the day start; N years from year 0.
+///
+/// A wall-clock start that falls in a DST gap (the clocks jump over it)
+/// is read with the offset before the jump, so it moves later by the
+/// gap's length (jiff's "compatible" rule: 02:30 on Berlin's spring-forward
+/// night is 03:30 CEST, a São Paulo midnight that does not exist is
+/// 01:00); one that falls in a fold (the clocks repeat an hour) is its
+/// first occurrence. So a day is 23 or 25 hours long across a DST change, every
+/// instant is in exactly one period, and periods follow each other without
+/// gap or overlap.
 ///
 /// # Example
 ///
