@@ -26,21 +26,6 @@ async fn snapshot(conn: &mut Conn, key: &str) -> (Option<Vec<u8>>, i64) {
     (dump, expiry)
 }
 
-/// Waits, when the wall-clock minute ends within 10 s, for the next one: a
-/// calendar limit of a minute counts in wall-clock minutes, and a sequence
-/// that expects one count must not straddle two (the test server runs on
-/// this machine's clock).
-async fn room_in_this_minute() {
-    let into = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis()
-        % 60_000;
-    if into > 50_000 {
-        tokio::time::sleep(Duration::from_millis(60_050 - into as u64)).await;
-    }
-}
-
 fn since(later: SystemTime, earlier: SystemTime) -> Duration {
     later.duration_since(earlier).unwrap_or_default()
 }
@@ -57,7 +42,7 @@ async fn every_algorithm_counts_down_then_denies_without_consuming() {
     let mut conn = redis.conn().await;
     for algorithm in Algorithm::ALL {
         if algorithm == Algorithm::Calendar {
-            room_in_this_minute().await;
+            support::calendar::room_in_this_minute().await;
         }
         let key = format!("{}{algorithm}", prefix("sequence"));
         let l = limiter(algorithm, 10, MINUTE);
@@ -259,7 +244,7 @@ async fn peek_answers_like_check_and_changes_nothing() {
     for algorithm in Algorithm::ALL {
         let p = prefix("peek");
         if algorithm == Algorithm::Calendar {
-            room_in_this_minute().await;
+            support::calendar::room_in_this_minute().await;
         }
         let key = format!("{p}{algorithm}");
         let l = limiter(algorithm, 10, MINUTE);
@@ -317,7 +302,7 @@ async fn refund_and_reset_restore_capacity() {
     for algorithm in Algorithm::ALL {
         let p = prefix("refund");
         if algorithm == Algorithm::Calendar {
-            room_in_this_minute().await;
+            support::calendar::room_in_this_minute().await;
         }
         let key = format!("{p}{algorithm}");
         let l = limiter(algorithm, 10, MINUTE);

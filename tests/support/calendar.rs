@@ -41,3 +41,19 @@ pub fn candidates(period: &Period, now: i64) -> [i64; 4] {
     let (_, after) = period_of(period, end);
     [before, start, end, after]
 }
+
+/// Waits, when the wall-clock minute ends within 10 s, for the next one: a
+/// calendar limit of a minute (`Quota::per_minute` under
+/// `Algorithm::Calendar`) counts in wall-clock minutes, and a test sequence
+/// that expects one count must not straddle two (the test servers run on
+/// this machine's clock).
+pub async fn room_in_this_minute() {
+    let into = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+        % 60_000;
+    if into > 50_000 {
+        tokio::time::sleep(Duration::from_millis(60_050 - into as u64)).await;
+    }
+}
