@@ -26,7 +26,7 @@ both!(
     shared: [
         a_monthly_quota_per_customer_is_one_configured_limit,
         a_plan_upgrade_mid_month_keeps_the_months_usage,
-        a_zone_change_is_adopted_and_the_stored_month_runs_out,
+        a_zone_change_keeps_the_stored_month_until_it_runs_out,
         ten_per_second_and_a_hundred_thousand_per_month_decide_once,
         stored_calendar_configs_read_back_as_written,
     ],
@@ -173,7 +173,7 @@ async fn a_plan_upgrade_mid_month_keeps_the_months_usage(d: &Deployment) {
     assert_eq!(api.key("acme").unwrap(), key);
 }
 
-async fn a_zone_change_is_adopted_and_the_stored_month_runs_out(d: &Deployment) {
+async fn a_zone_change_keeps_the_stored_month_until_it_runs_out(d: &Deployment) {
     let name = unique("zone");
     let operator = client(d).await;
     let utc = Period::MONTH;
@@ -205,11 +205,18 @@ async fn a_zone_change_is_adopted_and_the_stored_month_runs_out(d: &Deployment) 
     assert_eq!((d1.remaining, d1.period_end), (69, Some(utc_end)));
     let after: String = raw(&mut owner, &["GET", &key]).await;
     assert!(after.ends_with("x100:31"), "{after}");
-    assert_ne!(
+    assert_eq!(
         before.split(':').next(),
         after.split(':').next(),
-        "retagged with the new period"
+        "the zone is not in the tag: where a month starts, not what it is"
     );
+    // So a raw limiter of the new zone reads the same state, no refusal.
+    let raw_berlin =
+        nolock::rate::Limiter::new(Algorithm::Calendar, Quota::calendar(100, local).unwrap())
+            .unwrap();
+    let mut conn = d.conn().await;
+    let seen = raw_berlin.peek(&mut conn, &key, 1).await.unwrap();
+    assert_eq!((seen.remaining, seen.period_end), (69, Some(utc_end)));
     // A customer without a stored month gets the Berlin one.
     let fresh = api.decide("globex", 1).await.unwrap();
     let fresh_key = api.key("globex").unwrap();

@@ -711,11 +711,24 @@ impl Period {
     }
 
     /// The number in the state's tag (`k<number>x<limit>`): a 32-bit
-    /// FNV-1a hash of the period's canonical text, so two calendar limits
-    /// of different periods never read one state the same way.
+    /// FNV-1a hash of the period's canonical text without its zone
+    /// (`1 month from 00:00`), so two calendar limits of different kinds
+    /// of period never read one state the same way.
+    ///
+    /// The zone is left out on purpose: it moves where a period starts,
+    /// not what a period is. A customer whose zone changes keeps the
+    /// stored period (and its count) until it ends, then counts in the new
+    /// zone's periods, with no refusal; two processes with other zones for
+    /// one key share the stored period, as with stale zone data.
     pub(super) fn tag_number(&self) -> u64 {
+        let text = Period {
+            zone: Zone::UTC,
+            ..*self
+        }
+        .to_string();
+        let text = text.replacen(" in UTC", "", 1);
         let mut h: u32 = 0x811c_9dc5;
-        for b in self.to_string().bytes() {
+        for b in text.bytes() {
             h ^= u32::from(b);
             h = h.wrapping_mul(0x0100_0193);
         }
@@ -838,7 +851,8 @@ fn from_epoch_days(days: i64) -> Result<Date> {
 
 impl fmt::Display for Period {
     /// `3 month in Europe/Berlin from 06:00` and, for weeks, `, weeks from
-    /// sunday`: the canonical text its tag number is a hash of.
+    /// sunday`: the canonical text (its tag number is a hash of it without
+    /// the zone).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} {}", self.every, self.unit)?;
         if self.unit.fixed_ms().is_some() {

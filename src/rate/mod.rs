@@ -248,11 +248,12 @@ pub enum Algorithm {
     /// call after its clock jumped).
     ///
     /// **State**: a string per key, `"k<h>x<limit>:<count>"`, where `h` is
-    /// a hash of the period's definition; its expiry is the period's end,
-    /// so a month's key is gone when the month is. A stored period that
-    /// has not ended is counted in even when a client computed another end
-    /// (two processes with other zone data): one period is never counted
-    /// twice at once.
+    /// a hash of the period's definition without its zone (the kind of
+    /// period, not where it starts); its expiry is the period's end, so a
+    /// month's key is gone when the month is. A stored period that has not
+    /// ended is counted in even when a client computed another end (two
+    /// processes with other zone data, or a customer whose zone changed):
+    /// one period is never counted twice at once.
     ///
     /// **Answers**: [`RateLimit::period_end`] is the period's end;
     /// `retry_after` of a denial is the time left until it, and so is
