@@ -268,6 +268,7 @@ async fn a_multi_limit_settlement_owes_on_every_limit_and_the_headers_say_so() {
         // window: the hour's window (from the first charge) ends. Sliding
         // window (hours aligned to the epoch): the full window must have
         // become the previous one and weigh at most 9 of 10, 360 s into it.
+        // Calendar: the wall-clock hour ends (its debt goes with it).
         let into_hour = denied.limits[0]
             .at
             .duration_since(UNIX_EPOCH)
@@ -277,6 +278,8 @@ async fn a_multi_limit_settlement_owes_on_every_limit_and_the_headers_say_so() {
         let expected = match algorithm {
             Algorithm::Gcra | Algorithm::TokenBucket => 4 * 360,
             Algorithm::FixedWindow => 3600,
+            // The wall-clock hour (an hour under the calendar) ends.
+            Algorithm::Calendar => 3600 - into_hour,
             _ => 3600 - into_hour + 360,
         };
         assert!(
