@@ -1015,6 +1015,9 @@ async fn a_client_hours_ahead_is_refused_for_hours_and_counted_in_the_servers_da
     let day = Period::DAY;
     let h = tag_number(&day) as i64;
     let key = format!("{p}d");
+    // The day's key may live on another node of the cluster.
+    let mut owner = d.owner(&key).await;
+    assert_eq!(load(&mut owner, "rate/calendar/check").await, check);
     let now = server_ms(d, &key).await;
     let (start, end) = period_of(&day, now);
     let client = end + 3 * H;
