@@ -148,13 +148,18 @@ async fn check_at_most_grants_partially_and_charges_what_it_granted() {
                 assert_eq!(stored, format!("g{t_us}x10:{tat}"));
             }
             _ => {
-                let tokens: u64 = redis::cmd("HGET")
+                // "<tag>:<tokens>:<at>" (lua/lib/bucket.lua).
+                let stored: String = redis::cmd("GET")
                     .arg(&key)
-                    .arg("tokens")
                     .query_async(&mut conn)
                     .await
                     .unwrap();
-                assert_eq!(tokens, 6);
+                let tokens: Vec<&str> = stored.split(':').collect();
+                assert_eq!(
+                    tokens[..2],
+                    [format!("b{t_us}x10").as_str(), "6"],
+                    "{stored}"
+                );
             }
         }
 

@@ -126,33 +126,35 @@ async fn another_algorithm_on_a_gcra_key_is_refused(d: &Deployment) {
     ] {
         let other = Limiter::new(algorithm, quota).unwrap();
         let result = other.check(&mut conn, &key, 1).await;
-        match algorithm {
-            // A string state: its tag says who wrote it.
-            Algorithm::FixedWindow => assert_mismatch(result, &key, "g6000000x10", "f60000x10"),
-            // Hash states: a string is another type, refused by Redis
-            // itself before any write.
-            _ => match result {
-                Err(Error::Redis(err)) => {
-                    assert!(format!("{err}").contains("WRONGTYPE"), "{algorithm}: {err}")
-                }
-                other => panic!("{algorithm}: {other:?}"),
-            },
-        }
+        // Every state is a string whose tag says who wrote it.
+        let ours = match algorithm {
+            Algorithm::FixedWindow => "f60000x10",
+            Algorithm::SlidingWindow => "s60000x10",
+            _ => "b6000000x10",
+        };
+        assert_mismatch(result, &key, "g6000000x10", ours);
     }
     assert_eq!(snapshot(d, &key).await, before, "nothing was written");
 
-    // And GCRA refuses a fixed window's count.
-    let counted = unique("rl:row4b");
-    let fixed = Limiter::new(Algorithm::FixedWindow, quota).unwrap();
-    assert!(fixed.check(&mut conn, &counted, 3).await.unwrap().allowed);
-    let before = snapshot(d, &counted).await;
-    assert_mismatch(
-        gcra(10, MINUTE).check(&mut conn, &counted, 1).await,
-        &counted,
-        "f60000x10",
-        "g6000000x10",
-    );
-    assert_eq!(snapshot(d, &counted).await, before);
+    // And GCRA refuses a fixed window's count, a sliding window's and a
+    // token bucket's state.
+    for (algorithm, stored) in [
+        (Algorithm::FixedWindow, "f60000x10"),
+        (Algorithm::SlidingWindow, "s60000x10"),
+        (Algorithm::TokenBucket, "b6000000x10"),
+    ] {
+        let counted = unique(&format!("rl:row4b:{algorithm}"));
+        let other = Limiter::new(algorithm, quota).unwrap();
+        assert!(other.check(&mut conn, &counted, 3).await.unwrap().allowed);
+        let before = snapshot(d, &counted).await;
+        assert_mismatch(
+            gcra(10, MINUTE).check(&mut conn, &counted, 1).await,
+            &counted,
+            stored,
+            "g6000000x10",
+        );
+        assert_eq!(snapshot(d, &counted).await, before, "{algorithm}");
+    }
 }
 
 /// `g<T>x<b>:<TAT>`, the TAT with all 16 digits (Lua's own number to

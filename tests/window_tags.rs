@@ -1,15 +1,18 @@
 //! State tags of the token bucket (`b<T>x<C>`) and the sliding window
-//! (`s<w>x<L>`), stored in each hash's field `by` (`lua/lib/tag.lua`), on a
-//! single `redis-server` and a local Redis Cluster (`both!`).
+//! (`s<w>x<L>`), the head of each state's string (`"b<T>x<C>:<tokens>:<at>"`,
+//! `"s<w>x<L>:<start>:<count>:<previous>"`: `lua/lib/tag.lua`,
+//! `lua/lib/state.lua`), on a single `redis-server` and a local Redis
+//! Cluster (`both!`).
 //!
-//! A state written by another limit (other numbers, or another algorithm)
-//! is refused with `Error::StateMismatch` by check, peek, check_at_most and
-//! refund, the hash left as it was; a string state of another algorithm is
-//! `WRONGTYPE`, definite too. A hash written before tags is read as it was
-//! and tagged by its next write; a call ending in "adopt" (what a managed
-//! handle sends after a declared change of its numbers) reads its own
-//! algorithm's state of other numbers and retags it, never another
-//! algorithm's.
+//! A state written by another limit (other numbers, or another algorithm,
+//! GCRA and fixed windows included) is refused with `Error::StateMismatch`
+//! by check, peek, check_at_most and refund, the key left as it was; an
+//! untagged string is a definite error, another type `WRONGTYPE`. A hash of
+//! the forms before (`{tokens, at, by}`, and `{tokens, at}` before tags) is
+//! read as it was and replaced by the tagged string at its next write; a
+//! call ending in "adopt" (what a managed handle sends after a declared
+//! change of its numbers) reads its own algorithm's state of other numbers
+//! and retags it, never another algorithm's.
 
 mod support;
 
@@ -29,7 +32,7 @@ const MAX: u64 = 9_007_199_254_740_991;
 
 both!(
     shared: [
-        other_numbers_are_refused_and_the_hash_is_left_alone,
+        other_numbers_are_refused_and_the_state_is_left_alone,
         another_algorithm_is_refused_and_left_alone,
         a_hash_from_before_tags_is_read_and_tagged_by_its_next_write,
         refunds_and_partial_grants_keep_and_check_the_tag,
@@ -69,24 +72,66 @@ fn tag(algorithm: Algorithm, rate: u64, period: Duration) -> String {
     format!("{letter}{a}x{b}")
 }
 
-/// The two algorithms whose state is a hash.
+/// The two algorithms whose state holds several numbers (a hash before
+/// 2026-12-05).
 const HASHED: [Algorithm; 2] = [Algorithm::TokenBucket, Algorithm::SlidingWindow];
 
-/// The hash at `key` (HGETALL) and its absolute expiry: equal snapshots
-/// mean nothing was written.
-async fn hash(d: &Deployment, key: &str) -> (BTreeMap<String, String>, i64) {
-    let mut owner = d.owner(key).await;
-    let fields: BTreeMap<String, String> = raw(&mut owner, &["HGETALL", key]).await;
-    let expiry: i64 = raw(&mut owner, &["PEXPIRETIME", key]).await;
-    (fields, expiry)
+/// The names of the numbers after a state's tag, by the tag's letter.
+fn field_names(tag: &str) -> &'static [&'static str] {
+    match tag.as_bytes().first() {
+        Some(b'b') => &["tokens", "at"],
+        Some(b's') => &["start", "count", "previous"],
+        _ => panic!("not a bucket's or a window's tag: {tag}"),
+    }
 }
 
-/// A string key's value and absolute expiry.
-async fn string(d: &Deployment, key: &str) -> (Option<String>, i64) {
+/// The state at `key` as named fields: a string `"<tag>:<n>:<n>..."` as
+/// `by` and the algorithm's names, a hash (the older form) as it is; empty
+/// when the key is missing.
+async fn state_fields(d: &Deployment, key: &str) -> BTreeMap<String, String> {
     let mut owner = d.owner(key).await;
-    let value: Option<String> = raw(&mut owner, &["GET", key]).await;
+    let kind: String = raw(&mut owner, &["TYPE", key]).await;
+    match kind.as_str() {
+        "none" => BTreeMap::new(),
+        "hash" => raw(&mut owner, &["HGETALL", key]).await,
+        "string" => {
+            let value: String = raw(&mut owner, &["GET", key]).await;
+            let mut parts = value.split(':');
+            let by = parts.next().unwrap().to_owned();
+            let names = field_names(&by);
+            let values: Vec<&str> = parts.collect();
+            assert_eq!(values.len(), names.len(), "{key}: {value}");
+            let mut out: BTreeMap<String, String> = names
+                .iter()
+                .zip(values)
+                .map(|(n, v)| ((*n).to_owned(), v.to_owned()))
+                .collect();
+            out.insert("by".to_owned(), by);
+            out
+        }
+        other => panic!("{key} is a {other}"),
+    }
+}
+
+/// The key's type, its value as stored (a string, or a hash's fields) and
+/// its absolute expiry: equal snapshots mean nothing was written.
+async fn snapshot(d: &Deployment, key: &str) -> (String, String, i64) {
+    let mut owner = d.owner(key).await;
+    let kind: String = raw(&mut owner, &["TYPE", key]).await;
+    let value = match kind.as_str() {
+        "string" => raw::<String>(&mut owner, &["GET", key]).await,
+        "hash" => format!(
+            "{:?}",
+            raw::<BTreeMap<String, String>>(&mut owner, &["HGETALL", key]).await
+        ),
+        "list" => format!(
+            "{:?}",
+            raw::<Vec<String>>(&mut owner, &["LRANGE", key, "0", "-1"]).await
+        ),
+        _ => String::new(),
+    };
     let expiry: i64 = raw(&mut owner, &["PEXPIRETIME", key]).await;
-    (value, expiry)
+    (kind, value, expiry)
 }
 
 /// The server clock of the node that owns `key`, in microseconds.
@@ -139,10 +184,10 @@ fn slot_key(p: &str, name: &str) -> String {
 }
 
 /// Check, peek, check_at_most (bucket) and refund by `l` on `key`, each
-/// refused as written by `stored` and leaving the hash as it was.
+/// refused as written by `stored` and leaving the key as it was.
 async fn all_refused(d: &Deployment, conn: &mut AnyConn, l: &Limiter, key: &str, stored: &str) {
     let ours = tag(l.algorithm(), l.quota().rate(), l.quota().period());
-    let before = hash(d, key).await;
+    let before = snapshot(d, key).await;
     let what = l.algorithm();
     let got = l.check(conn, key, 1).await;
     assert!(
@@ -167,10 +212,10 @@ async fn all_refused(d: &Deployment, conn: &mut AnyConn, l: &Limiter, key: &str,
         is_mismatch(&got, key, stored, &ours),
         "{what} refund: {got:?}"
     );
-    assert_eq!(hash(d, key).await, before, "{what}: the hash changed");
+    assert_eq!(snapshot(d, key).await, before, "{what}: the state changed");
 }
 
-async fn other_numbers_are_refused_and_the_hash_is_left_alone(d: &Deployment) {
+async fn other_numbers_are_refused_and_the_state_is_left_alone(d: &Deployment) {
     let mut conn = d.conn().await;
     let p = prefix("other_numbers");
     for algorithm in HASHED {
@@ -185,7 +230,7 @@ async fn other_numbers_are_refused_and_the_hash_is_left_alone(d: &Deployment) {
             _ => "s86400000x10",
         };
         assert_eq!(ten_tag, literal);
-        let (fields, _) = hash(d, &key).await;
+        let fields = state_fields(d, &key).await;
         assert_eq!(fields.get("by"), Some(&ten_tag), "{algorithm}: {fields:?}");
         assert_eq!(
             fields.len(),
@@ -210,7 +255,7 @@ async fn other_numbers_are_refused_and_the_hash_is_left_alone(d: &Deployment) {
             .await
             .unwrap();
         assert_eq!(r.credited, 3, "{algorithm}");
-        assert_eq!(hash(d, &key).await.0.get("by"), Some(&ten_tag));
+        assert_eq!(state_fields(d, &key).await.get("by"), Some(&ten_tag));
     }
 }
 
@@ -220,7 +265,7 @@ async fn another_algorithm_is_refused_and_left_alone(d: &Deployment) {
     let bucket = limiter(Algorithm::TokenBucket, 10, DAY);
     let window = limiter(Algorithm::SlidingWindow, 10, DAY);
 
-    // A hash of the other hashed algorithm: refused by its tag, even with
+    // A state of the other algorithm here: refused by its tag, even with
     // the same rate and period.
     let key = slot_key(&p, "window");
     assert!(window.check(&mut conn, &key, 1).await.unwrap().allowed);
@@ -243,12 +288,16 @@ async fn another_algorithm_is_refused_and_left_alone(d: &Deployment) {
     )
     .await;
 
-    // A string: a GCRA TAT (as gcra/check writes it), a tagged GCRA or
-    // fixed-window value. Redis refuses to read it as a hash (WRONGTYPE,
-    // before any write): definite, and the key keeps its value and expiry.
+    // A GCRA state (as gcra/check writes it), a tagged GCRA or fixed-window
+    // value: refused by their tags, before any write, the key keeping its
+    // value and expiry.
     let gcra_key = slot_key(&p, "gcra");
     let gcra = limiter(Algorithm::Gcra, 10, DAY);
     assert!(gcra.check(&mut conn, &gcra_key, 1).await.unwrap().allowed);
+    let gcra_tag = format!(
+        "g{}x10",
+        Quota::per(10, DAY).unwrap().emission_interval().as_micros()
+    );
     let now = server_us(d, &gcra_key).await;
     let tagged = [
         (slot_key(&p, "g"), format!("g100000x10:{now}")),
@@ -258,27 +307,47 @@ async fn another_algorithm_is_refused_and_left_alone(d: &Deployment) {
     for (key, value) in &tagged {
         let _: () = raw(&mut owner, &["SET", key, value, "PX", "600000"]).await;
     }
-    let keys = [gcra_key.clone(), tagged[0].0.clone(), tagged[1].0.clone()];
-    for key in &keys {
+    for (key, stored) in [
+        (&gcra_key, gcra_tag.as_str()),
+        (&tagged[0].0, "g100000x10"),
+        (&tagged[1].0, "f1000x5"),
+    ] {
         for l in [&bucket, &window] {
-            let before = string(d, key).await;
-            let wrongtype = |got: &nolock::Result<_>| {
+            all_refused(d, &mut conn, l, key, stored).await;
+        }
+    }
+
+    // An untagged string (a bare number, a word) is foreign: a definite
+    // error. A list is WRONGTYPE. Each key keeps its value and expiry.
+    let list = slot_key(&p, "list");
+    let _: i64 = raw(&mut owner, &["RPUSH", &list, "a", "b"]).await;
+    let bare = [
+        (slot_key(&p, "bare"), "1764950000000000"),
+        (slot_key(&p, "word"), "hello:world"),
+    ];
+    for (key, value) in &bare {
+        let _: () = raw(&mut owner, &["SET", key, value, "PX", "600000"]).await;
+    }
+    for key in [&list, &bare[0].0, &bare[1].0] {
+        for l in [&bucket, &window] {
+            let before = snapshot(d, key).await;
+            let definite = |got: &nolock::Result<_>| {
                 matches!(got, Err(e @ Error::Redis(r))
-                    if e.is_definite() && r.code() == Some("WRONGTYPE"))
+                    if e.is_definite() && (key != &list || r.code() == Some("WRONGTYPE")))
             };
             let what = format!("{} on {key}", l.algorithm());
             let got = l.check(&mut conn, key, 1).await.map(|d| d.remaining);
-            assert!(wrongtype(&got), "{what}: {got:?}");
+            assert!(definite(&got), "{what}: {got:?}");
             let got = l.peek(&mut conn, key, 1).await.map(|s| s.remaining);
-            assert!(wrongtype(&got), "{what}: {got:?}");
+            assert!(definite(&got), "{what}: {got:?}");
             if l.algorithm() == Algorithm::TokenBucket {
                 let got = l.check_at_most(&mut conn, key, 2).await.map(|p| p.granted);
-                assert!(wrongtype(&got), "{what}: {got:?}");
+                assert!(definite(&got), "{what}: {got:?}");
             }
             let mut charge = charge_at(&mut conn, l, key).await;
             let got = charge.refund(&mut conn, 1).await.map(|r| r.credited);
-            assert!(wrongtype(&got), "{what}: {got:?}");
-            assert_eq!(string(d, key).await, before, "{what}: the key changed");
+            assert!(definite(&got), "{what}: {got:?}");
+            assert_eq!(snapshot(d, key).await, before, "{what}: the key changed");
         }
     }
 }
@@ -287,55 +356,86 @@ async fn a_hash_from_before_tags_is_read_and_tagged_by_its_next_write(d: &Deploy
     let mut conn = d.conn().await;
     let p = prefix("legacy");
     for algorithm in HASHED {
-        let key = slot_key(&p, algorithm.name());
-        let l = limiter(algorithm, 10, DAY);
-        let mut owner = d.owner(&key).await;
-        // Today's exact form, 4 units left: a bucket of 4 tokens refilled
-        // up to now; a window of 6 counted in the day holding now.
-        let now = server_us(d, &key).await;
-        let legacy: Vec<String> = match algorithm {
-            Algorithm::TokenBucket => ["tokens", "4", "at", &now.to_string()]
-                .map(str::to_owned)
-                .into(),
-            _ => {
-                let start = now / 1000 / 86_400_000 * 86_400_000;
-                ["start", &start.to_string(), "count", "6", "previous", "0"]
-                    .map(str::to_owned)
-                    .into()
-            }
-        };
-        let mut args = vec!["HSET", key.as_str()];
-        args.extend(legacy.iter().map(String::as_str));
-        let _: () = raw(&mut owner, &args).await;
-        let _: () = raw(&mut owner, &["PEXPIRE", &key, "600000"]).await;
-        let untouched = hash(d, &key).await;
-
-        // Read as today; a peek and a denial write nothing, tag included.
-        let peeked = l.peek(&mut conn, &key, 1).await.unwrap();
-        assert_eq!((peeked.allowed, peeked.remaining), (true, 4), "{algorithm}");
-        let denied = l.check(&mut conn, &key, 5).await.unwrap();
-        assert!(!denied.allowed, "{algorithm}: {denied:?}");
-        assert_eq!(hash(d, &key).await, untouched, "{algorithm}");
-
-        // The first admitted write tags it: other numbers are refused from
-        // then on.
-        let admitted = l.check(&mut conn, &key, 1).await.unwrap();
-        assert_eq!(
-            (admitted.allowed, admitted.remaining),
-            (true, 3),
-            "{algorithm}"
-        );
-        let (fields, _) = hash(d, &key).await;
         let ours = tag(algorithm, 10, DAY);
-        assert_eq!(fields.get("by"), Some(&ours), "{algorithm}: {fields:?}");
-        all_refused(d, &mut conn, &limiter(algorithm, 20, DAY), &key, &ours).await;
+        // The hash before tags, and the tagged hash of the release before
+        // states were strings.
+        for by in [None, Some(ours.as_str())] {
+            let key = slot_key(&p, &format!("{}-{}", algorithm.name(), by.is_some()));
+            let l = limiter(algorithm, 10, DAY);
+            let mut owner = d.owner(&key).await;
+            // Today's exact numbers, 4 units left: a bucket of 4 tokens
+            // refilled up to now; a window of 6 counted in the day holding
+            // now.
+            let now = server_us(d, &key).await;
+            let start = now / 1000 / 86_400_000 * 86_400_000;
+            let mut legacy: Vec<String> = match algorithm {
+                Algorithm::TokenBucket => {
+                    vec!["tokens".into(), "4".into(), "at".into(), now.to_string()]
+                }
+                _ => ["start", &start.to_string(), "count", "6", "previous", "0"]
+                    .map(str::to_owned)
+                    .into(),
+            };
+            if let Some(by) = by {
+                legacy.extend(["by".to_owned(), by.to_owned()]);
+            }
+            let hset = |key: &str, fields: &[String]| {
+                let mut args = vec!["HSET".to_owned(), key.to_owned()];
+                args.extend(fields.iter().cloned());
+                args
+            };
+            let args = hset(&key, &legacy);
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let _: () = raw(&mut owner, &args).await;
+            let _: () = raw(&mut owner, &["PEXPIRE", &key, "600000"]).await;
+            let untouched = snapshot(d, &key).await;
 
-        // A refund of a state that lost its tag gives back and tags it.
-        let mut charge = admitted.into_charge().unwrap();
-        let _: i64 = raw(&mut owner, &["HDEL", &key, "by"]).await;
-        let r = charge.refund(&mut conn, 1).await.unwrap();
-        assert_eq!((r.credited, r.remaining), (1, 4), "{algorithm}");
-        assert_eq!(hash(d, &key).await.0.get("by"), Some(&ours), "{algorithm}");
+            // Read as today; a peek and a denial write nothing.
+            let peeked = l.peek(&mut conn, &key, 1).await.unwrap();
+            assert_eq!((peeked.allowed, peeked.remaining), (true, 4), "{algorithm}");
+            let denied = l.check(&mut conn, &key, 5).await.unwrap();
+            assert!(!denied.allowed, "{algorithm}: {denied:?}");
+            assert_eq!(snapshot(d, &key).await, untouched, "{algorithm}");
+            // Other numbers are refused on a tagged hash, which stays.
+            if by.is_some() {
+                all_refused(d, &mut conn, &limiter(algorithm, 20, DAY), &key, &ours).await;
+            }
+
+            // The first admitted write replaces it with the tagged string:
+            // other numbers are refused from then on.
+            let admitted = l.check(&mut conn, &key, 1).await.unwrap();
+            assert_eq!(
+                (admitted.allowed, admitted.remaining),
+                (true, 3),
+                "{algorithm}"
+            );
+            assert_eq!(snapshot(d, &key).await.0, "string", "{algorithm}");
+            let fields = state_fields(d, &key).await;
+            assert_eq!(fields.get("by"), Some(&ours), "{algorithm}: {fields:?}");
+            all_refused(d, &mut conn, &limiter(algorithm, 20, DAY), &key, &ours).await;
+
+            // A refund of a state in the older form (the same numbers, as
+            // a hash without a tag) gives back and writes the string.
+            let mut charge = admitted.into_charge().unwrap();
+            let older: Vec<String> = fields
+                .iter()
+                .filter(|(name, _)| *name != "by")
+                .flat_map(|(name, value)| [name.clone(), value.clone()])
+                .collect();
+            let _: i64 = raw(&mut owner, &["DEL", &key]).await;
+            let args = hset(&key, &older);
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let _: () = raw(&mut owner, &args).await;
+            let _: () = raw(&mut owner, &["PEXPIRE", &key, "600000"]).await;
+            let r = charge.refund(&mut conn, 1).await.unwrap();
+            assert_eq!((r.credited, r.remaining), (1, 4), "{algorithm}");
+            assert_eq!(snapshot(d, &key).await.0, "string", "{algorithm}");
+            assert_eq!(
+                state_fields(d, &key).await.get("by"),
+                Some(&ours),
+                "{algorithm}"
+            );
+        }
     }
 }
 
@@ -354,7 +454,7 @@ async fn refunds_and_partial_grants_keep_and_check_the_tag(d: &Deployment) {
             .await
             .unwrap();
         assert_eq!((r.credited, r.remaining), (3, 9), "{algorithm}");
-        let (fields, _) = hash(d, &key).await;
+        let fields = state_fields(d, &key).await;
         assert_eq!(fields.get("by"), Some(&ours), "{algorithm}: {fields:?}");
 
         // A settlement above the reservation charges the excess, tagged.
@@ -368,27 +468,31 @@ async fn refunds_and_partial_grants_keep_and_check_the_tag(d: &Deployment) {
             .settled()
             .unwrap();
         assert_eq!(settled.state.remaining, 4, "{algorithm}: {settled:?}");
-        assert_eq!(hash(d, &key).await.0.get("by"), Some(&ours), "{algorithm}");
+        assert_eq!(
+            state_fields(d, &key).await.get("by"),
+            Some(&ours),
+            "{algorithm}"
+        );
         if algorithm == Algorithm::TokenBucket {
             let grant = l.check_at_most(&mut conn, &key, 20).await.unwrap();
             assert_eq!((grant.granted, grant.state.remaining), (4, 0));
-            let (fields, _) = hash(d, &key).await;
+            let fields = state_fields(d, &key).await;
             assert_eq!(fields.get("tokens").map(String::as_str), Some("0"));
             assert_eq!(fields.get("by"), Some(&ours), "{fields:?}");
             // Nothing granted: nothing written.
-            let before = hash(d, &key).await;
+            let before = snapshot(d, &key).await;
             assert_eq!(
                 l.check_at_most(&mut conn, &key, 20).await.unwrap().granted,
                 0
             );
-            assert_eq!(hash(d, &key).await, before);
+            assert_eq!(snapshot(d, &key).await, before);
             // A partial grant on a missing key tags the bucket it creates.
             let fresh = slot_key(&p, "fresh");
             assert_eq!(
                 l.check_at_most(&mut conn, &fresh, 3).await.unwrap().granted,
                 3
             );
-            assert_eq!(hash(d, &fresh).await.0.get("by"), Some(&ours));
+            assert_eq!(state_fields(d, &fresh).await.get("by"), Some(&ours));
         }
         all_refused(d, &mut conn, &limiter(algorithm, 5, DAY), &key, &ours).await;
     }
@@ -431,7 +535,7 @@ async fn adopting_retags_its_own_algorithm_only(d: &Deployment) {
         let peek = format!("rate/{name}/peek");
 
         // Without "adopt", refused; a wrong last argument is refused too.
-        let before = hash(d, &key).await;
+        let before = snapshot(d, &key).await;
         let err = eval(&mut conn, &check, &[&key], &strings(&[&1, &a, &b]))
             .await
             .unwrap_err();
@@ -444,7 +548,7 @@ async fn adopting_retags_its_own_algorithm_only(d: &Deployment) {
             let err = eval(&mut conn, &peek, &[&key], &args).await.unwrap_err();
             assert_eq!(err.code(), Some("ERR"), "{err}");
         }
-        assert_eq!(hash(d, &key).await, before);
+        assert_eq!(snapshot(d, &key).await, before);
 
         // A peek adopts for reading and writes nothing.
         let adopt = |mut v: Vec<String>| {
@@ -455,7 +559,7 @@ async fn adopting_retags_its_own_algorithm_only(d: &Deployment) {
             .await
             .unwrap();
         assert_eq!(reply[0], 1, "{reply:?}");
-        assert_eq!(hash(d, &key).await, before);
+        assert_eq!(snapshot(d, &key).await, before);
 
         // A check adopts: reads the 3 units taken and retags.
         let reply = eval(&mut conn, &check, &[&key], &adopt(strings(&[&1, &a, &b])))
@@ -477,7 +581,7 @@ async fn adopting_retags_its_own_algorithm_only(d: &Deployment) {
             },
             "{algorithm}: {reply:?}"
         );
-        assert_eq!(hash(d, &key).await.0.get("by"), Some(&twenty_tag));
+        assert_eq!(state_fields(d, &key).await.get("by"), Some(&twenty_tag));
         // The old numbers are the other limit now.
         let got = ten.check(&mut conn, &key, 1).await;
         assert!(is_mismatch(&got, &key, &twenty_tag, &ten_tag), "{got:?}");
@@ -492,7 +596,7 @@ async fn adopting_retags_its_own_algorithm_only(d: &Deployment) {
             .await
             .unwrap();
         assert_eq!((reply[0], reply[2]), (0, 1), "{algorithm}: {reply:?}");
-        assert_eq!(hash(d, &key).await.0.get("by"), Some(&ten_tag));
+        assert_eq!(state_fields(d, &key).await.get("by"), Some(&ten_tag));
 
         if algorithm == Algorithm::TokenBucket {
             let at_most = "rate/token_bucket/check_at_most";
@@ -503,7 +607,7 @@ async fn adopting_retags_its_own_algorithm_only(d: &Deployment) {
                 .await
                 .unwrap();
             assert_eq!(reply[0], 2, "{reply:?}");
-            assert_eq!(hash(d, &key).await.0.get("by"), Some(&twenty_tag));
+            assert_eq!(state_fields(d, &key).await.get("by"), Some(&twenty_tag));
         }
 
         // Another algorithm's hash: refused even when adopting.
@@ -521,7 +625,7 @@ async fn adopting_retags_its_own_algorithm_only(d: &Deployment) {
                 .unwrap()
                 .allowed
         );
-        let before = hash(d, &other).await;
+        let before = snapshot(d, &other).await;
         for script in [&check, &peek] {
             let err = eval(&mut conn, script, &[&other], &adopt(strings(&[&1, &a, &b])))
                 .await
@@ -533,14 +637,15 @@ async fn adopting_retags_its_own_algorithm_only(d: &Deployment) {
             .await
             .unwrap_err();
         assert_eq!(err.code(), Some("NOLOCK_STATE"), "{err}");
-        assert_eq!(hash(d, &other).await, before);
+        assert_eq!(snapshot(d, &other).await, before);
         let _: i64 = raw(&mut d.owner(&record).await, &["DEL", &record]).await;
     }
 }
 
 /// The tag does not make foreign data acceptable: nolock's fields with a
 /// foreign value, or one more field, stay a definite error (not a
-/// mismatch), the hash left alone.
+/// mismatch), the key left alone: as a hash (the older form) and as the
+/// tagged string.
 async fn foreign_hashes_stay_foreign_with_a_tag(d: &Deployment) {
     let mut conn = d.conn().await;
     let p = prefix("foreign_tagged");
@@ -583,7 +688,7 @@ async fn foreign_hashes_stay_foreign_with_a_tag(d: &Deployment) {
                 args.push(v);
             }
             let _: () = raw(&mut owner, &args).await;
-            let before = hash(d, &key).await;
+            let before = snapshot(d, &key).await;
             let got = l.check(&mut conn, &key, 1).await.map(|d| d.allowed);
             assert!(
                 matches!(&got, Err(e @ Error::Redis(_)) if e.is_definite()),
@@ -594,7 +699,64 @@ async fn foreign_hashes_stay_foreign_with_a_tag(d: &Deployment) {
                 matches!(got, Err(Error::Redis(_))),
                 "{algorithm} {shape:?}: {got:?}"
             );
-            assert_eq!(hash(d, &key).await, before, "{algorithm} {shape:?}");
+            assert_eq!(snapshot(d, &key).await, before, "{algorithm} {shape:?}");
+        }
+
+        // The string form with our tag and numbers that are not nolock's:
+        // each a definite error, never a mismatch, the key left alone.
+        let n = fields.len();
+        let numbers = |v: &[&str]| format!("{ours}:{}", v.join(":"));
+        let ones = vec!["1"; n];
+        let with = |i: usize, v: &'static str| {
+            let mut all = ones.clone();
+            all[i] = v;
+            numbers(&all)
+        };
+        let mut strings = vec![
+            numbers(&vec!["1"; n + 1]),
+            numbers(&vec!["1"; n - 1]),
+            format!("{ours}:"),
+            format!("{ours}:{}:", ones.join(":")),
+            format!("{ours}:{} ", ones.join(":")),
+            format!("{ours}::{}", ones.join(":")),
+        ];
+        for i in 0..n {
+            for bad in [
+                "007",
+                "-1",
+                "+1",
+                "1e3",
+                " 1",
+                "0x10",
+                "1.0",
+                "",
+                "9007199254740992",
+                "12345678901234567",
+            ] {
+                strings.push(with(i, bad));
+            }
+        }
+        for value in strings {
+            let _: () = raw(&mut owner, &["SET", &key, &value, "PX", "600000"]).await;
+            let before = snapshot(d, &key).await;
+            let got = l.check(&mut conn, &key, 1).await.map(|d| d.allowed);
+            assert!(
+                matches!(&got, Err(e @ Error::Redis(_)) if e.is_definite()),
+                "{algorithm} {value:?}: {got:?}"
+            );
+            let got = l.peek(&mut conn, &key, 1).await.map(|s| s.allowed);
+            assert!(
+                matches!(got, Err(Error::Redis(_))),
+                "{algorithm} {value:?}: {got:?}"
+            );
+            if algorithm == Algorithm::TokenBucket {
+                let got = l.check_at_most(&mut conn, &key, 1).await.map(|g| g.granted);
+                assert!(
+                    matches!(&got, Err(e @ Error::Redis(_)) if e.is_definite()),
+                    "{algorithm} {value:?}: {got:?}"
+                );
+            }
+            assert_eq!(snapshot(d, &key).await, before, "{algorithm} {value:?}");
         }
     }
 }
@@ -635,7 +797,7 @@ async fn concurrent_limits_of_other_numbers_never_share_a_key(d: &Deployment) {
             }
         }
         assert_eq!(admitted, caps[winner], "{algorithm}: {results:?}");
-        let (fields, _) = hash(d, &key).await;
+        let fields = state_fields(d, &key).await;
         assert_eq!(
             fields.get("by"),
             Some(&tags[winner]),
@@ -672,6 +834,6 @@ async fn a_script_flush_before_a_tagged_call_is_survived(d: &Deployment) {
             .await
             .unwrap();
         assert_eq!(r.credited, 2, "{algorithm}");
-        assert_eq!(hash(d, &key).await.0.get("by"), Some(&ours));
+        assert_eq!(state_fields(d, &key).await.get("by"), Some(&ours));
     }
 }

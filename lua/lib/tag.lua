@@ -10,8 +10,9 @@
 --   c<L>x<w>    limits/*            limit L, window w ms
 --   m<P>        semaphore/*         P permits
 --   k<h>x<L>    rate/calendar       period hash h (< 2^32), limit L
--- A string state is "<tag>:<value>" (value as before: "g100000x10:17964...");
--- a hash state has a field "by" holding the tag; a semaphore holds the
+-- A string state is "<tag>:<value>" ("g100000x10:17964...", and
+-- "b100000x10:<tokens>:<at>" for a bucket: lib/state); a hash of the
+-- older forms has a field "by" holding the tag; a semaphore holds the
 -- member "by:<tag>" with score 0 (below every permit's expiry).
 --
 -- Before its first write a call compares the stored tag with its own. Another

@@ -31,7 +31,7 @@
 //! * [`Algorithm::Gcra`]: smooth rate with a burst; one integer per key. The
 //!   default choice for "N per period" on request paths.
 //! * [`Algorithm::TokenBucket`]: the same decisions as GCRA, stored as
-//!   `{tokens, at}`; pick it when you want to read tokens in Redis.
+//!   `"b<T>x<C>:<tokens>:<at>"`; pick it when you want to read tokens in Redis.
 //! * [`Algorithm::SlidingWindow`]: "at most N in any window", approximated
 //!   by weighting the previous window; what most API gateways do. Suits long
 //!   windows (per hour, per day) where a burst of N at once is acceptable.
@@ -191,25 +191,30 @@ pub enum Algorithm {
     /// Token bucket: `burst` tokens of capacity, one more every `T = period /
     /// rate`.
     ///
-    /// **State**: a hash per key, `tokens` (whole tokens in the bucket) and
+    /// **State**: a string per key, `"b<T>x<C>:<tokens>:<at>"`: its tag (see
+    /// [`crate::guide::configuration`]), `tokens` (whole tokens in the bucket) and
     /// `at` (integer microseconds since the Unix epoch, server clock: refill
     /// is credited up to this instant; the part of an interval not yet worth a
     /// token is kept by not moving `at` past it). Missing means full; the key
     /// expires when the bucket is full again.
     ///
     /// Its decisions are exactly GCRA's for the same quota (`TAT = at +
-    /// (burst - tokens) × T`); it stores two fields instead of one.
+    /// (burst - tokens) × T`); it stores two numbers instead of one. A hash
+    /// `{tokens, at[, by]}` (the form before 2026-12-05) is read the same way
+    /// and replaced at its next write.
     TokenBucket,
 
     /// Sliding window counter: at most `rate` per `period`, counted over the
     /// current window plus the previous one, weighted by how much of it is
     /// still inside the last `period`.
     ///
-    /// **State**: a hash per key, `start` (integer milliseconds since the Unix
+    /// **State**: a string per key, `"s<w>x<L>:<start>:<count>:<previous>"`:
+    /// its tag, `start` (integer milliseconds since the Unix
     /// epoch, server clock: the start of the current window, a multiple of
     /// the period), `count` (units admitted in it) and `previous` (units
     /// admitted in the window before). The key expires at `start + 2 ×
-    /// period`.
+    /// period`. A hash `{start, count, previous[, by]}` (the form before
+    /// 2026-12-05) is read the same way and replaced at its next write.
     ///
     /// **Numbers**: with `e` milliseconds into the current window of length
     /// `w`, the estimate is `previous × (w - e) / w + count`, and a call of

@@ -1,7 +1,7 @@
 //! Token bucket: `lua/rate/token_bucket/{check,peek,refund}.lua`.
 //!
 //! Each bucket sends the time per token `T` (µs, rounded up) and its capacity
-//! (the quota's burst); the scripts keep `{tokens, at}` and refill whole tokens
+//! (the quota's burst); the scripts keep `"b<T>x<C>:<tokens>:<at>"` and refill whole tokens
 //! only, carrying the remainder in `at`, so the arithmetic stays in integers.
 //! See [`Algorithm::TokenBucket`](super::Algorithm::TokenBucket).
 

@@ -7,17 +7,19 @@
 --   estimate = previous x (w - e) / w + count      (e: ms since this window began)
 -- A call fits when estimate + cost <= limit.
 --
--- KEYS[i]     limit i: a hash {start, count, previous, by}
+-- KEYS[i]     limit i: the string "s<w>x<L>:<start>:<count>:<previous>"
+--             (lib/window)
+--               s<w>x<L>  the tag of the limit that wrote it (lib/tag), its
+--                         two numbers as ARGV sends them
 --               start     integer ms since the Unix epoch (server clock): the
 --                         start of the window `count` belongs to, a multiple of w
 --               count     units admitted in that window
 --               previous  units admitted in the window before it
---               by        the tag of the limit that wrote it (lib/tag):
---                         "s<w>x<L>", its two numbers as ARGV sends them
---             Missing means empty. It expires (PEXPIREAT) at start + 2w, when
---             neither count matters any more. A hash of exactly {start,
---             count, previous} (written before tags) is read the same way
---             and tagged by its next admitted call.
+--             Missing means empty. It expires (PXAT) at start + 2w, when
+--             neither count matters any more. A hash {start, count,
+--             previous, by} or {start, count, previous} (the forms before)
+--             is read the same way and replaced by the string at its next
+--             admitted call.
 -- ARGV[1]     cost    integer, 1 <= cost <= every limit.
 -- ARGV[2i]    window  w of limit i, integer milliseconds >= 1.
 -- ARGV[2i+1]  limit   L of limit i, integer >= 1, with L x w <= 2^53-1 (so
@@ -33,7 +35,7 @@
 -- When every limit fits, each stores count + cost and this call's tag;
 -- otherwise nothing is written (a denied call consumes nothing, on any
 -- limit, and tags nothing). A limit tagged by another limit (other
--- numbers, unless adopting; another algorithm, as a token bucket's hash)
+-- numbers, unless adopting; another algorithm, as a token bucket's state)
 -- is refused with NOLOCK_STATE, nothing written on any limit.
 --
 -- Reply: {admitted, now, then per limit: start, count, previous} -- the
@@ -60,7 +62,7 @@
 -- Example: limit 10 per 1000 ms; previous = 10, count = 0, e = 300: the
 -- estimate is 7, so cost 3 fits ({1, now, start, 3, 10}) and cost 4 waits
 -- until e = 400 ({0, now, start, 0, 10}: retry after 100 ms). The state
--- is then {start, count = 3, previous = 10, by = "s1000x10"}; a check of
+-- is then "s1000x10:<start>:3:10"; a check of
 -- limit 20 per 1000 ms on it is refused ("... holds state written by
 -- s1000x10, not s1000x20 ...").
 
@@ -68,8 +70,7 @@ local MAX = 9007199254740991
 
 -- The checks of lib/rate, lib/args, lib/window and lib/tag, and lib/fail's
 -- errors, written in place (see rate/gcra/check): no helper calls, no table
--- but the reply, and `retag` (as rate/token_bucket/check's) only when a
--- limit's stored tag is not this call's.
+-- but the reply.
 
 local n = #KEYS
 local adopt = #ARGV == 2 + 2 * n and ARGV[2 + 2 * n] == 'adopt'
@@ -91,7 +92,7 @@ local now = floor(micros / 1000) -- exact: micros < 2^53 (lib/div)
 
 -- Slots 3i, 3i + 1, 3i + 2 of the reply hold limit i's start, count and
 -- previous.
-local reply, admitted, retag = {0, micros, 0, 0, 0}, 1, nil
+local reply, admitted = {0, micros, 0, 0, 0}, 1
 for i = 1, n do
   local w, l = ARGV[2 * i] + 0, ARGV[2 * i + 1] + 0
   if w % 1 ~= 0 or l % 1 ~= 0 or w < 1 or l < 1 or l * w > MAX then
@@ -105,47 +106,65 @@ for i = 1, n do
   -- rolled to the window holding now (as lib/window reads it); missing is
   -- an empty window. A value is converted by arithmetic once its digits
   -- are checked (tonumber parses twice).
+  -- The state (lib/window, lib/state): "<tag>:<start>:<count>:<previous>",
+  -- canonical integers in [0, 2^53 - 1]; missing is an empty window. Its
+  -- own tag costs one comparison of the prefix; another tag, or a hash of
+  -- the form before, is looked at only then. A value is converted by
+  -- arithmetic once its digits are checked (tonumber parses twice).
   local cur, c, p = floor(now / w) * w, 0, 0
-  local tag = 's' .. ARGV[2 * i] .. 'x' .. ARGV[2 * i + 1]
-  local all = redis.call('HGETALL', KEYS[i])
-  if #all > 0 then
-    local s, by
-    c, p = nil, nil
-    for f = 1, #all, 2 do
-      local name, raw = all[f], all[f + 1]
-      if name == 'by' then
-        by = raw
-      elseif name == 'start' or name == 'count' or name == 'previous' then
-        local v = #raw <= 16 and (raw == '0' or string.find(raw, '^[1-9]%d*$')) and raw + 0
-        if v and v <= MAX then
-          if name == 'start' then s = v elseif name == 'count' then c = v else p = v end
-        end
+  local prefix = 's' .. ARGV[2 * i] .. 'x' .. ARGV[2 * i + 1] .. ':'
+  local stored = redis.pcall('GET', KEYS[i])
+  if stored then
+    local len, ss, cs, ps = #prefix, nil, nil, nil
+    if type(stored) == 'table' then
+      -- WRONGTYPE: a hash {start, count, previous[, by]} (lib/state), read
+      -- only here.
+      local all, by = redis.call('HGETALL', KEYS[i]), nil
+      for f = 1, #all, 2 do
+        local name = all[f]
+        if name == 'by' then by = all[f + 1]
+        elseif name == 'start' then ss = all[f + 1]
+        elseif name == 'count' then cs = all[f + 1]
+        elseif name == 'previous' then ps = all[f + 1] end
       end
-    end
-    -- Another limit's tag is refused (lib/tag's tag_same and tag_refuse):
-    -- adopting reads any sliding window's ('s' is byte 115).
-    if by ~= tag then
-      if by and not (adopt and string.byte(by) == 115) then
+      if by and by .. ':' ~= prefix and not (adopt and string.byte(by) == 115) then
         return redis.error_reply('NOLOCK_STATE nolock ' .. SCRIPT_NAME .. ': ' .. KEYS[i]
-          .. ' holds state written by ' .. by .. ', not ' .. tag .. '; nothing was written')
+          .. ' holds state written by ' .. by .. ', not ' .. string.sub(prefix, 1, len - 1)
+          .. '; nothing was written')
       end
-      retag = retag or {}
-      retag[i] = true
+      if #all ~= (by and 8 or 6) or not (ss and cs and ps and string.find(ss, '^%d+$')
+        and string.find(cs, '^%d+$') and string.find(ps, '^%d+$')) then ss = nil end
+    elseif string.sub(stored, 1, len) == prefix then
+      ss, cs, ps = string.match(stored, '^(%d+):(%d+):(%d+)$', len + 1)
+    else
+      local at = string.find(stored, ':', 1, true)
+      local by = at and string.sub(stored, 1, at - 1)
+      if not by or not string.find(by, '^[a-z]%d+x%d+$') and not string.find(by, '^m%d+$') then
+        return redis.error_reply('ERR nolock ' .. SCRIPT_NAME .. ': key ' .. KEYS[i]
+          .. ' does not hold a sliding window')
+      end
+      -- lib/tag's tag_same and tag_refuse: adopting reads any sliding
+      -- window's ('s' is byte 115).
+      if not adopt or string.byte(by) ~= 115 then
+        return redis.error_reply('NOLOCK_STATE nolock ' .. SCRIPT_NAME .. ': ' .. KEYS[i]
+          .. ' holds state written by ' .. by .. ', not ' .. string.sub(prefix, 1, len - 1)
+          .. '; nothing was written')
+      end
+      ss, cs, ps = string.match(stored, '^(%d+):(%d+):(%d+)$', at + 1)
     end
-    if not (s and c and p) or #all ~= (by and 8 or 6) then
+    -- Canonical: at most 16 digits, no leading zero (a number of n digits
+    -- is at least 10^(n-1)), at most 2^53 - 1.
+    local s = ss and #ss <= 16 and #cs <= 16 and #ps <= 16 and ss + 0
+    c, p = s and cs + 0, s and ps + 0
+    if not s or s > MAX or c > MAX or p > MAX or (#ss > 1 and s < 10 ^ (#ss - 1))
+      or (#cs > 1 and c < 10 ^ (#cs - 1)) or (#ps > 1 and p < 10 ^ (#ps - 1)) then
       return redis.error_reply('ERR nolock ' .. SCRIPT_NAME .. ': key ' .. KEYS[i]
         .. ' does not hold a sliding window')
     end
     if s >= cur then cur = s -- this window, or the clock stepped back
     elseif s == cur - w then c, p = 0, c
     else c, p = 0, 0 end
-  else
-    retag = retag or {}
-    retag[i] = true
   end
-  -- Counts above the limit (a lowered limit, or a debt) decide as the
-  -- limit, so that the products below stay exact; they are returned as
-  -- stored, so the client sees a debt.
   local e = now - cur
   if e < 0 then e = 0 end
   if c + cost > l then
@@ -157,19 +176,15 @@ for i = 1, n do
 end
 reply[1] = admitted
 
--- A limit whose tag is this call's keeps it; any other (new, from before
--- tags, or adopted) is given this call's.
+-- Every admitted limit is written whole with this call's tag (a hash of
+-- the older form, or another tag adopted, is replaced), with %d: Lua's own
+-- number-to-string keeps 14 digits.
 if admitted == 1 then
   for i = 1, n do
     local cur, c, p = reply[3 * i], reply[3 * i + 1] + cost, reply[3 * i + 2]
     local w = ARGV[2 * i]
-    if retag and retag[i] then
-      redis.call('HSET', KEYS[i], 'start', cur, 'count', c, 'previous', p,
-        'by', 's' .. w .. 'x' .. ARGV[2 * i + 1])
-    else
-      redis.call('HSET', KEYS[i], 'start', cur, 'count', c, 'previous', p)
-    end
-    redis.call('PEXPIREAT', KEYS[i], cur + 2 * w)
+    redis.call('SET', KEYS[i], 's' .. w .. 'x' .. ARGV[2 * i + 1] .. string.format(':%d:%d:%d', cur, c, p),
+      'PXAT', cur + 2 * w)
     reply[3 * i + 1] = c
   end
 end

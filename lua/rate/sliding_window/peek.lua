@@ -1,13 +1,14 @@
 #!lua flags=no-writes
 -- rate/sliding_window/peek: what rate/sliding_window/check would answer for `cost`, without taking anything.
 --
--- KEYS and ARGV are those of rate/sliding_window/check (state: hash {start,
--- count, previous, by}, or {start, count, previous} before tags; ARGV[1]
+-- KEYS and ARGV are those of rate/sliding_window/check (state: the string
+-- "s<w>x<L>:<start>:<count>:<previous>", or a hash {start, count, previous[,
+-- by]} of the forms before (lib/window); ARGV[1]
 -- cost, then window w in ms and limit L per key, then optionally "adopt").
 -- A limit tagged by another limit is refused as check refuses it
 -- (NOLOCK_STATE; with "adopt", any sliding window's state is read as it
--- is); one from before tags is read as it is and stays untagged (peek
--- writes nothing).
+-- is); one of an older form is read as it is and stays so (peek writes
+-- nothing).
 --
 -- Reply: {admitted, now, then per limit: start, count, previous} as
 --   rate/sliding_window/check, except that nothing is charged: admitted

@@ -1,9 +1,9 @@
 #!lua flags=allow-oom
 -- rate/sliding_window/refund: give back units of one admitted charge (from the window that counted it, while it still counts), or settle it at its real cost (charging an excess to the current window, even past its limit).
 --
--- KEYS[i]     limit i (i = 1..n): a hash {start, count, previous, by} as
---             written by rate/sliding_window/check (or {start, count,
---             previous} before tags); KEYS[n + 1] the charge's record,
+-- KEYS[i]     limit i (i = 1..n): the string "s<w>x<L>:<start>:<count>:
+--             <previous>" as written by rate/sliding_window/check (or a
+--             hash of the forms before, lib/window); KEYS[n + 1] the charge's record,
 --             KEYS[n + 1 + i] limit i's reset marker (lib/refund).
 -- ARGV        as lib/refund: amount, actual, at, cost, settle, cap, then per
 --             limit: window w (ms >= 1), limit L (>= 1, with L x w <=
@@ -109,9 +109,7 @@ for i = 1, n do
     if c == 0 and p == 0 then
       redis.call('DEL', KEYS[i])
     else
-      redis.call('HSET', KEYS[i], 'start', cur, 'count', c, 'previous', p,
-        'by', 's' .. ARGV[4 * i + 3] .. 'x' .. ARGV[4 * i + 4])
-      redis.call('PEXPIREAT', KEYS[i], cur + 2 * w)
+      window_write(KEYS[i], 's' .. ARGV[4 * i + 3] .. 'x' .. ARGV[4 * i + 4], cur, c, p, w)
     end
   end
   credited[i] = back

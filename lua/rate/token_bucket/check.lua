@@ -6,16 +6,16 @@
 -- kept by not moving that instant past it, so no refill time is ever lost
 -- or counted twice.
 --
--- KEYS[i]     bucket i: a hash {tokens, at, by}
---               tokens  integer, 0 <= tokens <= capacity
---               at      integer microseconds since the Unix epoch (server
---                       clock): refill is credited up to this instant
---               by      the tag of the limit that wrote it (lib/tag):
---                       "b<T>x<C>", its two numbers as ARGV sends them
---             Missing means full. It expires (PEXPIREAT) when the bucket is
---             full again, rounded up to the millisecond. A hash of exactly
---             {tokens, at} (written before tags) is read the same way and
---             tagged by its next admitted call.
+-- KEYS[i]     bucket i: the string "b<T>x<C>:<tokens>:<at>" (lib/bucket)
+--               b<T>x<C>  the tag of the limit that wrote it (lib/tag), its
+--                         two numbers as ARGV sends them
+--               tokens    integer, 0 <= tokens <= capacity
+--               at        integer microseconds since the Unix epoch (server
+--                         clock): refill is credited up to this instant
+--             Missing means full. It expires (PXAT) when the bucket is
+--             full again, rounded up to the millisecond. A hash {tokens,
+--             at, by} or {tokens, at} (the forms before) is read the same
+--             way and replaced by the string at its next admitted call.
 -- ARGV[1]     cost      integer, 1 <= cost <= every capacity.
 -- ARGV[2i]    interval  T of bucket i, integer microseconds >= 1 per token:
 --                       period / rate (rounded up by the caller).
@@ -28,10 +28,10 @@
 --   add    = floor((now - at) / T)
 --   tokens = min(C, tokens + add); at = now when full, else at + add x T
 --   fits   = cost <= tokens
--- When every bucket fits, each stores {tokens - cost, at, by = this call's
--- tag}; otherwise nothing is written (a denied call consumes nothing, on
+-- When every bucket fits, each stores tokens - cost and at with this
+-- call's tag; otherwise nothing is written (a denied call consumes nothing, on
 -- any bucket, and tags nothing). A bucket tagged by another limit (other
--- numbers, unless adopting; another algorithm, as a sliding window's hash)
+-- numbers, unless adopting; another algorithm, as a sliding window's state)
 -- is refused with NOLOCK_STATE, nothing written on any bucket.
 --
 -- Reply: {admitted, now, then per bucket: tokens, at} -- the raw state,
@@ -50,7 +50,7 @@
 -- (TAT = at + (C - tokens) x T); only the stored form differs.
 --
 -- Example: capacity 10, 10 per second (T = 100000), on a missing key at now = N:
--- {1, N, 9, N}, state {tokens = 9, at = N, by = "b100000x10"} (9 remaining,
+-- {1, N, 9, N}, state "b100000x10:9:N" (9 remaining,
 -- full in 100 ms). The same key checked with capacity 20: NOLOCK_STATE
 -- ("... holds state written by b100000x10, not b100000x20 ...").
 
@@ -60,9 +60,7 @@ local MAX_FILL = 2251799813685248
 -- The checks of lib/rate, lib/args, lib/bucket and lib/tag, and lib/fail's
 -- errors, written in place (see rate/gcra/check): no helper calls, no table
 -- but the reply, whose slots 2i + 1 and 2i + 2 keep bucket i's tokens and
--- at. `retag`, a table only when some bucket needs it, names the buckets
--- whose stored tag is not this call's (missing, from before tags, or
--- adopted): only their writes store `by`.
+-- at.
 
 local n = #KEYS
 local adopt = #ARGV == 2 + 2 * n and ARGV[2 + 2 * n] == 'adopt'
@@ -80,7 +78,7 @@ end
 local time = redis.call('TIME')
 local now = time[1] * 1000000 + time[2]
 
-local reply, admitted, retag = {0, now, 0, 0}, 1, nil
+local reply, admitted = {0, now, 0, 0}, 1
 for i = 1, n do
   local step, cap = ARGV[2 * i] + 0, ARGV[2 * i + 1] + 0
   if step % 1 ~= 0 or cap % 1 ~= 0 or step < 1 or cap < 1
@@ -90,38 +88,56 @@ for i = 1, n do
   if cost > cap then
     return redis.error_reply('ERR nolock ' .. SCRIPT_NAME .. ': cost is above the capacity of key ' .. i)
   end
-  -- The state: exactly the fields tokens, at and by, or tokens and at
-  -- alone (before tags), canonical integers in [0, 2^53 - 1] (as lib/bucket
-  -- reads it); missing is a full bucket. A value is converted by
-  -- arithmetic once its digits are checked (tonumber parses twice).
+  -- The state (lib/bucket, lib/state): "<tag>:<tokens>:<at>", canonical
+  -- integers in [0, 2^53 - 1]; missing is a full bucket. Its own tag costs
+  -- one comparison of the prefix; another tag, or a hash of the form
+  -- before, is looked at only then. A value is converted by arithmetic
+  -- once its digits are checked (tonumber parses a string twice).
   local k, a = cap, now
-  local tag = 'b' .. ARGV[2 * i] .. 'x' .. ARGV[2 * i + 1]
-  local all = redis.call('HGETALL', KEYS[i])
-  if #all > 0 then
-    local by
-    k, a = nil, nil
-    for f = 1, #all, 2 do
-      local name, s = all[f], all[f + 1]
-      if name == 'by' then
-        by = s
-      elseif name == 'tokens' or name == 'at' then
-        local v = #s <= 16 and (s == '0' or string.find(s, '^[1-9]%d*$')) and s + 0
-        if v and v <= MAX then
-          if name == 'tokens' then k = v else a = v end
-        end
+  local prefix = 'b' .. ARGV[2 * i] .. 'x' .. ARGV[2 * i + 1] .. ':'
+  local stored = redis.pcall('GET', KEYS[i])
+  if stored then
+    local len, ks, as = #prefix, nil, nil
+    if type(stored) == 'table' then
+      -- WRONGTYPE: a hash {tokens, at[, by]} (lib/state), read only here.
+      local all, by = redis.call('HGETALL', KEYS[i]), nil
+      for f = 1, #all, 2 do
+        local name = all[f]
+        if name == 'by' then by = all[f + 1]
+        elseif name == 'tokens' then ks = all[f + 1]
+        elseif name == 'at' then as = all[f + 1] end
       end
-    end
-    -- Another limit's tag is refused (lib/tag's tag_same and tag_refuse):
-    -- adopting reads any bucket's ('b' is byte 98).
-    if by ~= tag then
-      if by and not (adopt and string.byte(by) == 98) then
+      if by and by .. ':' ~= prefix and not (adopt and string.byte(by) == 98) then
         return redis.error_reply('NOLOCK_STATE nolock ' .. SCRIPT_NAME .. ': ' .. KEYS[i]
-          .. ' holds state written by ' .. by .. ', not ' .. tag .. '; nothing was written')
+          .. ' holds state written by ' .. by .. ', not ' .. string.sub(prefix, 1, len - 1)
+          .. '; nothing was written')
       end
-      retag = retag or {}
-      retag[i] = true
+      if #all ~= (by and 6 or 4) or not (ks and as and string.find(ks, '^%d+$')
+        and string.find(as, '^%d+$')) then ks = nil end
+    elseif string.sub(stored, 1, len) == prefix then
+      ks, as = string.match(stored, '^(%d+):(%d+)$', len + 1)
+    else
+      local at = string.find(stored, ':', 1, true)
+      local by = at and string.sub(stored, 1, at - 1)
+      if not by or not string.find(by, '^[a-z]%d+x%d+$') and not string.find(by, '^m%d+$') then
+        return redis.error_reply('ERR nolock ' .. SCRIPT_NAME .. ': key ' .. KEYS[i]
+          .. ' does not hold a token bucket')
+      end
+      -- lib/tag's tag_same and tag_refuse: adopting reads any bucket's
+      -- ('b' is byte 98).
+      if not adopt or string.byte(by) ~= 98 then
+        return redis.error_reply('NOLOCK_STATE nolock ' .. SCRIPT_NAME .. ': ' .. KEYS[i]
+          .. ' holds state written by ' .. by .. ', not ' .. string.sub(prefix, 1, len - 1)
+          .. '; nothing was written')
+      end
+      ks, as = string.match(stored, '^(%d+):(%d+)$', at + 1)
     end
-    if not k or not a or #all ~= (by and 6 or 4) then
+    -- Canonical: at most 16 digits, no leading zero (a number of n digits
+    -- is at least 10^(n-1)), at most 2^53 - 1.
+    k = ks and #ks <= 16 and ks + 0
+    a = ks and #as <= 16 and as + 0
+    if not k or not a or k > MAX or a > MAX or (#ks > 1 and k < 10 ^ (#ks - 1))
+      or (#as > 1 and a < 10 ^ (#as - 1)) then
       return redis.error_reply('ERR nolock ' .. SCRIPT_NAME .. ': key ' .. KEYS[i]
         .. ' does not hold a token bucket')
     end
@@ -131,29 +147,22 @@ for i = 1, n do
       if k + add >= cap then k, a = cap, now else k, a = k + add, a + add * step end
     end
     if k > cap then k = cap end
-  else
-    retag = retag or {}
-    retag[i] = true
   end
   if cost > k then admitted = 0 end
   reply[2 * i + 1], reply[2 * i + 2] = k, a
 end
 reply[1] = admitted
 
--- Numbers are passed to Redis as they are: integers below 2^53 are sent
--- exactly (Redis prints them with %.17g, or as integers since 7.2). A bucket
--- whose tag is this call's keeps it; any other (new, from before tags, or
--- adopted) is given this call's.
+-- Every admitted bucket is written whole with this call's tag (a hash of
+-- the older form, or another tag adopted, is replaced). Counts are
+-- formatted with %d: Lua's own number-to-string keeps 14 digits, and an
+-- instant has 16.
 if admitted == 1 then
   for i = 1, n do
     local k, a = reply[2 * i + 1] - cost, reply[2 * i + 2]
     local step, cap = ARGV[2 * i], ARGV[2 * i + 1]
-    if retag and retag[i] then
-      redis.call('HSET', KEYS[i], 'tokens', k, 'at', a, 'by', 'b' .. step .. 'x' .. cap)
-    else
-      redis.call('HSET', KEYS[i], 'tokens', k, 'at', a)
-    end
-    redis.call('PEXPIREAT', KEYS[i], math.ceil((a + (cap - k) * step) / 1000))
+    redis.call('SET', KEYS[i], 'b' .. step .. 'x' .. cap .. string.format(':%d:%d', k, a),
+      'PXAT', math.ceil((a + (cap - k) * step) / 1000))
     reply[2 * i + 1] = k
   end
 end

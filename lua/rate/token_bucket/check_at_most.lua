@@ -4,13 +4,13 @@
 -- min(max, tokens) now and charge exactly those; the decisions are those of
 -- rate/gcra/check_at_most for the same T and burst = capacity.
 --
--- KEYS[1]   the bucket: a hash of exactly {tokens, at, by} as
---           rate/token_bucket/check writes it (tokens: integer in
---           [0, capacity]; at: integer microseconds since the Unix epoch,
---           server clock, up to which refill is credited; by: the tag
---           "b<T>x<C>" of the limit that wrote it, lib/tag), or of exactly
---           {tokens, at} (before tags: read the same way, tagged by the
---           next grant). Missing means full. Another limit's tag is refused
+-- KEYS[1]   the bucket: the string "b<T>x<C>:<tokens>:<at>" as
+--           rate/token_bucket/check writes it (the tag of the limit that
+--           wrote it, lib/tag; tokens: integer in [0, capacity]; at:
+--           integer microseconds since the Unix epoch, server clock, up to
+--           which refill is credited), or a hash {tokens, at[, by]} of the
+--           forms before (read the same way, rewritten by the next grant:
+--           lib/bucket). Missing means full. Another limit's tag is refused
 --           with NOLOCK_STATE; anything else is an error; either way
 --           nothing is written.
 -- ARGV[1]   max       integer, 1 <= max <= 2^53 - 1: the most tokens wanted.
@@ -23,7 +23,7 @@
 --   add = floor((now - at) / T); tokens = min(C, tokens + add);
 --   at = now when full, else at + add x T
 --   granted = min(max, tokens)
--- When granted > 0, {tokens - granted, at, by = "b<T>x<C>"} is stored and the key expires
+-- When granted > 0, "b<T>x<C>:<tokens - granted>:<at>" is stored and the key expires
 -- when the bucket is full again; when granted = 0 nothing is written.
 --
 -- Reply: {granted, now, tokens, at}, the raw state as rate/token_bucket/check
@@ -40,7 +40,6 @@
 
 --@include lib/fail
 --@include lib/args
---@include lib/div
 --@include lib/time
 --@include lib/tag
 --@include lib/bucket
@@ -70,7 +69,6 @@ end
 local granted = math.min(max, k)
 if granted > 0 then
   k = k - granted
-  redis.call('HSET', KEYS[1], 'tokens', k, 'at', a, 'by', tag)
-  redis.call('PEXPIREAT', KEYS[1], ceil_div(a + (cap - k) * step, 1000))
+  bucket_write(KEYS[1], tag, k, a, step, cap)
 end
 return {granted, now, k, a}

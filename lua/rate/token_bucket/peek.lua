@@ -1,12 +1,13 @@
 #!lua flags=no-writes
 -- rate/token_bucket/peek: what rate/token_bucket/check would answer for `cost`, without taking anything.
 --
--- KEYS and ARGV are those of rate/token_bucket/check (state: hash {tokens,
--- at, by}, or {tokens, at} before tags; ARGV[1] cost, then interval T and
+-- KEYS and ARGV are those of rate/token_bucket/check (state: the string
+-- "b<T>x<C>:<tokens>:<at>", or a hash {tokens, at[, by]} of the forms before
+-- (lib/bucket); ARGV[1] cost, then interval T and
 -- capacity C per key, then optionally "adopt"). A bucket tagged by another
 -- limit is refused as check refuses it (NOLOCK_STATE; with "adopt", any
--- bucket's state is read as it is); a bucket from before tags is read as
--- it is and stays untagged (peek writes nothing).
+-- bucket's state is read as it is); a bucket of an older form is read as
+-- it is and stays so (peek writes nothing).
 --
 -- Reply: {admitted, now, then per bucket: tokens, at} as
 --   rate/token_bucket/check, except that nothing is charged: admitted says

@@ -1,8 +1,9 @@
 #!lua flags=allow-oom
 -- rate/token_bucket/refund: give back tokens of one admitted charge (only those the bucket has not yet refilled), or settle it at its real cost (charging an excess even into debt).
 --
--- KEYS[i]     bucket i (i = 1..n): a hash {tokens, at, by} as written by
---             rate/token_bucket/check (or {tokens, at} before tags);
+-- KEYS[i]     bucket i (i = 1..n): the string "b<T>x<C>:<tokens>:<at>" as
+--             written by rate/token_bucket/check (or a hash of the forms
+--             before, lib/bucket);
 --             KEYS[n + 1] the charge's record, KEYS[n + 1 + i] bucket i's
 --             reset marker (lib/refund).
 -- ARGV        as lib/refund: amount, actual, at, cost, settle, cap, then per
@@ -112,8 +113,7 @@ for i = 1, n do
     else
       k = math.max(0, floor_div(c * step - (f - now), step))
       a = f - (c - k) * step
-      redis.call('HSET', KEYS[i], 'tokens', k, 'at', a, 'by', 'b' .. ARGV[4 * i + 3] .. 'x' .. ARGV[4 * i + 4])
-      redis.call('PEXPIREAT', KEYS[i], ceil_div(f, 1000))
+      bucket_write(KEYS[i], 'b' .. ARGV[4 * i + 3] .. 'x' .. ARGV[4 * i + 4], k, a, step, c)
     end
   end
   local j = 5 * i - 2
