@@ -59,14 +59,16 @@ if n > limit then
   return redis.error_reply('ERR nolock ' .. SCRIPT_NAME .. ': n is above limit')
 end
 -- The tag and its colon, from the arguments as sent (the Rust side sends
--- canonical integers). A count is written with %d past 14 digits: Lua's
--- own number-to-string keeps 14.
+-- canonical integers). Numbers reach Redis as text formatted with %d:
+-- Lua's own number-to-string (%.14g) keeps 14 digits and, like the
+-- server's conversion of a number argument (%.17g), costs several times
+-- what %d does.
 local prefix = 'c' .. ARGV[1] .. 'x' .. ARGV[2] .. ':'
 
 local stored = redis.call('GET', KEYS[1])
 if not stored then
   -- A new window: one write creates the counter with its expiry.
-  redis.call('SET', KEYS[1], n < 1e14 and prefix .. n or prefix .. string.format('%d', n), 'PX', window)
+  redis.call('SET', KEYS[1], prefix .. string.format('%d', n), 'PX', string.format('%d', window))
   return {1, n, window}
 end
 -- "<tag>:<count>": its own tag costs one comparison of the prefix;
@@ -115,9 +117,9 @@ if n > limit - count then
   return {0, count, pttl}
 end
 count = count + n
-local value = count < 1e14 and prefix .. count or prefix .. string.format('%d', count)
+local value = prefix .. string.format('%d', count)
 if pttl == -1 then
-  redis.call('SET', KEYS[1], value, 'PX', window)
+  redis.call('SET', KEYS[1], value, 'PX', string.format('%d', window))
   pttl = window
 else
   redis.call('SET', KEYS[1], value, 'KEEPTTL')

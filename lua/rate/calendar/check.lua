@@ -140,16 +140,16 @@ for i = 1, n do
 end
 reply[1] = admitted
 
--- Every write is the tagged count (%d past 14 digits: Lua's own
--- number-to-string keeps 14); the period (expiry) set with it, or kept.
+-- Every write is the tagged count, its numbers as text formatted with %d
+-- (see rate/gcra/check); the period (expiry) set with it, or kept.
 for i = 1, n do
   local k = 4 * i - 1
   local c, e = reply[k], reply[k + 1]
   if admitted == 1 then
     c = c + cost
-    local value = c < 1e14 and reply[k + 2] .. c or reply[k + 2] .. string.format('%d', c)
+    local value = reply[k + 2] .. string.format('%d', c)
     if reply[k + 3] then
-      redis.call('SET', KEYS[i], value, 'PXAT', e)
+      redis.call('SET', KEYS[i], value, 'PXAT', string.format('%d', e))
     else
       redis.call('SET', KEYS[i], value, 'KEEPTTL')
     end

@@ -138,8 +138,8 @@ end
 reply[1] = admitted
 
 -- Every write is the tagged count; the window (expiry) is set with it, or
--- kept. A count past 14 digits is formatted with %d: Lua's own
--- number-to-string keeps 14.
+-- kept. Numbers reach Redis as text formatted with %d (see
+-- rate/gcra/check).
 for i = 1, n do
   local j = 4 * i - 1
   local c, e, w = reply[j], reply[j + 1], reply[j + 2]
@@ -152,11 +152,11 @@ for i = 1, n do
       c = c + cost
     end
     local value = 'f' .. ARGV[2 * i] .. 'x' .. ARGV[2 * i + 1] .. ':'
-    value = c < 1e14 and value .. c or value .. string.format('%d', c)
+    value = value .. string.format('%d', c)
     if e == reply[j + 1] then
       redis.call('SET', KEYS[i], value, 'KEEPTTL')
     else
-      redis.call('SET', KEYS[i], value, 'PXAT', e)
+      redis.call('SET', KEYS[i], value, 'PXAT', string.format('%d', e))
     end
   elseif e < 0 then
     e = -e

@@ -177,14 +177,14 @@ end
 reply[1] = admitted
 
 -- Every admitted limit is written whole with this call's tag (a hash of
--- the older form, or another tag adopted, is replaced), with %d: Lua's own
--- number-to-string keeps 14 digits.
+-- the older form, or another tag adopted, is replaced), its numbers as
+-- text formatted with %d (see rate/gcra/check).
 if admitted == 1 then
   for i = 1, n do
     local cur, c, p = reply[3 * i], reply[3 * i + 1] + cost, reply[3 * i + 2]
     local w = ARGV[2 * i]
     redis.call('SET', KEYS[i], 's' .. w .. 'x' .. ARGV[2 * i + 1] .. string.format(':%d:%d:%d', cur, c, p),
-      'PXAT', cur + 2 * w)
+      'PXAT', string.format('%d', cur + 2 * w))
     reply[3 * i + 1] = c
   end
 end

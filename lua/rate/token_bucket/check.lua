@@ -154,15 +154,14 @@ end
 reply[1] = admitted
 
 -- Every admitted bucket is written whole with this call's tag (a hash of
--- the older form, or another tag adopted, is replaced). Counts are
--- formatted with %d: Lua's own number-to-string keeps 14 digits, and an
--- instant has 16.
+-- the older form, or another tag adopted, is replaced), its numbers as
+-- text formatted with %d (see rate/gcra/check).
 if admitted == 1 then
   for i = 1, n do
     local k, a = reply[2 * i + 1] - cost, reply[2 * i + 2]
     local step, cap = ARGV[2 * i], ARGV[2 * i + 1]
     redis.call('SET', KEYS[i], 'b' .. step .. 'x' .. cap .. string.format(':%d:%d', k, a),
-      'PXAT', math.ceil((a + (cap - k) * step) / 1000))
+      'PXAT', string.format('%d', math.ceil((a + (cap - k) * step) / 1000)))
     reply[2 * i + 1] = k
   end
 end
