@@ -4,6 +4,10 @@
 //! Built on the fenced lock alone: a term is a [`Lease`] on the role's
 //! name, its number is the lease's [`Fence`], and everything the lock
 //! promises (and does not) carries over. No script of its own.
+//!
+//! Past the house's ~500 lines because of its docs: what a leader may
+//! assume is the contract of the election and stays beside its types; the
+//! code itself is about 300 lines.
 
 use std::future::Future;
 use std::time::Duration;
