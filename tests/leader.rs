@@ -73,7 +73,7 @@ fn snapshot(slots: &Slots) -> Option<Vec<bool>> {
 }
 
 /// Three campaigners on one role, each stepping down after a term (or
-/// giving up campaigning after a while) and campaigning again, for 40
+/// giving up campaigning after a while) and campaigning again, for 100
 /// terms. Over the whole run: terms strictly increase in the order they
 /// were won (the history checker of `tests/fence*.rs`); no two campaigns
 /// report `Leader` at one instant (atomic snapshots of their watches);
@@ -82,7 +82,7 @@ fn snapshot(slots: &Slots) -> Option<Vec<bool>> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_campaigners_one_leader_at_a_time_with_increasing_terms() {
     const CAMPAIGNERS: usize = 3;
-    const TERMS: u64 = 40;
+    const TERMS: u64 = 100;
     let redis = support::redis();
     let name = format!("{}role", prefix("leader"));
     let election = leader(&name, Duration::from_secs(5));
@@ -198,7 +198,7 @@ async fn three_campaigners_one_leader_at_a_time_with_increasing_terms() {
     for task in tasks {
         tokio::time::timeout(Duration::from_secs(120), task)
             .await
-            .expect("40 terms within two minutes")
+            .expect("100 terms within two minutes")
             .expect("campaigner");
     }
     stop.store(true, Ordering::Relaxed);
@@ -404,6 +404,46 @@ async fn a_leader_cut_off_past_its_lease_is_replaced_and_refused() {
     assert_eq!(old.step_down().await.unwrap(), None);
     assert_eq!(
         rival.step_down().await.unwrap(),
+        Some(LockRelease::Released)
+    );
+}
+
+/// A campaign attempt whose reply is lost (the server granted the role,
+/// the campaign saw its connection drop) is recognised by the next attempt,
+/// under the same token: the campaign wins that grant's term at once,
+/// instead of finding the role held by nobody for the 30 s TTL.
+#[tokio::test]
+async fn an_attempt_whose_reply_was_lost_is_won_by_the_next() {
+    let ttl = Duration::from_secs(30);
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port).await;
+    let mut direct = server.conn().await;
+    // Loaded, so that the first attempt runs the script (a lost NOSCRIPT
+    // would prove nothing).
+    nolock::Scripts::load(&mut direct).await.unwrap();
+    let through = redis::Client::open(proxy.url())
+        .unwrap()
+        .get_connection_manager()
+        .await
+        .unwrap();
+    let name = format!("{}role", prefix("leader"));
+    let election = leader(&name, ttl);
+    proxy.lose_replies(1);
+    let campaign = election.campaign(through).unwrap();
+    let start = Instant::now();
+    let term = elected(&campaign, Duration::from_secs(5)).await;
+    assert_eq!(proxy.stats().replies_lost, 1, "the first reply was lost");
+    assert_eq!(
+        term.number(),
+        1,
+        "the lost attempt's grant, not a second one"
+    );
+    let fence_key = nolock::keys::derive(&name, "fence");
+    let counter: u64 = raw(&mut direct, &["GET", &fence_key]).await;
+    assert_eq!(counter, 1);
+    eprintln!("won after a lost reply in {:?}", start.elapsed());
+    assert_eq!(
+        campaign.step_down().await.unwrap(),
         Some(LockRelease::Released)
     );
 }

@@ -19,7 +19,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 
 #[cfg(doc)]
 use super::Write;
-use super::{Fence, Keys, Lease, Lock, LockAttempt, LockRelease};
+use super::{Fence, Keys, Lease, Lock, LockAttempt, LockRelease, Token};
 use crate::{Backoff, Error, Loss, Result};
 
 /// Leader election for a named role: among the processes that campaign for
@@ -203,7 +203,11 @@ impl Leader {
     /// handle is dropped; both end the current term and release its lease.
     /// A failed attempt (an error from Redis) is not the end of it: the
     /// error shows in [`Role::Candidate`] and the campaign tries again after
-    /// its backoff.
+    /// its backoff. The attempts until a term is won share one owner token
+    /// ([`Lock::acquire_as`]), so an attempt whose reply was lost (the role
+    /// granted, the answer never seen) is won by the next one, with that
+    /// grant's fence, rather than leaving the role held by no one until its
+    /// TTL. Each term has a token of its own.
     ///
     /// # Errors
     ///
@@ -219,6 +223,7 @@ impl Leader {
         let campaigner = Campaigner {
             conn,
             leader: self.clone(),
+            token: None,
             tx,
             stop: stop.clone(),
         };
@@ -522,6 +527,8 @@ fn ended(name: &str, fence: Option<u64>, error: &str) -> Error {
 struct Campaigner<C> {
     conn: C,
     leader: Leader,
+    /// The owner token of the current series of attempts.
+    token: Option<Token>,
     tx: watch::Sender<Role>,
     stop: CancellationToken,
 }
@@ -538,12 +545,7 @@ where
             }
             // Not raced against `stop`: an acquire dropped in flight could
             // leave a lease no one releases, held until its TTL.
-            let pause = match self
-                .leader
-                .lock
-                .lease(self.conn.clone(), &self.leader.name)
-                .await
-            {
+            let pause = match self.attempt().await {
                 Ok(LockAttempt::Acquired(lease)) => {
                     attempt = 0;
                     if let Some(released) = self.lead(lease).await {
@@ -571,6 +573,35 @@ where
                 _ = tokio::time::sleep(pause) => {}
             }
         }
+    }
+
+    /// One attempt at the role. Every attempt of one series (until a term
+    /// is won) goes under one token, so an attempt whose reply was lost is
+    /// recognised by the next (the same grant) instead of leaving the role
+    /// held by nobody until its TTL. A term's token is not used again: a
+    /// later attempt must not re-enter a lost term's lease with its fence.
+    async fn attempt(&mut self) -> Result<LockAttempt<Lease>> {
+        let token = match self.token.take() {
+            Some(token) => token,
+            None => Token::random()?,
+        };
+        let mut conn = self.conn.clone();
+        let outcome = self
+            .leader
+            .lock
+            .acquire_as(&mut conn, &self.leader.name, &token)
+            .await;
+        Ok(match outcome {
+            Ok(LockAttempt::Acquired(grant)) => LockAttempt::Acquired(Lease::start(conn, grant)?),
+            Ok(LockAttempt::Held { expires_in }) => {
+                self.token = Some(token);
+                LockAttempt::Held { expires_in }
+            }
+            Err(e) => {
+                self.token = Some(token);
+                return Err(e);
+            }
+        })
     }
 
     /// Hold the term of `lease` until it is lost (`None`) or the campaign
