@@ -245,7 +245,8 @@ fn reply(write: Write) -> FenceReply {
 
 /// A leader that steps down hands over at once: another campaign wins well
 /// before the 5 s TTL would have run out, with a greater term; the old
-/// term's tokens are cancelled and its watch ends with `SteppedDown`.
+/// term's tokens are cancelled and its watch ends with `SteppedDown`. A
+/// campaign handle dropped while leading hands over the same way.
 #[tokio::test]
 async fn stepping_down_hands_over_before_the_ttl() {
     let ttl = Duration::from_secs(5);
@@ -284,8 +285,23 @@ async fn stepping_down_hands_over_before_the_ttl() {
     );
     assert!(first_roles.changed().await.is_err(), "the channel ends");
     eprintln!("handed over in {handover:?} (TTL {ttl:?})");
+
+    // Dropping the handle steps down too, without blocking.
+    let third = election.campaign(redis.conn().await).unwrap();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(!third.role().is_leader());
+    let start = Instant::now();
+    drop(second);
+    assert!(start.elapsed() < Duration::from_millis(50), "drop blocked");
+    let third_term = elected(&third, ttl).await;
+    let handover = start.elapsed();
+    assert!(
+        handover < ttl / 2,
+        "handed over in {handover:?} after a drop, TTL {ttl:?}"
+    );
+    assert!(second_term.is_over() && third_term.number() > second_term.number());
     assert_eq!(
-        second.step_down().await.unwrap(),
+        third.step_down().await.unwrap(),
         Some(LockRelease::Released)
     );
 }

@@ -53,6 +53,8 @@ use crate::{Backoff, Error, Loss, Result};
 /// not it has written; a conditional SQL write (`... WHERE fence < $term`)
 /// refuses it once a later term has *written* that row. So two leaders'
 /// fenced writes never both land out of order, whatever pauses happen.
+/// ([`Fence::write_unbound`] is weaker: an old term's write still lands
+/// until a later term has written that key.)
 ///
 /// **Nothing about time.** Between two renewals a leader does not know it is
 /// still the leader. [`Term::ended`] and the cancellation tokens fire when a
@@ -102,7 +104,7 @@ use crate::{Backoff, Error, Loss, Result};
 ///         }
 ///     }
 /// }
-/// campaign.step_down().await?; // another replica takes over at once
+/// campaign.step_down().await?; // no one waits out the TTL
 /// # Ok(()) }
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
