@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use nolock::fence::{self, Campaign, Leader, Lock, LockRelease, Role, Term, Write};
 use nolock::{Backoff, Error, Loss};
+use support::deployment::{both, Deployment};
 use support::history::{check_fences, FenceOp, FenceReply, Outcome, Recorder};
 use support::proxy::FaultProxy;
 use support::{keys, prefix, raw, RedisServer};
@@ -241,6 +242,46 @@ fn reply(write: Write) -> FenceReply {
         Write::Stale { current_fence } => FenceReply::Stale(current_fence),
         _ => FenceReply::NotGranted,
     }
+}
+
+both!(shared: [a_term_hands_over_and_the_old_fence_is_refused], exclusive: []);
+
+/// On a single server and on the 3x2 cluster (a role whose keys share one
+/// slot, through the cluster client): a term, a step-down, the next term
+/// greater, and the old term's fenced write refused.
+async fn a_term_hands_over_and_the_old_fence_is_refused(d: &Deployment) {
+    let name = format!("{}role", prefix("leader"));
+    let election = leader(&name, Duration::from_secs(5));
+    let first = election.campaign(d.conn().await).unwrap();
+    let first_term = elected(&first, Duration::from_secs(5)).await;
+    let second = election.campaign(d.conn().await).unwrap();
+    let mut conn = d.conn().await;
+    assert_eq!(
+        first_term.fence().write(&mut conn, "first").await.unwrap(),
+        Write::Applied
+    );
+    assert!(!second.role().is_leader());
+    assert_eq!(
+        first.step_down().await.unwrap(),
+        Some(LockRelease::Released)
+    );
+    let second_term = elected(&second, Duration::from_secs(2)).await;
+    assert!(second_term.number() > first_term.number());
+    assert_eq!(
+        first_term.fence().write(&mut conn, "late").await.unwrap(),
+        Write::Stale {
+            current_fence: second_term.number()
+        }
+    );
+    let stored = fence::read(&mut conn, &name).await.unwrap().unwrap();
+    assert_eq!(
+        (stored.value.as_slice(), stored.fence),
+        (&b"first"[..], first_term.number())
+    );
+    assert_eq!(
+        second.step_down().await.unwrap(),
+        Some(LockRelease::Released)
+    );
 }
 
 /// A leader that steps down hands over at once: another campaign wins well
