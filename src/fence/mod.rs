@@ -54,6 +54,7 @@
 //! | [`advance`] | `lua/fence/advance.lua` | raise the fence counter above a floor after it went back, unless a lock is held (safe in a fleet) |
 //! | [`force_advance`] | same | the same, held lock or not: the recovery step that also refuses a live holder |
 //! | [`durability()`] | `CONFIG GET`, `INFO` | can this server's counters go back? (check at startup) |
+//! | [`Leader::campaign`], [`Leader::run`] | acquire, extend, release | leader election: one [`Term`] at a time per role, its fence strictly increasing; transitions on a watch ([`Role`]); [`Campaign::step_down`] hands over at once |
 //! | [`Waiters::acquire`] | acquire, `SUBSCRIBE` | wait for a held lock, woken when it is released |
 //!
 //! Every call is also an operation value ([`AcquireLock`], [`ReleaseLock`],
@@ -229,6 +230,7 @@ use crate::{keys, validate, Error, Result};
 mod advance;
 mod durability;
 mod grant;
+mod leader;
 mod lease;
 mod lock;
 mod retry;
@@ -240,6 +242,7 @@ pub use advance::{
 };
 pub use durability::{cluster_durability, durability, ConfigSource, Durability, Restart};
 pub use grant::{ExtendLock, Fence, Grant, LockExtension, ReleaseLock};
+pub use leader::{Campaign, Leader, Role, Term};
 pub use lease::Lease;
 pub use lock::{AcquireLock, Lock};
 pub use waiters::Waiters;
