@@ -5,7 +5,8 @@
     python3 benches/script_instructions.py --lua OLD/lua    # another tree, e.g.
         # mkdir OLD && git archive <rev> lua | tar -x -C OLD
     python3 benches/script_instructions.py --tower PATH/rate_limit.lua
-    python3 benches/script_instructions.py --ablate  # GCRA check, one contract removed at a time
+    python3 benches/script_instructions.py --ablate [gcra|count|bucket|window|pair]
+        # the target rows, one contract removed at a time (all tables by default)
     python3 benches/script_instructions.py --only pair   # the rows whose label has "pair"
 
 Runs `redis-server` (PATH, or $NOLOCK_REDIS_SERVER) under
@@ -218,58 +219,148 @@ def cases(lua, tower):
     return rows
 
 
-# What each of the GCRA check's contracts (and each difference of shape from
-# tower-rate-limit-redis's script) costs, measured by removing it from the
-# composed script (the rows are not correct limiters: each drops something).
-ABLATIONS = [
-    ('strict parsing of the stored TAT (a plain tonumber instead)',
-     [("local v = #stored <= 16 and (stored == '0' or string.find(stored, '^[1-9]%d*$')) and stored + 0",
-       'local v = tonumber(stored)')]),
-    ('checks of the interval, burst and cost arguments',
-     [('if step % 1 ~= 0 or b % 1 ~= 0 or step < 1 or b < 1\n'
-       '    or b * step > MAX_FILL or cost > b then', 'if false then'),
-      ('if cost % 1 ~= 0 or cost < 1 or cost > 9007199254740991 then', 'if false then')]),
-    ('the server time in the reply (0 sent in its place)',
-     [('local reply, admitted = {0, now, now}, 1', 'local reply, admitted = {0, 0, now}, 1')]),
-    # Not contracts: the shape of the script, against tower's.
-    ('the cost argument (a cost of 1, not parsed)',
-     [('local cost = ARGV[1] + 0', 'local cost = 1')]),
-    ('the loops over 1 to n limits (one limit, no loop)',
-     [('for i = 1, n do', 'do local i = 1'), ('for i = 1, n do', 'do local i = 1')]),
-    ('PXAT (PX from now, as tower)',
-     [("'PXAT', math.ceil(t / 1000))", "'PX', math.ceil((t - now) / 1000))")]),
-    # The expiry stays right: PXAT takes the epoch back (where PX has not
-    # replaced it already).
-    ('absolute times (microseconds since 2025-09-01, 14 digits, as tower)',
-     [('local now = time[1] * 1000000 + time[2]',
-       'local now = (time[1] - 1756684800) * 1000000 + time[2]'),
-      ("'PXAT', math.ceil(t / 1000))", "'PXAT', math.ceil(t / 1000) + 1756684800000)", 'optional')]),
-]
+# What each contract of the target rows costs (and, for the GCRA check,
+# each difference of shape from tower-rate-limit-redis's script), measured
+# by removing it from the composed script: an edit is (script index, old
+# text, new text[, 'optional']). The rows are not correct limiters: each
+# drops something. `--ablate NAME` runs one table, `--ablate` all of them.
+ABLATIONS = {
+    'gcra': [
+        ('strict parsing of the stored TAT (a plain tonumber instead)',
+         [(0, "local v = #stored <= 16 and (stored == '0' or string.find(stored, '^[1-9]%d*$')) and stored + 0",
+           'local v = tonumber(stored)')]),
+        ('checks of the interval, burst and cost arguments',
+         [(0, 'if step % 1 ~= 0 or b % 1 ~= 0 or step < 1 or b < 1\n'
+              '    or b * step > MAX_FILL or cost > b then', 'if false then'),
+          (0, 'if cost % 1 ~= 0 or cost < 1 or cost > 9007199254740991 then', 'if false then')]),
+        ('the server time in the reply (0 sent in its place)',
+         [(0, 'local reply, admitted = {0, now, now}, 1', 'local reply, admitted = {0, 0, now}, 1')]),
+        ('the tag (a bare TAT, as tower)',
+         [(0, "local tag = 'g' .. ARGV[2 * i] .. 'x' .. ARGV[2 * i + 1] .. ':'", "local tag = ''"),
+          (0, "'g' .. ARGV[2 * i] .. 'x' .. ARGV[2 * i + 1] .. ':' .. string.format('%d', t)",
+           "string.format('%d', t)")]),
+        # Not contracts: the shape of the script, against tower's.
+        ('the cost argument (a cost of 1, not parsed)',
+         [(0, 'local cost = ARGV[1] + 0', 'local cost = 1')]),
+        ('the loops over 1 to n limits (one limit, no loop)',
+         [(0, 'for i = 1, n do', 'do local i = 1'), (0, 'for i = 1, n do', 'do local i = 1')]),
+        ('PXAT (PX from now, as tower)',
+         [(0, "'PXAT', string.format('%d', math.ceil(t / 1000)))",
+           "'PX', string.format('%d', math.ceil((t - now) / 1000)))")]),
+    ],
+    'count': [
+        ('strict parsing of the stored count (a plain tonumber)',
+         [(0, "local count = #raw <= 16 and (raw == '0' or string.find(raw, '^[1-9]%d*$')) and raw + 0",
+           'local count = tonumber(raw)')]),
+        ('checks of the limit, window and n arguments',
+         [(0, 'if limit % 1 ~= 0 or limit < 1 or limit > MAX then', 'if false then'),
+          (0, 'if window % 1 ~= 0 or window < 1 or window > MAX then', 'if false then'),
+          (0, 'if n % 1 ~= 0 or n < 1 or n > MAX then', 'if false then'),
+          (0, 'if n > limit then', 'if false then')]),
+        ('the TTL in the reply, and the repair of a counter without one (PTTL)',
+         [(0, "local pttl = redis.call('PTTL', KEYS[1])", 'local pttl = 0')]),
+        ('the tag (a bare count written with INCRBY, as the reference)',
+         [(0, "local prefix = 'c' .. ARGV[1] .. 'x' .. ARGV[2] .. ':'", "local prefix = ''"),
+          (0, "redis.call('SET', KEYS[1], value, 'KEEPTTL')", "redis.call('INCRBY', KEYS[1], n)")]),
+    ],
+    'bucket': [
+        ('strict parsing of the stored numbers (digits, length, no leading zero)',
+         [(0, '    if not k or not a or k > MAX or a > MAX or (#ks > 1 and k < 10 ^ (#ks - 1))\n'
+              '      or (#as > 1 and a < 10 ^ (#as - 1)) then', '    if not k then'),
+          (0, "ks, as = string.match(stored, '^(%d+):(%d+)$', len + 1)",
+           "ks, as = string.match(stored, '^([^:]*):(.*)$', len + 1)")]),
+        ('checks of the interval, capacity and cost arguments',
+         [(0, 'if step % 1 ~= 0 or cap % 1 ~= 0 or step < 1 or cap < 1\n'
+              '    or cap * step > MAX_FILL then', 'if false then'),
+          (0, 'if cost > cap then', 'if false then'),
+          (0, 'if cost % 1 ~= 0 or cost < 1 or cost > MAX then', 'if false then')]),
+        ('the server time in the reply (0 sent in its place)',
+         [(0, 'local reply, admitted = {0, now, 0, 0}, 1', 'local reply, admitted = {0, 0, 0, 0}, 1')]),
+    ],
+    'window': [
+        ('strict parsing of the stored numbers (digits, length, no leading zero)',
+         [(0, '    if not s or s > MAX or c > MAX or p > MAX or (#ss > 1 and s < 10 ^ (#ss - 1))\n'
+              '      or (#cs > 1 and c < 10 ^ (#cs - 1)) or (#ps > 1 and p < 10 ^ (#ps - 1)) then',
+           '    if not s then'),
+          (0, "ss, cs, ps = string.match(stored, '^(%d+):(%d+):(%d+)$', len + 1)",
+           "ss, cs, ps = string.match(stored, '^([^:]*):([^:]*):(.*)$', len + 1)")]),
+        ('checks of the window, limit and cost arguments',
+         [(0, 'if w % 1 ~= 0 or l % 1 ~= 0 or w < 1 or l < 1 or l * w > MAX then', 'if false then'),
+          (0, 'if cost > l then', 'if false then'),
+          (0, 'if cost % 1 ~= 0 or cost < 1 or cost > MAX then', 'if false then')]),
+        ('the server time in the reply (0 sent in its place)',
+         [(0, 'local reply, admitted = {0, micros, 0, 0, 0}, 1',
+           'local reply, admitted = {0, 0, 0, 0, 0}, 1')]),
+    ],
+    'pair': [
+        ("the waiting flag's EXISTS in the release (the PUBLISH that wakes waiters)",
+         [(1, "if KEYS[2] and redis.call('EXISTS', KEYS[2]) == 1 then", 'if false then')]),
+        ('the strict check of the fence counter before the first write',
+         [(0, "local incrementable = not counter or type(counter) == 'string' and #counter <= 19\n"
+              "  and string.find(counter, '^[1-9]%d*$') ~= nil", 'local incrementable = true')]),
+        ('checks of the token, TTL and flag arguments',
+         [(0, "if token == nil or token == '' then", 'if false then'),
+          (0, 'if not ttl or ttl % 1 ~= 0 or ttl < 1 or ttl > 9007199254740991 then', 'if false then'),
+          (1, "if holder == nil or holder == '' then", 'if false then'),
+          (1, "if KEYS[2] and string.sub(KEYS[2], -8) ~= ':waiting' then", 'if false then')]),
+        ('the counter read before the lock is taken (GET; the fence computed from it)',
+         [(0, "local counter = redis.pcall('GET', KEYS[2])", 'local counter = nil')]),
+    ],
+}
 
 
-def ablations(lua):
-    base = compose(lua, 'rate/gcra/check')
-    admit, deny = ADMIT, DENY
+def ablation_rows(lua):
+    """Each table's row: its label, its composed sources, and the calls of
+    its admitting and denying paths (a pair has one path, its two calls)."""
+    pair = [(0, ['{f}:lock', '{f}:fence'], [TOKEN, 30000]),
+            (1, ['{f}:lock', '{f}:waiting'], [HELD])]
+    one = lambda argv: [(0, ['k'], argv)]
+    return {
+        'gcra': ('rate/gcra/check', ['rate/gcra/check'],
+                 [('admit', one(ADMIT)), ('deny', one(DENY))]),
+        'count': ('limits/try_increment', ['limits/try_increment'],
+                  [('admit', one(COUNT_ADMIT)), ('deny', one(COUNT_DENY))]),
+        'bucket': ('rate/token_bucket/check', ['rate/token_bucket/check'],
+                   [('admit', one(ADMIT)), ('deny', one(DENY))]),
+        'window': ('rate/sliding_window/check', ['rate/sliding_window/check'],
+                   [('admit', one(WINDOW_ADMIT)), ('deny', one(WINDOW_DENY))]),
+        'pair': ('fence/acquire + fence/release', ['fence/acquire', 'fence/release'],
+                 [('pair', pair)]),
+    }
+
+
+def ablations(lua, which):
+    """Rows of each chosen table: the script as shipped, one contract
+    removed at a time, then all of them; every row on keys of its own."""
     rows = []
-    every, contracts = base, None
-    for n, (label, edits) in enumerate(ABLATIONS):
-        src = base
-        for old, new, *optional in edits:
-            if old not in src:
-                sys.exit('--ablate: the GCRA check no longer contains %r; update ABLATIONS' % old)
-            src = src.replace(old, new, 1)
-            if old not in every and not optional:
-                sys.exit('--ablate: %r was already edited away; reorder ABLATIONS' % old)
-            every = every.replace(old, new, 1)
-        # Each row its own keys: stored times differ in format between rows.
-        rows += [one('GCRA check without %s, admit' % label, src, ['a%da' % n], admit),
-                 one('GCRA check without %s, deny' % label, src, ['a%dd' % n], deny)]
-        if n == 2:
-            contracts = every
-    rows += [one('GCRA check without the three contracts above, admit', contracts, ['ca'], admit),
-             one('GCRA check without the three contracts above, deny', contracts, ['cd'], deny),
-             one('GCRA check without all of the above, admit', every, ['ea'], admit),
-             one('GCRA check without all of the above, deny', every, ['ed'], deny)]
+    for name, (label, names, paths) in ablation_rows(lua).items():
+        if which not in ('all', name):
+            continue
+        sources = [compose(lua, n) for n in names]
+        every = list(sources)
+        variants = [('nothing (as shipped)', sources)]
+        for what, edits in ABLATIONS[name]:
+            srcs = list(sources)
+            for i, old, new, *optional in edits:
+                if old not in srcs[i]:
+                    sys.exit('--ablate %s: the script no longer contains %r; update ABLATIONS'
+                             % (name, old))
+                srcs[i] = srcs[i].replace(old, new, 1)
+                if old in every[i]:
+                    every[i] = every[i].replace(old, new, 1)
+                elif not optional:
+                    sys.exit('--ablate %s: %r was already edited away; reorder ABLATIONS'
+                             % (name, old))
+            variants.append((what, srcs))
+        variants.append(('all of the above', every))
+        for n, (what, srcs) in enumerate(variants):
+            for path, calls in paths:
+                # Keys of the row's own: stored forms differ between rows
+                # (a tagged state, a bare one); the pair's keep their slot.
+                own = lambda k: (k.replace('{f}', '{f%d}' % n) if '{' in k
+                                 else '%s:%s%d%s' % (name, k, n, path))
+                rows.append(('%s without %s, %s' % (label, what, path), srcs,
+                             [(i, [own(k) for k in keys], argv) for i, keys, argv in calls], []))
     return rows
 
 
@@ -298,16 +389,17 @@ def main():
     parser.add_argument('--calls', type=int, default=1000)
     parser.add_argument('--port', type=int, default=26411)
     parser.add_argument('--only', help='only the rows whose label contains this')
-    parser.add_argument('--ablate', action='store_true',
-                        help='only the GCRA check, with one contract removed at a time')
+    parser.add_argument('--ablate', nargs='?', const='all', choices=['all', *ABLATIONS],
+                        help='the target rows with one contract removed at a time '
+                             '(one table, or all)')
     args = parser.parse_args()
     server = os.environ.get('NOLOCK_REDIS_SERVER', 'redis-server')
     rows = cases(args.lua, args.tower)
     if args.only:
         rows = rows[:1] + [r for r in rows[1:] if args.only in r[0]]
     if args.ablate:
-        rows = rows[:1] + [r for r in rows if r[0].startswith(('rate/gcra/check, ', 'tower'))][:4] \
-            + ablations(args.lua)
+        rows = rows[:1] + [r for r in rows if r[0].startswith(('reference', 'tower'))] \
+            + ablations(args.lua, args.ablate)
     with tempfile.TemporaryDirectory() as dir:
         out = os.path.join(dir, 'callgrind.out')
         # Collected only inside processCommand: the command as dispatched,
