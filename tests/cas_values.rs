@@ -491,11 +491,7 @@ async fn setup() -> (
 ) {
     let server = RedisServer::start();
     let proxy = FaultProxy::start(server.port).await;
-    let through = redis::Client::open(proxy.url())
-        .unwrap()
-        .get_connection_manager()
-        .await
-        .expect("connect through the proxy");
+    let through = proxy.manager().await;
     let mut direct = server.conn().await;
     // Loaded, so that the first request through the proxy runs the script
     // rather than meeting NOSCRIPT (a lost NOSCRIPT would prove nothing).

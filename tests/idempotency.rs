@@ -48,16 +48,6 @@ fn policy() -> RetryPolicy {
     }
 }
 
-/// A reconnecting connection through the proxy: after a cut, the next
-/// request goes over a new socket.
-async fn manager(proxy: &FaultProxy) -> ConnectionManager {
-    redis::Client::open(proxy.url())
-        .unwrap()
-        .get_connection_manager()
-        .await
-        .expect("connect through the proxy")
-}
-
 /// A connection that dials again after its socket failed: one fresh
 /// `MultiplexedConnection` per cut. (redis-rs's `ConnectionManager` does the
 /// same, but through this proxy, whose cuts also hit its reconnect
@@ -133,7 +123,7 @@ async fn setup() -> (
 ) {
     let server = RedisServer::start();
     let proxy = FaultProxy::start(server.port).await;
-    let through = manager(&proxy).await;
+    let through = proxy.manager().await;
     let mut direct = server.conn().await;
     // Loaded, so that the first request through the proxy runs the script
     // rather than meeting NOSCRIPT (a lost NOSCRIPT would prove nothing).

@@ -478,11 +478,7 @@ async fn an_attempt_whose_reply_was_lost_is_won_by_the_next() {
     // Loaded, so that the first attempt runs the script (a lost NOSCRIPT
     // would prove nothing).
     nolock::Scripts::load(&mut direct).await.unwrap();
-    let through = redis::Client::open(proxy.url())
-        .unwrap()
-        .get_connection_manager()
-        .await
-        .unwrap();
+    let through = proxy.manager().await;
     let name = format!("{}role", prefix("leader"));
     let election = leader(&name, ttl);
     proxy.lose_replies(1);

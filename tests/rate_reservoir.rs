@@ -262,11 +262,7 @@ async fn a_lost_batch_reply_adds_nothing_locally() {
     let proxy = FaultProxy::start(server.port).await;
     let mut direct = server.conn().await;
     nolock::Scripts::load(&mut direct).await.unwrap();
-    let through = redis::Client::open(proxy.url())
-        .unwrap()
-        .get_connection_manager()
-        .await
-        .unwrap();
+    let through = proxy.manager().await;
     let limiter = Limiter::new(Algorithm::Gcra, Quota::per_hour(100).unwrap()).unwrap();
     let key = prefix("lost_batch");
     let r = Reservoir::new(through, limiter.clone(), &key, 40, Duration::from_secs(60)).unwrap();

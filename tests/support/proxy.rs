@@ -88,6 +88,16 @@ impl FaultProxy {
         format!("redis://127.0.0.1:{}/", self.port)
     }
 
+    /// A reconnecting connection through the proxy: after a cut, the next
+    /// request goes over a new socket.
+    pub async fn manager(&self) -> redis::aio::ConnectionManager {
+        redis::Client::open(self.url())
+            .unwrap()
+            .get_connection_manager()
+            .await
+            .expect("connect through the proxy")
+    }
+
     pub fn lose_replies(&self, connections: u64) {
         self.state.lose.fetch_add(connections, SeqCst);
     }
