@@ -99,3 +99,39 @@ fn the_subset_sum_check_finds_exactly_the_sums_of_subsets() {
         }
     }
 }
+
+/// The leaders' checkers refuse what they exist to catch: a term given to
+/// two campaigners, a campaigner's term going back, and a stale leader's
+/// write applied after a later term's.
+#[test]
+fn the_leader_checkers_refuse_two_holders_of_a_term_and_a_stale_write() {
+    use support::history::{check_fences, check_terms, Event, FenceOp, FenceReply, Outcome};
+
+    assert!(check_terms(&[(0, 1), (1, 2), (0, 3)]).is_ok());
+    assert!(check_terms(&[(0, 1), (1, 1)]).is_err(), "a term twice");
+    assert!(
+        check_terms(&[(0, 3), (1, 4), (0, 2)]).is_err(),
+        "a term back"
+    );
+
+    let write = |fence: u64, from: u64, to: u64| Event {
+        process: fence as usize,
+        op: FenceOp::Write {
+            fence,
+            value: format!("f{fence}"),
+        },
+        invoked: Duration::from_millis(from),
+        completed: Duration::from_millis(to),
+        invoked_us: from * 1000,
+        completed_us: to * 1000,
+        outcome: Outcome::Ok(FenceReply::Applied),
+    };
+    let in_order = [write(1, 0, 1), write(2, 2, 3)];
+    assert!(check_fences(&in_order, Some((2, "f2".into()))).is_ok());
+    let stale = [write(2, 0, 1), write(1, 2, 3)];
+    assert!(check_fences(&stale, Some((2, "f2".into()))).is_err());
+    assert!(
+        check_fences(&in_order, Some((1, "f1".into()))).is_err(),
+        "stored below applied"
+    );
+}

@@ -662,6 +662,33 @@ pub fn check_fences(
     ))
 }
 
+/// **Term invariant** (`fence::Leader`): no term is given to two
+/// campaigners, and each campaigner's terms strictly increase in the order
+/// it was elected to them. (That two leaders' writes never both apply out
+/// of order is [`check_fences`] over the leaders' writes.)
+pub fn check_terms(terms: &[(usize, u64)]) -> Result<String, String> {
+    let mut seen: BTreeMap<u64, usize> = BTreeMap::new();
+    let mut last: BTreeMap<usize, u64> = BTreeMap::new();
+    for &(process, term) in terms {
+        if let Some(other) = seen.insert(term, process) {
+            return Err(format!(
+                "term {term} given to processes {other} and {process}"
+            ));
+        }
+        if let Some(before) = last.insert(process, term) {
+            if term <= before {
+                return Err(format!(
+                    "process {process} was elected to term {term} after term {before}"
+                ));
+            }
+        }
+    }
+    Ok(format!(
+        "{} terms, each to one campaigner, increasing",
+        terms.len()
+    ))
+}
+
 // ---------------------------------------------------------------------------
 // Balances: cas::debit / cas::credit on one key.
 

@@ -58,6 +58,8 @@ const FENCE_TTL: Duration = Duration::from_millis(100);
 /// How long a grant waits for a replica's confirmation on the cluster
 /// (under the 1 s response timeout of the clients).
 const ACK_TIMEOUT: Duration = Duration::from_millis(300);
+/// Processes campaigning for the leader role (beside the clients).
+const CAMPAIGNERS: usize = 3;
 /// GCRA: 200 per second (one unit per 5 ms), burst 10.
 const RATE_PER_SECOND: u64 = 200;
 const RATE_BURST: u64 = 10;
@@ -76,6 +78,10 @@ struct Histories {
     rate: Recorder<RateOp, RateReply>,
     fences: Recorder<FenceOp, FenceReply>,
     balance: Recorder<BalanceOp, cas::Adjustment>,
+    /// The leaders' fenced writes (`fence::Leader` terms).
+    leaders: Recorder<FenceOp, FenceReply>,
+    /// Every term a campaigner was elected to: (process, term).
+    terms: Mutex<Vec<(usize, u64)>>,
 }
 
 struct Keys {
@@ -97,6 +103,9 @@ impl Keys {
     }
     fn balance(&self) -> String {
         format!("{{{}bal}}", self.prefix)
+    }
+    fn role(&self) -> String {
+        format!("{{{}role}}", self.prefix)
     }
     fn all_fixed(&self) -> Vec<String> {
         vec![self.rate(), self.lock(), self.balance(), self.counter(0)]
@@ -295,6 +304,8 @@ pub async fn run(config: Config) -> Report {
         rate: Recorder::new(),
         fences: Recorder::new(),
         balance: Recorder::new(),
+        leaders: Recorder::new(),
+        terms: Mutex::new(Vec::new()),
     });
     let before = nolock::stats();
     let start = Instant::now();
@@ -319,6 +330,40 @@ pub async fn run(config: Config) -> Report {
                 process, seed, &target, &keys, &histories, &limiter, &stop, start,
             )
             .await
+        }));
+    }
+    for n in 0..CAMPAIGNERS {
+        let (target, keys, histories, stop) = (
+            target.clone(),
+            keys.clone(),
+            histories.clone(),
+            stop.clone(),
+        );
+        let process = config.clients + n;
+        let seed = config.seed.wrapping_add(process as u64 + 1);
+        clients.push(tokio::spawn(async move {
+            match &*target {
+                Target::Single { proxy, .. } => {
+                    // A reconnecting connection: a campaign keeps its
+                    // connection across the proxy's cuts.
+                    let manager = redis::Client::open(proxy.url())
+                        .expect("url")
+                        .get_connection_manager_with_config(
+                            redis::aio::ConnectionManagerConfig::new()
+                                .set_connection_timeout(Some(Duration::from_millis(500)))
+                                .set_response_timeout(Some(Duration::from_secs(1))),
+                        )
+                        .await;
+                    if let Ok(conn) = manager {
+                        campaigner(process, seed, conn, &target, &keys, &histories, &stop).await
+                    }
+                }
+                Target::Cluster(cluster) => {
+                    if let Ok(conn) = cluster.client().get_async_connection().await {
+                        campaigner(process, seed, conn, &target, &keys, &histories, &stop).await
+                    }
+                }
+            }
         }));
     }
     let fault_task = {
@@ -372,12 +417,15 @@ pub async fn run(config: Config) -> Report {
     let rate_events = forgettable(h.rate.events(), &windows, |_| rate_slot, |_| false);
     let fence_events = forgettable(h.fences.events(), &windows, |_| lock_slot, acked_grants);
     let balance_events = forgettable(h.balance.events(), &windows, |_| balance_slot, |_| false);
+    let role_slot = slot(nolock::keys::derive(&keys.role(), "lock"));
+    let leader_events = forgettable(h.leaders.events(), &windows, |_| role_slot, |_| false);
     let forgotten = [
         unknown(&counter_events) - unknown(&h.counters.events()),
         unknown(&holder_events) - unknown(&h.holders.events()),
         unknown(&rate_events) - unknown(&h.rate.events()),
         unknown(&fence_events) - unknown(&h.fences.events()),
         unknown(&balance_events) - unknown(&h.balance.events()),
+        unknown(&leader_events) - unknown(&h.leaders.events()),
     ]
     .iter()
     .sum::<usize>();
@@ -434,6 +482,20 @@ pub async fn run(config: Config) -> Report {
     .map(|f| (f.fence, String::from_utf8_lossy(&f.value).into_owned()));
     verdicts.push(("fences", check_fences(&fence_events, stored)));
 
+    let stored = read_retrying(|| {
+        let key = keys.role();
+        let mut conn = conn.clone();
+        async move { fence::read(&mut conn, &key).await }
+    })
+    .await
+    .map(|f| (f.fence, String::from_utf8_lossy(&f.value).into_owned()));
+    let terms = h.terms.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    verdicts.push((
+        "leaders (fence::Leader)",
+        check_terms(&terms)
+            .and_then(|t| check_fences(&leader_events, stored).map(|w| format!("{t}; {w}"))),
+    ));
+
     let balance: i64 = read_retrying(|| {
         let key = keys.balance();
         let mut conn = conn.clone();
@@ -467,6 +529,7 @@ pub async fn run(config: Config) -> Report {
         FenceOp::Write { .. } => "fence::Fence::write",
         FenceOp::Release => "fence::Grant::release",
     }));
+    ops.merge(&tally(&h.leaders.events(), |_| "fence::Leader term write"));
     ops.merge(&tally(&h.balance.events(), |op| match op {
         BalanceOp::Debit(_) => "cas::debit",
         BalanceOp::Credit(_) => "cas::credit",
@@ -732,6 +795,76 @@ async fn client(
         }
         if conn.is_some() && rng.u32(0..10) == 0 {
             tokio::time::sleep(Duration::from_millis(rng.u64(0..3))).await;
+        }
+    }
+}
+
+/// One campaigner for the role: campaigns, and while elected writes with
+/// its term's fence (sometimes after a pause past the TTL, so that a later
+/// term overtakes it), then steps down or drops its campaign and starts
+/// again.
+async fn campaigner<C>(
+    process: usize,
+    seed: u64,
+    conn: C,
+    target: &Target,
+    keys: &Keys,
+    h: &Histories,
+    stop: &AtomicBool,
+) where
+    C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let Ok(leader) = target
+        .lock()
+        .and_then(|lock| fence::Leader::new(&keys.role(), lock))
+    else {
+        return;
+    };
+    while !stop.load(Relaxed) {
+        let Ok(campaign) = leader.campaign(conn.clone()) else {
+            return;
+        };
+        let until = Instant::now() + Duration::from_millis(rng.u64(200..1500));
+        let mut last = None;
+        while !stop.load(Relaxed) && Instant::now() < until {
+            let term = tokio::select! {
+                term = campaign.elected() => term,
+                _ = tokio::time::sleep(Duration::from_millis(50)) => continue,
+            };
+            let Some(term) = term else { break };
+            let f = term.number();
+            if last != Some(f) {
+                last = Some(f);
+                h.terms
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push((process, f));
+            }
+            if rng.u32(0..4) == 0 {
+                tokio::time::sleep(FENCE_TTL + Duration::from_millis(20)).await;
+            }
+            let value = format!("l{process}:f{f}");
+            let mut c = conn.clone();
+            let op = FenceOp::Write {
+                fence: f,
+                value: value.clone(),
+            };
+            let _ = h
+                .leaders
+                .record(process, op, async {
+                    term.fence().write(&mut c, &value).await.map(|w| match w {
+                        fence::Write::Applied => FenceReply::Applied,
+                        fence::Write::Stale { current_fence } => FenceReply::Stale(current_fence),
+                        fence::Write::NotGranted { .. } => FenceReply::NotGranted,
+                        other => unreachable!("fence::Write {other:?} unknown to the checker"),
+                    })
+                })
+                .await;
+            tokio::time::sleep(Duration::from_millis(rng.u64(0..20))).await;
+        }
+        if rng.bool() {
+            let _ = campaign.step_down().await;
         }
     }
 }
