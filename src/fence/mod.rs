@@ -234,6 +234,7 @@ mod leader;
 mod lease;
 mod lock;
 mod retry;
+mod slot;
 mod waiters;
 mod write;
 
@@ -245,6 +246,7 @@ pub use grant::{ExtendLock, Fence, Grant, LockExtension, ReleaseLock};
 pub use leader::{Campaign, Leader, Role, Term};
 pub use lease::Lease;
 pub use lock::{AcquireLock, Lock};
+pub use slot::{slot_counter, FenceSource};
 pub use waiters::Waiters;
 pub use write::{read, read_unbound, Fenced, ReadFenced, Write, WriteFenced};
 
