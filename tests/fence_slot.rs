@@ -193,7 +193,8 @@ async fn a_history_of_many_resources_keeps_every_resources_fences_increasing(d: 
     check_history(&history);
     // The value of each resource holds the greatest fence that applied.
     let mut conn = d.conn().await;
-    for (resource, fences) in applied.lock().unwrap().iter() {
+    let applied = applied.lock().unwrap().clone();
+    for (resource, fences) in &applied {
         let stored = fence::read(&mut conn, resource).await.unwrap().unwrap();
         assert_eq!(Some(&stored.fence), fences.iter().max(), "{resource}");
         assert_eq!(stored.value, stored.fence.to_string().into_bytes());
