@@ -24,6 +24,7 @@ both!(
         a_resource_locked_again_after_its_lock_expired_gets_a_greater_fence,
         a_resource_with_a_per_resource_counter_continues_above_it,
         bad_input_is_refused_before_anything_is_sent,
+        a_batch_and_a_waiter_take_slot_fences,
     ],
     exclusive: [
         slot_fences_survive_a_script_flush,
@@ -425,18 +426,43 @@ async fn bad_input_is_refused_before_anything_is_sent(d: &Deployment) {
 async fn slot_fences_survive_a_script_flush(d: &Deployment) {
     let mut conn = d.conn().await;
     let resource = format!("{}flush", prefix("slot-flush"));
+    let mut owner = d.owner(&derive(&resource, "lock")).await;
+    let cached = |name: &str| {
+        let sha = nolock::script::Scripts::get(name)
+            .unwrap()
+            .sha1()
+            .to_owned();
+        redis::cmd("SCRIPT").arg("EXISTS").arg(sha).to_owned()
+    };
     d.flush_scripts_everywhere().await;
+    let before: Vec<i64> = cached("fence/acquire_slot")
+        .query_async(&mut owner)
+        .await
+        .unwrap();
+    assert_eq!(before, [0], "the flush emptied the cache");
     let g = grant(
         slot_lock(MINUTE)
             .acquire(&mut conn, &resource)
             .await
             .unwrap(),
     );
+    // The call found the script missing and ran it all the same (the
+    // engine loads it again, or falls back to EVAL): it is cached again.
+    let after: Vec<i64> = cached("fence/acquire_slot")
+        .query_async(&mut owner)
+        .await
+        .unwrap();
+    assert_eq!(after, [1]);
     d.flush_scripts_everywhere().await;
     assert_eq!(
         g.fence().write(&mut conn, "v").await.unwrap(),
         Write::Applied
     );
+    let after: Vec<i64> = cached("fence/write_held")
+        .query_async(&mut owner)
+        .await
+        .unwrap();
+    assert_eq!(after, [1]);
     d.flush_scripts_everywhere().await;
     let fence = g.fence().clone();
     assert_eq!(
@@ -506,6 +532,77 @@ async fn foreign_data_in_the_slot_counter_is_refused_before_any_write(d: &Deploy
     );
     assert_eq!(
         g.release(&mut conn).await.unwrap(),
+        fence::LockRelease::Released
+    );
+}
+
+/// Operation values in a batch (resources in many slots, one round trip on
+/// a single server) and `Waiters` (woken by the release) take slot fences
+/// too, and those fences write.
+async fn a_batch_and_a_waiter_take_slot_fences(d: &Deployment) {
+    let mut conn = d.conn().await;
+    let base = prefix("slot-batch");
+    let lock = slot_lock(MINUTE);
+    let resources: Vec<String> = (0..20).map(|i| format!("{base}:{i}")).collect();
+    let mut batch = nolock::Batch::new();
+    for resource in &resources {
+        batch.push(fence::AcquireLock::new(&lock, resource).unwrap());
+    }
+    let mut grants = Vec::new();
+    for (resource, outcome) in resources.iter().zip(batch.run(&mut conn).await) {
+        let g = grant(outcome.unwrap());
+        assert_eq!(g.fence().resource(), resource);
+        assert_eq!(g.fence().source(), FenceSource::PerSlot);
+        assert_eq!(
+            g.fence().write(&mut conn, "b").await.unwrap(),
+            Write::Applied
+        );
+        grants.push(g);
+    }
+    for g in grants {
+        assert_eq!(
+            g.release(&mut conn).await.unwrap(),
+            fence::LockRelease::Released
+        );
+    }
+
+    let resource = format!("{base}:waited");
+    let port = match d {
+        Deployment::Single(server) => server.port,
+        Deployment::Cluster(cluster) => cluster.ports()[0],
+    };
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();
+    let waiters = fence::Waiters::new(&client).await.unwrap();
+    let holder = grant(lock.acquire(&mut conn, &resource).await.unwrap());
+    let held = holder.fence().number();
+    let mut other = d.conn().await;
+    let waiting = lock
+        .clone()
+        .with_wait(nolock::Backoff::new(Duration::from_secs(10)));
+    let resource2 = resource.clone();
+    let waiter = tokio::spawn(async move {
+        let started = Instant::now();
+        let outcome = waiters
+            .acquire(&mut other, &waiting, &resource2)
+            .await
+            .unwrap();
+        (grant(outcome), started.elapsed(), other)
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        holder.release(&mut conn).await.unwrap(),
+        fence::LockRelease::Released
+    );
+    let (next, waited, mut other) = waiter.await.unwrap();
+    assert!(waited < Duration::from_secs(5), "{waited:?}");
+    assert!(next.fence().number() > held);
+    assert_eq!(next.fence().source(), FenceSource::PerSlot);
+    assert_eq!(
+        next.fence().write(&mut other, "w").await.unwrap(),
+        Write::Applied
+    );
+    assert_eq!(
+        next.release(&mut other).await.unwrap(),
         fence::LockRelease::Released
     );
 }
