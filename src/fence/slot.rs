@@ -51,6 +51,10 @@ pub enum FenceSource {
 /// [`keys::derive`] has this form (there a `}` is followed by `:`, `#` or
 /// `~`), so it never meets a user's key.
 ///
+/// A Redis user restricted by ACL key patterns (see [`crate::acl`]) needs
+/// these keys too: grant `~{*}!nolock:fences` (in an ACL glob `{` and `}`
+/// are plain characters).
+///
 /// ```
 /// use nolock::fence::slot_counter;
 /// use nolock::keys::slot;
