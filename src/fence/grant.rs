@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionLike;
 
-use super::{deadline, Keys, LockExtend, LockRelease, Token, MAX_FENCE};
+use super::{deadline, FenceSource, Keys, LockExtend, LockRelease, Token, MAX_FENCE};
 use crate::script::{embedded, run_one, Invocation, Operation, Reply, Script};
 use crate::{validate, Error, Result};
 
@@ -75,6 +75,7 @@ pub struct Grant {
 pub struct Fence {
     resource: String,
     number: u64,
+    source: FenceSource,
 }
 
 impl Fence {
@@ -83,7 +84,29 @@ impl Fence {
         Fence {
             resource: resource.to_owned(),
             number,
+            source: FenceSource::PerResource,
         }
+    }
+
+    /// The same fence, as drawn from `source`: it decides what
+    /// [`Fence::write`] checks it against. A fence from a grant already
+    /// knows its source; set it on one rebuilt with [`Fence::from_message`]
+    /// from a lock with [`FenceSource::PerSlot`].
+    ///
+    /// ```
+    /// use nolock::fence::{Fence, FenceSource};
+    ///
+    /// let fence = Fence::from_message("order:7", 3)?.with_source(FenceSource::PerSlot);
+    /// assert_eq!(fence.source(), FenceSource::PerSlot);
+    /// # Ok::<(), nolock::Error>(())
+    /// ```
+    pub fn with_source(self, source: FenceSource) -> Fence {
+        Fence { source, ..self }
+    }
+
+    /// Where the fence was drawn from ([`super::Lock::with_fence_source`]).
+    pub fn source(&self) -> FenceSource {
+        self.source
     }
 
     /// **The escape hatch** for a fence that crossed a process boundary:

@@ -5,7 +5,9 @@ use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionLike;
 
-use super::{millis, retry, Fence, Grant, Keys, Lease, LockAttempt, Token};
+use super::{
+    millis, retry, slot_counter, Fence, FenceSource, Grant, Keys, Lease, LockAttempt, Token,
+};
 use crate::ack::Ack;
 use crate::script::{embedded, run_one, Invocation, Operation, Reply, Script};
 #[cfg(doc)]
@@ -13,6 +15,7 @@ use crate::Error;
 use crate::{Backoff, Result, Work};
 
 pub(super) static ACQUIRE: Script = embedded!("fence/acquire");
+static ACQUIRE_SLOT: Script = embedded!("fence/acquire_slot");
 
 /// "One holder at a time, with a fence": the TTL of the grants and how
 /// long an acquire waits. Build it once (it is cheap to clone) and call it
@@ -41,6 +44,7 @@ pub struct Lock {
     ttl: Duration,
     wait: Backoff,
     ack: Option<Ack>,
+    fences: FenceSource,
 }
 
 impl Lock {
@@ -67,6 +71,7 @@ impl Lock {
             ttl,
             wait: Backoff::none(),
             ack: None,
+            fences: FenceSource::PerResource,
         })
     }
 
@@ -223,6 +228,52 @@ impl Lock {
     /// How its acquires wait.
     pub fn wait(&self) -> &Backoff {
         &self.wait
+    }
+
+    /// The same lock, drawing its fences from `source`:
+    /// [`FenceSource::PerSlot`] for **fences in bounded memory** (one
+    /// counter per cluster slot, nothing per resource outliving its lock),
+    /// [`FenceSource::PerResource`] (the default) for one counter per
+    /// resource that never expires.
+    ///
+    /// Fences stay strictly increasing per resource in both modes, and
+    /// switching a resource from per-resource to per-slot fences never makes
+    /// its fence go back (the first slot grant is above its old counter).
+    /// **Switch every process of one keyspace together**: a per-resource
+    /// acquire does not see the slot counter, so a process still in the old
+    /// mode could hand out a fence below one a slot grant already gave.
+    /// The old counters (`keys::derive(resource, "fence")`) are only read
+    /// in slot mode; once no process of the old mode runs, they may be
+    /// deleted. A fence's writes follow its source
+    /// ([`Fence::write`] checks a slot fence against the lock, see
+    /// [`FenceSource::PerSlot`]).
+    ///
+    /// ```no_run
+    /// # async fn run(conn: &mut redis::aio::MultiplexedConnection) -> nolock::Result<()> {
+    /// use std::time::Duration;
+    /// use nolock::fence::{FenceSource, Lock, LockAttempt, Write};
+    ///
+    /// // One lock per order id, millions of ids: no key per id outlives its lock.
+    /// let orders = Lock::new(Duration::from_secs(30))?.with_fence_source(FenceSource::PerSlot);
+    /// if let LockAttempt::Acquired(grant) = orders.acquire(conn, "order:81723").await? {
+    ///     match grant.fence().write(conn, "shipped").await? {
+    ///         Write::Applied => {}
+    ///         _ => return Ok(()), // the lease ended or a newer grant exists: stop
+    ///     }
+    ///     grant.release(conn).await?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn with_fence_source(self, source: FenceSource) -> Lock {
+        Lock {
+            fences: source,
+            ..self
+        }
+    }
+
+    /// Where its grants' fences come from ([`Lock::with_fence_source`]).
+    pub fn fence_source(&self) -> FenceSource {
+        self.fences
     }
 
     /// Take the lock on `resource` if it is free, with a fresh random owner
@@ -415,6 +466,7 @@ pub struct AcquireLock {
     token: Token,
     ttl: Duration,
     built: Instant,
+    fences: FenceSource,
 }
 
 impl AcquireLock {
@@ -467,15 +519,20 @@ impl AcquireLock {
     ) -> Result<Self> {
         let keys = Keys::of(resource)?;
         let ttl_ms = millis(lock.ttl)?;
-        let call = match sleep_ms {
-            None => Invocation::new(&ACQUIRE, &[&keys.lock, &keys.fence])
-                .arg(token.as_str())
-                .arg(ttl_ms),
-            Some(ms) => Invocation::new(&ACQUIRE, &[&keys.lock, &keys.fence, &keys.waiting])
-                .arg(token.as_str())
-                .arg(ttl_ms)
-                .arg(ms),
+        let slot = slot_counter(crate::keys::slot(&keys.lock));
+        let (script, mut names): (_, Vec<&str>) = match lock.fences {
+            FenceSource::PerResource => (&ACQUIRE, vec![&keys.lock, &keys.fence]),
+            FenceSource::PerSlot => (&ACQUIRE_SLOT, vec![&keys.lock, slot, &keys.fence]),
         };
+        if sleep_ms.is_some() {
+            names.push(&keys.waiting);
+        }
+        let mut call = Invocation::new(script, &names)
+            .arg(token.as_str())
+            .arg(ttl_ms);
+        if let Some(ms) = sleep_ms {
+            call = call.arg(ms);
+        }
         Ok(AcquireLock {
             call,
             keys,
@@ -483,6 +540,7 @@ impl AcquireLock {
             token: token.clone(),
             ttl: lock.ttl,
             built: Instant::now(),
+            fences: lock.fences,
         })
     }
 
@@ -512,14 +570,18 @@ impl Operation for AcquireLock {
     }
 
     fn decode(&self, value: redis::Value) -> Result<LockAttempt> {
-        let mut reply = Reply::new(ACQUIRE.name(), value)?;
+        let script = match self.fences {
+            FenceSource::PerResource => &ACQUIRE,
+            FenceSource::PerSlot => &ACQUIRE_SLOT,
+        };
+        let mut reply = Reply::new(script.name(), value)?;
         let outcome = if reply.flag()? {
             let number = reply.uint()?;
             LockAttempt::Acquired(Grant::granted(
                 self.keys.clone(),
                 self.token.clone(),
                 self.ttl,
-                Fence::granted(&self.resource, number),
+                Fence::granted(&self.resource, number).with_source(self.fences),
                 self.built,
             ))
         } else {
@@ -581,6 +643,40 @@ mod tests {
                 "502"
             ]
         );
+    }
+
+    #[test]
+    fn a_slot_fenced_acquire_names_the_slot_counter_and_the_old_counter() {
+        let token = Token("t0k".into());
+        let slot_lock = lock(1500).with_fence_source(FenceSource::PerSlot);
+        let counter = slot_counter(crate::keys::slot("{r}:lock"));
+        let op = AcquireLock::with_token(&slot_lock, "r", &token).unwrap();
+        assert_eq!(
+            words(op.invocation().command()),
+            [
+                "EVALSHA",
+                ACQUIRE_SLOT.sha1(),
+                "3",
+                "{r}:lock",
+                counter,
+                "{r}:fence",
+                "t0k",
+                "1500"
+            ]
+        );
+        let op = AcquireLock::build_waiting(&slot_lock, "r", &token, Some(502)).unwrap();
+        assert_eq!(
+            words(op.invocation().command())[2..7],
+            ["4", "{r}:lock", counter, "{r}:fence", "{r}:waiting"]
+        );
+        let value = Array(vec![Int(1), BulkString(b"12".to_vec())]);
+        match op.decode(value).unwrap() {
+            LockAttempt::Acquired(grant) => {
+                assert_eq!(grant.fence().source(), FenceSource::PerSlot);
+                assert_eq!(grant.fence().number(), 12);
+            }
+            held => panic!("{held:?}"),
+        }
     }
 
     #[test]

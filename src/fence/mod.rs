@@ -49,6 +49,7 @@
 //! | [`Grant::release`] | `lua/fence/release.lua` | delete the lock, only if the grant still holds it |
 //! | [`Lock::lease`], [`Lock::with_lease`] | extend + release | renew every `ttl / 3` in a background task, signal loss; [`Work`] says what became of the hold |
 //! | [`Fence::write`] | `lua/fence/write.lua` | fenced write of the resource's value, checked against its fence counter: `Applied`, `Stale` or `NotGranted` |
+//! | [`Lock::with_fence_source`]`(`[`FenceSource::PerSlot`]`)` | `lua/fence/acquire_slot.lua`, `lua/fence/write_held.lua` | **fences in bounded memory**: one counter per cluster slot ([`slot_counter`]), none per resource; a slot fence writes while its lock holds it |
 //! | [`read`] | `lua/fence/read.lua` | read the resource's value and the fence that wrote it |
 //! | [`Fence::write_unbound`], [`read_unbound`] | same | the weaker form for a value at any key: checked against the stored fence only |
 //! | [`advance`] | `lua/fence/advance.lua` | raise the fence counter above a floor after it went back, unless a lock is held (safe in a fleet) |
@@ -234,6 +235,7 @@ mod leader;
 mod lease;
 mod lock;
 mod retry;
+mod slot;
 mod waiters;
 mod write;
 
@@ -245,6 +247,7 @@ pub use grant::{ExtendLock, Fence, Grant, LockExtension, ReleaseLock};
 pub use leader::{Campaign, Leader, Role, Term};
 pub use lease::Lease;
 pub use lock::{AcquireLock, Lock};
+pub use slot::{slot_counter, FenceSource};
 pub use waiters::Waiters;
 pub use write::{read, read_unbound, Fenced, ReadFenced, Write, WriteFenced};
 

@@ -4,13 +4,14 @@
 
 use redis::aio::ConnectionLike;
 
-use super::{Fence, Keys};
+use super::{Fence, FenceSource, Keys};
 use crate::script::{embedded, run_one, Invocation, Operation, Reply, Script};
 #[cfg(doc)]
 use crate::Error;
 use crate::{validate, Result};
 
 static WRITE: Script = embedded!("fence/write");
+static WRITE_HELD: Script = embedded!("fence/write_held");
 static READ: Script = embedded!("fence/read");
 
 /// The outcome of [`Fence::write`] and [`Fence::write_unbound`].
@@ -38,9 +39,15 @@ pub enum Write {
     /// lagging replica; see [`super::durability`]). Nothing was stored; the
     /// writer must stop. Only [`Fence::write`] returns this.
     NotGranted {
-        /// The resource's fence counter (0 when it does not exist).
+        /// The resource's fence counter (0 when it does not exist); for a
+        /// [`FenceSource::PerSlot`] fence, the fence its lock holds.
         counter: u64,
     },
+    /// Only for a [`FenceSource::PerSlot`] fence: the resource's lock no
+    /// longer holds it (the lease expired or was released, and no newer
+    /// grant holds the lock either; or the lock holds a value nolock did not
+    /// write). Nothing was stored; the lease is over: stop.
+    Ended,
 }
 
 impl Write {
@@ -82,6 +89,13 @@ impl Fence {
     /// with it. One round trip. For a value that must live elsewhere
     /// (another slot, a key you name), [`Fence::write_unbound`] is the
     /// weaker form.
+    ///
+    /// A fence drawn per slot ([`FenceSource::PerSlot`]) is compared with
+    /// the fence the resource's **lock** holds instead (a shared counter
+    /// says nothing of one resource): equal, [`Write::Applied`]; the lock
+    /// holds a greater one, [`Write::Stale`]; a smaller one,
+    /// [`Write::NotGranted`]; the lock is free, [`Write::Ended`]. Such a
+    /// grant writes only while its lease lives.
     ///
     /// # Errors
     ///
@@ -169,6 +183,7 @@ impl Fence {
 #[derive(Debug, Clone)]
 pub struct WriteFenced {
     call: Invocation,
+    script: &'static Script,
 }
 
 impl WriteFenced {
@@ -180,11 +195,18 @@ impl WriteFenced {
     pub fn new(fence: &Fence, value: impl AsRef<[u8]>) -> Result<Self> {
         let keys = Keys::of(fence.resource())?;
         let value = validate::value("value", value.as_ref())?;
+        // A slot fence says nothing against the shared counter: it is
+        // checked against the fence the lock holds (lua/fence/write_held.lua).
+        let (script, check) = match fence.source() {
+            FenceSource::PerResource => (&WRITE, &keys.fence),
+            FenceSource::PerSlot => (&WRITE_HELD, &keys.lock),
+        };
         // Sent as decimal digits; the script compares them as digits, exactly.
         Ok(WriteFenced {
-            call: Invocation::new(&WRITE, &[&keys.value, &keys.fence])
+            call: Invocation::new(script, &[&keys.value, check])
                 .arg(fence.number().to_string())
                 .arg(value),
+            script,
         })
     }
 
@@ -200,6 +222,7 @@ impl WriteFenced {
             call: Invocation::new(&WRITE, &[key])
                 .arg(fence.number().to_string())
                 .arg(value),
+            script: &WRITE,
         })
     }
 }
@@ -212,13 +235,15 @@ impl Operation for WriteFenced {
     }
 
     fn decode(&self, reply: redis::Value) -> Result<Write> {
-        decode_write(reply)
+        decode_write(self.script, reply)
     }
 }
 
-fn decode_write(value: redis::Value) -> Result<Write> {
-    let mut reply = Reply::new(WRITE.name(), value)?;
-    let status = reply.code(3)?;
+fn decode_write(script: &'static Script, value: redis::Value) -> Result<Write> {
+    // fence/write answers statuses 0..3, fence/write_held also 3 (ended).
+    let held = std::ptr::eq(script, &WRITE_HELD);
+    let mut reply = Reply::new(script.name(), value)?;
+    let status = reply.code(if held { 4 } else { 3 })?;
     let fence = reply.uint()?;
     reply.finish()?;
     Ok(match status {
@@ -226,7 +251,8 @@ fn decode_write(value: redis::Value) -> Result<Write> {
         0 => Write::Stale {
             current_fence: fence,
         },
-        _ => Write::NotGranted { counter: fence },
+        2 => Write::NotGranted { counter: fence },
+        _ => Write::Ended,
     })
 }
 
@@ -385,23 +411,52 @@ mod tests {
     #[test]
     fn replies_decode_to_applied_stale_or_not_granted() {
         let applied = Array(vec![Int(1), BulkString(b"7".to_vec())]);
-        assert_eq!(decode_write(applied).unwrap(), Write::Applied);
+        assert_eq!(decode_write(&WRITE, applied).unwrap(), Write::Applied);
         let stale = Array(vec![Int(0), BulkString(b"9007199254740993".to_vec())]);
         assert_eq!(
-            decode_write(stale).unwrap(),
+            decode_write(&WRITE, stale).unwrap(),
             Write::Stale {
                 current_fence: 9_007_199_254_740_993
             }
         );
         let ahead = Array(vec![Int(2), BulkString(b"0".to_vec())]);
         assert_eq!(
-            decode_write(ahead).unwrap(),
+            decode_write(&WRITE, ahead).unwrap(),
             Write::NotGranted { counter: 0 }
         );
         let odd = Array(vec![Int(3), BulkString(b"0".to_vec())]);
         assert!(matches!(
-            decode_write(odd),
+            decode_write(&WRITE, odd.clone()),
             Err(crate::Error::UnexpectedReply { .. })
         ));
+        assert_eq!(decode_write(&WRITE_HELD, odd).unwrap(), Write::Ended);
+        let beyond = Array(vec![Int(4), BulkString(b"0".to_vec())]);
+        assert!(decode_write(&WRITE_HELD, beyond).is_err());
+    }
+
+    #[test]
+    fn a_slot_fence_is_checked_against_the_lock() {
+        let slot = fence(5).with_source(FenceSource::PerSlot);
+        assert_eq!(
+            words(WriteFenced::new(&slot, "v").unwrap().invocation().command()),
+            [
+                "EVALSHA",
+                WRITE_HELD.sha1(),
+                "2",
+                "{acct}:value",
+                "{acct}:lock",
+                "5",
+                "v"
+            ]
+        );
+        assert_eq!(
+            words(
+                WriteFenced::new(&fence(5), "v")
+                    .unwrap()
+                    .invocation()
+                    .command()
+            )[4],
+            "{acct}:fence"
+        );
     }
 }
