@@ -558,6 +558,8 @@ pub enum FenceReply {
     Stale(u64),
     /// The write's fence was never granted (refused, nothing written).
     NotGranted,
+    /// A slot fence's lease had ended (nothing written).
+    Ended,
     Released,
 }
 

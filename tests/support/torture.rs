@@ -77,6 +77,9 @@ struct Histories {
     holders: Recorder<Permit, bool>,
     rate: Recorder<RateOp, RateReply>,
     fences: Recorder<FenceOp, FenceReply>,
+    /// The same operations on a lock whose fences come from its slot's
+    /// counter (`FenceSource::PerSlot`).
+    slot_fences: Recorder<FenceOp, FenceReply>,
     balance: Recorder<BalanceOp, cas::Adjustment>,
     /// The leaders' fenced writes (`fence::Leader` terms).
     leaders: Recorder<FenceOp, FenceReply>,
@@ -100,6 +103,9 @@ impl Keys {
     }
     fn lock(&self) -> String {
         format!("{{{}lock}}", self.prefix)
+    }
+    fn slot_lock(&self) -> String {
+        format!("{{{}slotlock}}", self.prefix)
     }
     fn balance(&self) -> String {
         format!("{{{}bal}}", self.prefix)
@@ -303,6 +309,7 @@ pub async fn run(config: Config) -> Report {
         holders: Recorder::new(),
         rate: Recorder::new(),
         fences: Recorder::new(),
+        slot_fences: Recorder::new(),
         balance: Recorder::new(),
         leaders: Recorder::new(),
         terms: Mutex::new(Vec::new()),
@@ -399,6 +406,7 @@ pub async fn run(config: Config) -> Report {
     let slot = |key: String| nolock::keys::slot(&key);
     let (rate_slot, balance_slot) = (slot(keys.rate()), slot(keys.balance()));
     let lock_slot = slot(nolock::keys::derive(&keys.lock(), "lock"));
+    let slot_lock_slot = slot(nolock::keys::derive(&keys.slot_lock(), "lock"));
 
     let counter_events = forgettable(
         h.counters.events(),
@@ -416,6 +424,12 @@ pub async fn run(config: Config) -> Report {
     );
     let rate_events = forgettable(h.rate.events(), &windows, |_| rate_slot, |_| false);
     let fence_events = forgettable(h.fences.events(), &windows, |_| lock_slot, acked_grants);
+    let slot_fence_events = forgettable(
+        h.slot_fences.events(),
+        &windows,
+        |_| slot_lock_slot,
+        acked_grants,
+    );
     let balance_events = forgettable(h.balance.events(), &windows, |_| balance_slot, |_| false);
     let role_slot = slot(nolock::keys::derive(&keys.role(), "lock"));
     let leader_events = forgettable(h.leaders.events(), &windows, |_| role_slot, |_| false);
@@ -424,6 +438,7 @@ pub async fn run(config: Config) -> Report {
         unknown(&holder_events) - unknown(&h.holders.events()),
         unknown(&rate_events) - unknown(&h.rate.events()),
         unknown(&fence_events) - unknown(&h.fences.events()),
+        unknown(&slot_fence_events) - unknown(&h.slot_fences.events()),
         unknown(&balance_events) - unknown(&h.balance.events()),
         unknown(&leader_events) - unknown(&h.leaders.events()),
     ]
@@ -481,6 +496,17 @@ pub async fn run(config: Config) -> Report {
     .await
     .map(|f| (f.fence, String::from_utf8_lossy(&f.value).into_owned()));
     verdicts.push(("fences", check_fences(&fence_events, stored)));
+    let stored = read_retrying(|| {
+        let key = keys.slot_lock();
+        let mut conn = conn.clone();
+        async move { fence::read(&mut conn, &key).await }
+    })
+    .await
+    .map(|f| (f.fence, String::from_utf8_lossy(&f.value).into_owned()));
+    verdicts.push((
+        "slot fences (FenceSource::PerSlot)",
+        check_fences(&slot_fence_events, stored),
+    ));
 
     let stored = read_retrying(|| {
         let key = keys.role();
@@ -528,6 +554,11 @@ pub async fn run(config: Config) -> Report {
         FenceOp::Acquire => "fence::Lock::acquire",
         FenceOp::Write { .. } => "fence::Fence::write",
         FenceOp::Release => "fence::Grant::release",
+    }));
+    ops.merge(&tally(&h.slot_fences.events(), |op| match op {
+        FenceOp::Acquire => "fence::Lock::acquire (slot fences)",
+        FenceOp::Write { .. } => "fence::Fence::write (slot fences)",
+        FenceOp::Release => "fence::Grant::release (slot fences)",
     }));
     ops.merge(&tally(&h.leaders.events(), |_| "fence::Leader term write"));
     ops.merge(&tally(&h.balance.events(), |op| match op {
@@ -714,57 +745,23 @@ async fn client(
                     (o, _) => lost(&o),
                 }
             }
-            65..=79 => {
-                let lock = keys.lock();
-                let mut granted = None;
-                let o = h
-                    .fences
-                    .record(process, FenceOp::Acquire, async {
-                        let attempt = target.lock()?.acquire(c, &lock).await?;
-                        Ok(match attempt.acquired() {
-                            Some(g) => {
-                                let f = g.fence().number();
-                                granted = Some(g.fence().clone());
-                                FenceReply::Granted(f)
-                            }
-                            None => FenceReply::Held,
-                        })
-                    })
-                    .await;
-                let mut dead = lost(&o);
-                if let (Outcome::Ok(FenceReply::Granted(f)), Some(granted)) = (o, granted) {
-                    // Sometimes pause past the TTL, so a newer grant overtakes.
-                    if rng.u32(0..4) == 0 {
-                        tokio::time::sleep(FENCE_TTL + Duration::from_millis(20)).await;
-                    }
-                    let value = format!("p{process}:f{f}");
-                    let w = h
-                        .fences
-                        .record(
-                            process,
-                            FenceOp::Write {
-                                fence: f,
-                                value: value.clone(),
-                            },
-                            async {
-                                granted.write(c, &value).await.map(|w| match w {
-                                    fence::Write::Applied => FenceReply::Applied,
-                                    fence::Write::Stale { current_fence } => {
-                                        FenceReply::Stale(current_fence)
-                                    }
-                                    fence::Write::NotGranted { .. } => FenceReply::NotGranted,
-                                    // `Write` is non_exhaustive: a new outcome needs a
-                                    // place in the fence checker before torture runs it.
-                                    other => unreachable!(
-                                        "fence::Write {other:?} unknown to the checker"
-                                    ),
-                                })
-                            },
-                        )
-                        .await;
-                    dead = lost(&w);
-                }
-                dead
+            65..=72 => {
+                let lock = target.lock();
+                fenced(process, &mut rng, c, lock, &keys.lock(), &h.fences).await
+            }
+            73..=79 => {
+                let lock = target
+                    .lock()
+                    .map(|l| l.with_fence_source(fence::FenceSource::PerSlot));
+                fenced(
+                    process,
+                    &mut rng,
+                    c,
+                    lock,
+                    &keys.slot_lock(),
+                    &h.slot_fences,
+                )
+                .await
             }
             _ => {
                 let amount = rng.u64(1..=5);
@@ -796,6 +793,64 @@ async fn client(
         if conn.is_some() && rng.u32(0..10) == 0 {
             tokio::time::sleep(Duration::from_millis(rng.u64(0..3))).await;
         }
+    }
+}
+
+/// One acquire on `key` with `lock`, and when granted a fenced write
+/// (sometimes after a pause past the TTL, so that a newer grant overtakes
+/// it), recorded in `fences`. True when the connection was lost.
+async fn fenced(
+    process: usize,
+    rng: &mut fastrand::Rng,
+    c: &mut AnyConn,
+    lock: nolock::Result<fence::Lock>,
+    key: &str,
+    fences: &Recorder<FenceOp, FenceReply>,
+) -> bool {
+    let mut granted = None;
+    let o = fences
+        .record(process, FenceOp::Acquire, async {
+            let attempt = lock?.acquire(c, key).await?;
+            Ok(match attempt.acquired() {
+                Some(g) => {
+                    let f = g.fence().number();
+                    granted = Some(g.fence().clone());
+                    FenceReply::Granted(f)
+                }
+                None => FenceReply::Held,
+            })
+        })
+        .await;
+    let mut dead = lost(&o);
+    if let (Outcome::Ok(FenceReply::Granted(f)), Some(granted)) = (o, granted) {
+        if rng.u32(0..4) == 0 {
+            tokio::time::sleep(FENCE_TTL + Duration::from_millis(20)).await;
+        }
+        let value = format!("p{process}:f{f}");
+        let op = FenceOp::Write {
+            fence: f,
+            value: value.clone(),
+        };
+        let w = fences
+            .record(process, op, async {
+                granted.write(c, &value).await.map(fence_reply)
+            })
+            .await;
+        dead = lost(&w);
+    }
+    dead
+}
+
+/// A fenced write's answer as the fence checker reads it.
+fn fence_reply(w: fence::Write) -> FenceReply {
+    match w {
+        fence::Write::Applied => FenceReply::Applied,
+        fence::Write::Stale { current_fence } => FenceReply::Stale(current_fence),
+        fence::Write::NotGranted { .. } => FenceReply::NotGranted,
+        fence::Write::Ended => FenceReply::Ended,
+        // `Write` is non_exhaustive: a new outcome needs a place in the
+        // fence checker before torture runs it.
+        other => unreachable!("fence::Write {other:?} unknown to the checker"),
     }
 }
 
@@ -853,12 +908,7 @@ async fn campaigner<C>(
             let _ = h
                 .leaders
                 .record(process, op, async {
-                    term.fence().write(&mut c, &value).await.map(|w| match w {
-                        fence::Write::Applied => FenceReply::Applied,
-                        fence::Write::Stale { current_fence } => FenceReply::Stale(current_fence),
-                        fence::Write::NotGranted { .. } => FenceReply::NotGranted,
-                        other => unreachable!("fence::Write {other:?} unknown to the checker"),
-                    })
+                    term.fence().write(&mut c, &value).await.map(fence_reply)
                 })
                 .await;
             tokio::time::sleep(Duration::from_millis(rng.u64(0..20))).await;
