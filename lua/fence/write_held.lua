@@ -33,16 +33,11 @@
 -- {1, "9"}; write 8 "c" gives {0, "9"}; write 10 "d" gives {2, "9"}; after
 -- the lock expired, write 9 "e" gives {3, "0"}.
 
---@include lib/fail
 --@include lib/decimal
+--@include lib/fenced
 
-local fence = ARGV[1]
-if not dec_canonical(fence, U64_MAX) then
-  return fail('bad fence: ' .. tostring(fence))
-end
-if ARGV[2] == nil then
-  return fail('missing value')
-end
+local fence, refused = fenced_args()
+if not fence then return refused end
 
 local holder = redis.call('GET', KEYS[2])
 local held = holder and string.match(holder, '^([1-9]%d*):')
@@ -56,17 +51,4 @@ if dec_less(held, fence) then
   return {2, held}
 end
 
-local stored = redis.call('HGET', KEYS[1], 'fence')
-if stored then
-  if not dec_canonical(stored, U64_MAX) then
-    return fail(KEYS[1] .. ' holds a non-fence value')
-  end
-  if dec_less(fence, stored) then
-    return {0, stored}
-  end
-elseif redis.call('EXISTS', KEYS[1]) == 1 then
-  return fail(KEYS[1] .. ' has no fence field')
-end
-
-redis.call('HSET', KEYS[1], 'value', ARGV[2], 'fence', fence)
-return {1, fence}
+return fenced_store(KEYS[1], fence, ARGV[2])
