@@ -488,33 +488,15 @@ pub async fn run(config: Config) -> Report {
         ),
     ));
 
-    let stored = read_retrying(|| {
-        let key = keys.lock();
-        let mut conn = conn.clone();
-        async move { fence::read(&mut conn, &key).await }
-    })
-    .await
-    .map(|f| (f.fence, String::from_utf8_lossy(&f.value).into_owned()));
+    let stored = stored_fence(&conn, keys.lock()).await;
     verdicts.push(("fences", check_fences(&fence_events, stored)));
-    let stored = read_retrying(|| {
-        let key = keys.slot_lock();
-        let mut conn = conn.clone();
-        async move { fence::read(&mut conn, &key).await }
-    })
-    .await
-    .map(|f| (f.fence, String::from_utf8_lossy(&f.value).into_owned()));
+    let stored = stored_fence(&conn, keys.slot_lock()).await;
     verdicts.push((
         "slot fences (FenceSource::PerSlot)",
         check_fences(&slot_fence_events, stored),
     ));
 
-    let stored = read_retrying(|| {
-        let key = keys.role();
-        let mut conn = conn.clone();
-        async move { fence::read(&mut conn, &key).await }
-    })
-    .await
-    .map(|f| (f.fence, String::from_utf8_lossy(&f.value).into_owned()));
+    let stored = stored_fence(&conn, keys.role()).await;
     let terms = h.terms.lock().unwrap_or_else(|e| e.into_inner()).clone();
     verdicts.push((
         "leaders (fence::Leader)",
@@ -583,6 +565,16 @@ pub async fn run(config: Config) -> Report {
             after.never_sent - before.never_sent,
         ),
     }
+}
+
+/// The fenced value at `key` and its fence, read as [`read_retrying`].
+async fn stored_fence(conn: &AnyConn, key: String) -> Option<(u64, String)> {
+    read_retrying(|| {
+        let (key, mut conn) = (key.clone(), conn.clone());
+        async move { fence::read(&mut conn, &key).await }
+    })
+    .await
+    .map(|f| (f.fence, String::from_utf8_lossy(&f.value).into_owned()))
 }
 
 /// Read the final state, waiting out a server still loading or a cluster
