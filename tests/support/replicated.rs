@@ -34,7 +34,17 @@ pub async fn pair_with(args: &[&str]) -> Pair {
     let mut replica_args = vec!["--replicaof", "127.0.0.1", &port];
     replica_args.extend_from_slice(args);
     let replica = RedisServer::start_with(&replica_args);
-    let mut p = primary.conn().await;
+    // Acknowledged calls wait up to their timeout (5 s in the suites) in
+    // one round trip: the connection's response timeout must be longer
+    // (`Lock::acknowledged`); redis-rs's default is 500 ms, which a loaded
+    // machine's first confirmation can outlast.
+    let config = redis::AsyncConnectionConfig::new()
+        .set_response_timeout(Some(Duration::from_secs(30)));
+    let mut p = primary
+        .client()
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+        .expect("connect to the primary");
     // The first sync: WAIT 1 answers 1 once the replica is attached.
     let start = Instant::now();
     loop {
