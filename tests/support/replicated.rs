@@ -38,8 +38,8 @@ pub async fn pair_with(args: &[&str]) -> Pair {
     // one round trip: the connection's response timeout must be longer
     // (`Lock::acknowledged`); redis-rs's default is 500 ms, which a loaded
     // machine's first confirmation can outlast.
-    let config = redis::AsyncConnectionConfig::new()
-        .set_response_timeout(Some(Duration::from_secs(30)));
+    let config =
+        redis::AsyncConnectionConfig::new().set_response_timeout(Some(Duration::from_secs(30)));
     let mut p = primary
         .client()
         .get_multiplexed_async_connection_with_config(&config)
