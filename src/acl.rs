@@ -13,7 +13,10 @@
 //! (`app:job` gives `{app:job}:lock`; see [`crate::keys::derive`]).
 //! The [`Client`](crate::Client) handles keep every key under `{nolock:`,
 //! their stored configurations included (`{nolock:config}`, see
-//! [`crate::config`]): grant `~{nolock:*` for them.
+//! [`crate::config`]): grant `~{nolock:*` for them. Locks with slot fences
+//! ([`FenceSource::PerSlot`](crate::fence::FenceSource::PerSlot)) also
+//! write their slot's counter ([`crate::fence::slot_counter`]): grant
+//! `~{*}!nolock:fences`.
 //!
 //! ```text
 //! ACL SETUSER app-limits on >secret resetkeys ~app:* ~{app:* resetchannels -@all
