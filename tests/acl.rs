@@ -14,8 +14,19 @@ use support::RedisServer;
 
 /// A user with `commands` on `acl:*` and `{acl:*`; returns its connection.
 async fn user(server: &RedisServer, name: &str, commands: &str) -> MultiplexedConnection {
+    user_with_keys(server, name, "", commands).await
+}
+
+/// As [`user`], with the key patterns `keys` (ACL rules, `~...`) as well.
+async fn user_with_keys(
+    server: &RedisServer,
+    name: &str,
+    keys: &str,
+    commands: &str,
+) -> MultiplexedConnection {
     let mut admin = server.conn().await;
-    let rule = format!("on >pw-{name} resetkeys ~acl:* ~{{acl:* resetchannels -@all {commands}");
+    let rule =
+        format!("on >pw-{name} resetkeys ~acl:* ~{{acl:* {keys} resetchannels -@all {commands}");
     let _: () = redis::cmd("ACL")
         .arg("SETUSER")
         .arg(name)
@@ -299,5 +310,46 @@ async fn an_acknowledged_grant_without_the_wait_permission_is_refused_and_releas
             }
         ),
         "{err:?}"
+    );
+}
+
+/// Slot fences write their slot's counter, outside the application's key
+/// prefixes: without the pattern `acl`'s docs give, an acquire is a
+/// definite error with nothing held; with it, a grant, its fenced write and
+/// its release run.
+#[tokio::test]
+async fn slot_fences_need_the_documented_key_pattern_and_nothing_else() {
+    let server = RedisServer::start();
+    let lock = fence::Lock::new(Duration::from_secs(10))
+        .unwrap()
+        .with_fence_source(fence::FenceSource::PerSlot);
+    let resource = "acl:slot:job";
+    let mut admin = server.conn().await;
+
+    let mut without = user(&server, "noslot", nolock::acl::COMMANDS).await;
+    let err = lock.acquire(&mut without, resource).await.unwrap_err();
+    assert!(err.is_definite(), "{err}");
+    let held: Option<String> = redis::cmd("GET")
+        .arg(nolock::keys::derive(resource, "lock"))
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert_eq!(held, None, "nothing held after the refusal");
+
+    let mut with =
+        user_with_keys(&server, "slot", "~{*}!nolock:fences", nolock::acl::COMMANDS).await;
+    let grant = lock
+        .acquire(&mut with, resource)
+        .await
+        .unwrap()
+        .acquired()
+        .expect("a free lock");
+    assert_eq!(
+        grant.fence().write(&mut with, "v").await.unwrap(),
+        fence::Write::Applied
+    );
+    assert_eq!(
+        grant.release(&mut with).await.unwrap(),
+        fence::LockRelease::Released
     );
 }
