@@ -270,8 +270,10 @@ async fn busy_oom_and_pause_on_one_server_and_behind_a_proxy() {
 }
 
 /// `kill -9` and a restart from the AOF (`appendfsync always`) while 4
-/// clients increment a counter and take a fenced lock: every acknowledged
-/// increment survives, and fences keep rising across the restart.
+/// clients increment a counter and take two fenced locks, one drawing from
+/// its own counter and one from its slot's (`FenceSource::PerSlot`): every
+/// acknowledged increment survives, and both locks' fences keep rising
+/// across the restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_and_restart_keeps_counts_and_fences_rising() {
     let server = Arc::new(Mutex::new(RedisServer::start_with(&DURABLE)));
@@ -280,6 +282,10 @@ async fn kill_and_restart_keeps_counts_and_fences_rising() {
     let lock = format!("{}lock", prefix("faults"));
     let counters = Arc::new(Recorder::<Increment, limits::Admission>::new());
     let fences = Arc::new(Recorder::<FenceOp, FenceReply>::new());
+    // Another resource, fenced from the slot counter it shares with every
+    // resource of its slot.
+    let slot_lock = format!("{}slot_lock", prefix("faults"));
+    let slot_fences = Arc::new(Recorder::<FenceOp, FenceReply>::new());
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut tasks = Vec::new();
     for process in 0..4 {
@@ -291,6 +297,7 @@ async fn kill_and_restart_keeps_counts_and_fences_rising() {
             lock.clone(),
             url.clone(),
         );
+        let (slot_fences, slot_lock) = (slot_fences.clone(), slot_lock.clone());
         tasks.push(tokio::spawn(async move {
             let client = redis::Client::open(url).expect("url");
             let mut conn = None;
@@ -307,18 +314,17 @@ async fn kill_and_restart_keeps_counts_and_fences_rising() {
                         limits::try_increment(c, &key, LIMIT, LONG),
                     )
                     .await;
+                let short = fence::Lock::new(Duration::from_millis(20)).expect("ttl");
                 let f = fences
-                    .record(process, FenceOp::Acquire, async {
-                        fence::Lock::new(Duration::from_millis(20))?
-                            .acquire(c, &lock)
-                            .await
-                            .map(|a| match a.acquired() {
-                                Some(g) => FenceReply::Granted(g.fence().number()),
-                                None => FenceReply::Held,
-                            })
-                    })
+                    .record(process, FenceOp::Acquire, granted(&short, c, &lock))
                     .await;
-                if !matches!(o, Outcome::Ok(_)) || !matches!(f, Outcome::Ok(_)) {
+                let by_slot = short.with_fence_source(fence::FenceSource::PerSlot);
+                let s = slot_fences
+                    .record(process, FenceOp::Acquire, granted(&by_slot, c, &slot_lock))
+                    .await;
+                if [&f, &s].iter().any(|r| !matches!(r, Outcome::Ok(_)))
+                    || !matches!(o, Outcome::Ok(_))
+                {
                     conn = None; // reconnect after the restart
                 }
             }
@@ -354,6 +360,29 @@ async fn kill_and_restart_keeps_counts_and_fences_rising() {
     let stored = limits::peek(&mut conn, &key).await.expect("peek").count;
     let verdict = check_counter(&events, stored, LIMIT);
     assert!(verdict.is_ok(), "{verdict:?}");
-    let verdict = check_fences(&fences.events(), None);
-    assert!(verdict.is_ok(), "{verdict:?}");
+    for (name, recorded) in [("per resource", &fences), ("per slot", &slot_fences)] {
+        let events = recorded.events();
+        let after = events
+            .iter()
+            .filter(|e| e.completed > Duration::from_millis(300))
+            .filter(|e| matches!(e.outcome, Outcome::Ok(FenceReply::Granted(_))))
+            .count();
+        assert!(after > 0, "{name}: grants after the restart");
+        let verdict = check_fences(&events, None);
+        assert!(verdict.is_ok(), "{name}: {verdict:?}");
+    }
+}
+
+/// One acquire of `resource`, as the fence history records it.
+async fn granted(
+    lock: &fence::Lock,
+    conn: &mut redis::aio::MultiplexedConnection,
+    resource: &str,
+) -> nolock::Result<FenceReply> {
+    lock.acquire(conn, resource)
+        .await
+        .map(|a| match a.acquired() {
+            Some(g) => FenceReply::Granted(g.fence().number()),
+            None => FenceReply::Held,
+        })
 }

@@ -12,7 +12,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use nolock::fence::{Lock, LockAttempt, LockRelease};
+use nolock::fence::{self, FenceSource, Leader, Lock, LockAttempt, LockRelease, Write};
 use nolock::Error;
 use support::replicated::pair;
 use support::{prefix, raw};
@@ -182,4 +182,175 @@ async fn a_waiting_acknowledged_lock_tries_again_until_the_replica_confirms() {
     .await;
     assert_eq!(counter, grant.fence().number().to_string());
     assert!(grant.fence().number() > 1, "{}", grant.fence().number());
+}
+
+/// Slot fences (`FenceSource::PerSlot`) under the same forced failover: an
+/// acknowledged grant is on the promoted replica, and so is the slot's
+/// counter, so the next grant there (of this resource, and of another
+/// resource in the same slot) draws a greater fence than any handed out
+/// before the failover. A grant the replica did not confirm was never
+/// handed out.
+#[tokio::test]
+async fn acknowledged_slot_fences_survive_a_forced_failover() {
+    let mut pair = pair().await;
+    // One hash tag: both resources' locks share the slot, so one counter.
+    let tag = format!("{{{}slot}}", prefix("acked_slot_failover"));
+    let (job, other) = (format!("{tag}job"), format!("{tag}other"));
+    let acked = Lock::new(MINUTE)
+        .unwrap()
+        .with_fence_source(FenceSource::PerSlot)
+        .acknowledged(1, Duration::from_secs(5))
+        .unwrap();
+    let first = acked
+        .acquire(&mut pair.p, &other)
+        .await
+        .unwrap()
+        .acquired()
+        .expect("acknowledged");
+    let held = acked
+        .acquire(&mut pair.p, &job)
+        .await
+        .unwrap()
+        .acquired()
+        .expect("acknowledged");
+    assert!(held.fence().number() > first.fence().number());
+    let mut handed_out = vec![first.fence().number(), held.fence().number()];
+    assert_eq!(
+        first.release(&mut pair.p).await.unwrap(),
+        LockRelease::Released
+    );
+
+    // The stream is held back: a grant of the other resource is not
+    // confirmed in time, so it is refused and nobody holds its fence.
+    pair.link.hold();
+    let impatient = acked
+        .clone()
+        .acknowledged(1, Duration::from_millis(300))
+        .unwrap();
+    match impatient.acquire(&mut pair.p, &other).await {
+        Err(Error::Unacknowledged { .. }) => {}
+        Ok(attempt) => handed_out.extend(attempt.acquired().map(|g| g.fence().number())),
+        Err(other) => panic!("{other:?}"),
+    }
+    let mut r = pair.fail_over().await;
+    let plain = Lock::new(MINUTE)
+        .unwrap()
+        .with_fence_source(FenceSource::PerSlot);
+    match plain.acquire(&mut r, &job).await.unwrap() {
+        LockAttempt::Held { .. } => {}
+        other => panic!("a second holder after the failover: {other:?}"),
+    }
+    let next = plain
+        .acquire(&mut r, &other)
+        .await
+        .unwrap()
+        .acquired()
+        .expect("free on the promoted replica");
+    let highest = handed_out.iter().max().copied().unwrap_or(0);
+    assert!(
+        next.fence().number() > highest,
+        "the slot counter went back: {} after {handed_out:?} were handed out",
+        next.fence().number(),
+    );
+    assert_eq!(held.release(&mut r).await.unwrap(), LockRelease::Released);
+    let again = plain
+        .acquire(&mut r, &job)
+        .await
+        .unwrap()
+        .acquired()
+        .unwrap();
+    assert!(again.fence().number() > next.fence().number());
+}
+
+/// A leader elected with acknowledged terms, then its primary killed and
+/// the replica promoted (`Leader` on an acknowledged `Lock`): the old
+/// leader's term ends (its renewals fail) within about the TTL, the next
+/// term, won on the promoted replica, is greater, and the old term's fenced
+/// write there is refused while the value it wrote before the failover is
+/// kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acknowledged_leader_is_replaced_after_a_forced_failover() {
+    let ttl = Duration::from_secs(1);
+    let quick = nolock::Backoff {
+        timeout: Duration::ZERO,
+        initial_delay: Duration::from_millis(1),
+        max_delay: Duration::from_millis(20),
+    };
+    let mut pair = pair().await;
+    let name = format!("{}role", prefix("leader_failover"));
+    let acked = Lock::new(ttl)
+        .unwrap()
+        .acknowledged(1, Duration::from_millis(500))
+        .unwrap();
+    let election = Leader::new(&name, acked)
+        .unwrap()
+        .with_campaign(quick)
+        .unwrap();
+    let config =
+        redis::AsyncConnectionConfig::new().set_response_timeout(Some(Duration::from_secs(2)));
+    let to_primary = pair
+        .primary
+        .client()
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+        .unwrap();
+    let old = election.campaign(to_primary).unwrap();
+    let old_term = tokio::time::timeout(Duration::from_secs(5), old.elected())
+        .await
+        .expect("elected")
+        .expect("campaigning");
+    assert_eq!(
+        old_term.fence().write(&mut pair.p, "old").await.unwrap(),
+        Write::Applied
+    );
+    let synced: i64 = raw(&mut pair.p, &["WAIT", "1", "5000"]).await;
+    assert_eq!(synced, 1, "the replica has the old term's value");
+
+    pair.link.hold();
+    let cut = Instant::now();
+    let mut r = pair.fail_over().await;
+    tokio::time::timeout(3 * ttl, old_term.ended())
+        .await
+        .expect("the old term ends once no renewal is confirmed");
+    let noticed = cut.elapsed();
+
+    // The promoted replica has no replica of its own: the next campaigner
+    // runs unacknowledged there.
+    let after = Leader::new(&name, Lock::new(ttl).unwrap())
+        .unwrap()
+        .with_campaign(quick)
+        .unwrap();
+    let rival = after.campaign(pair.replica.conn().await).unwrap();
+    let new_term = tokio::time::timeout(5 * ttl, rival.elected())
+        .await
+        .expect("a new leader on the promoted replica")
+        .expect("campaigning");
+    assert!(
+        new_term.number() > old_term.number(),
+        "term {} after term {}",
+        new_term.number(),
+        old_term.number()
+    );
+    assert_eq!(
+        old_term.fence().write(&mut r, "old, late").await.unwrap(),
+        Write::Stale {
+            current_fence: new_term.number()
+        }
+    );
+    let stored = fence::read(&mut r, &name).await.unwrap().unwrap();
+    assert_eq!(
+        (stored.value.as_slice(), stored.fence),
+        (&b"old"[..], old_term.number())
+    );
+    assert_eq!(
+        new_term.fence().write(&mut r, "new").await.unwrap(),
+        Write::Applied
+    );
+    assert!(!old.role().is_leader(), "{:?}", old.role());
+    eprintln!("old term over {noticed:?} after the failover (TTL {ttl:?})");
+    drop(old);
+    assert_eq!(
+        rival.step_down().await.unwrap(),
+        Some(LockRelease::Released)
+    );
 }
