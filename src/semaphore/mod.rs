@@ -24,6 +24,8 @@
 //! | [`Semaphore::restore`] | none | rebuild a permit from its key, id and weight, with the semaphore's TTL |
 //! | [`Semaphore::lease`], [`Semaphore::with_permit`] | extend + release | renew every `ttl / 3` in a background task, signal loss |
 //! | [`Semaphore::peek`] | `lua/semaphore/peek.lua` | permits in use, holders, next expiry; writes nothing |
+//! | [`Semaphore::fenced`]: acquire, extend | `lua/semaphore/acquire_fenced.lua`, `lua/semaphore/extend_fenced.lua` | the same, for a permit with a seat and a fence ([`PermitFence`]) |
+//! | [`PermitFence::write`] | `lua/semaphore/write_fenced.lua` | store a value for the permit's seat, only while it holds the seat with its fence |
 //!
 //! Every call is also an operation value ([`AcquirePermit`],
 //! [`ReleasePermit`], [`ExtendPermit`], [`PeekSemaphore`]) for a
@@ -132,6 +134,7 @@ use crate::Backoff;
 use crate::{validate, Error, Result};
 
 mod acquire;
+mod fenced;
 mod handle;
 mod lease;
 mod peek;
@@ -139,6 +142,7 @@ mod release;
 mod retry;
 
 pub use acquire::AcquirePermit;
+pub use fenced::{PermitFence, WritePermit};
 pub use handle::Semaphore;
 pub use lease::PermitLease;
 pub use peek::{peek, PeekSemaphore};
@@ -236,6 +240,8 @@ pub(crate) struct Holding {
     pub(crate) id: PermitId,
     pub(crate) weight: u64,
     pub(crate) ttl: Duration,
+    /// A fenced permit's seat and fence ([`Semaphore::fenced`]).
+    pub(crate) seat: Option<fenced::Seat>,
 }
 
 /// One holder's permits: a receipt of [`Semaphore::acquire`], naming the
