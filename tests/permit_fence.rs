@@ -517,6 +517,30 @@ async fn a_paused_holder_is_refused_after_its_seat_was_granted_again(d: &Deploym
     assert_eq!(seat_of(&first), seat_of(&again));
     assert_eq!(first.fence(), again.fence());
     let _ = (first, again);
+    // The same id, expired and granted again: its seat again, a new fence;
+    // the old incarnation's fence is stale although its id lives again.
+    let id = PermitId::random().unwrap();
+    let brief = fenced(3, Duration::from_millis(30));
+    let key4 = format!("{key}:again");
+    let before = permit(brief.acquire_as(&mut conn, &key4, &id, 1).await.unwrap());
+    let before_fence = before.fence().unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let after = permit(
+        fenced(3, MINUTE)
+            .acquire_as(&mut conn, &key4, &id, 1)
+            .await
+            .unwrap(),
+    );
+    assert_eq!(seat_of(&after).0, before_fence.seat());
+    assert!(seat_of(&after).1 > before_fence.number());
+    assert_eq!(
+        before_fence.write(&mut conn, "old").await.unwrap(),
+        Write::Stale {
+            current_fence: seat_of(&after).1
+        }
+    );
+    assert_eq!(after.write(&mut conn, "new").await.unwrap(), Write::Applied);
+    let _ = (before, after);
     // Released: its writes end; the seat's next grant has a greater fence.
     let other_fence = other.fence().unwrap();
     assert_eq!(
