@@ -540,6 +540,10 @@ async fn a_paused_holder_is_refused_after_its_seat_was_granted_again(d: &Deploym
         }
     );
     assert_eq!(after.write(&mut conn, "new").await.unwrap(), Write::Applied);
+    // Its old incarnation cannot extend the new one's permit either.
+    let mut before = before;
+    assert_eq!(before.extend(&mut conn).await.unwrap(), PermitExtend::Lost);
+    assert_eq!(after.write(&mut conn, "new").await.unwrap(), Write::Applied);
     let _ = (before, after);
     // Released: its writes end; the seat's next grant has a greater fence.
     let other_fence = other.fence().unwrap();
