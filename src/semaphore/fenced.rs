@@ -292,6 +292,63 @@ mod tests {
     }
 
     #[test]
+    fn a_fenced_semaphore_sends_its_seats_and_slot_counter_and_decodes_the_seat() {
+        use super::super::{AcquirePermit, ExtendPermit, PermitAttempt, Semaphore};
+        let id = PermitId::parse("0123456789abcdef0123456789abcdef").unwrap();
+        let sem = Semaphore::new(3, std::time::Duration::from_secs(1))
+            .unwrap()
+            .fenced();
+        let op = AcquirePermit::with_id(&sem, "exports", &id, 1).unwrap();
+        let counter = crate::fence::slot_counter(crate::keys::slot("exports"));
+        assert_eq!(
+            words(op.invocation().command()),
+            [
+                "EVALSHA",
+                ACQUIRE_FENCED.sha1(),
+                "3",
+                "exports",
+                "{exports}:seats",
+                counter,
+                id.as_str(),
+                "3",
+                "1000"
+            ]
+        );
+        let reply = Array(vec![Int(1), Int(2), Int(3), BulkString(b"41".to_vec())]);
+        let PermitAttempt::Acquired(permit) = op.decode(reply).unwrap() else {
+            panic!("acquired");
+        };
+        let fence = permit.fence().unwrap();
+        assert_eq!(
+            (fence.seat(), fence.number(), fence.key()),
+            (3, 41, "exports")
+        );
+        assert!(op.decode(Array(vec![Int(1), Int(2)])).is_err(), "no seat");
+        assert_eq!(
+            words(ExtendPermit::new(&permit).invocation().command()),
+            [
+                "EVALSHA",
+                EXTEND_FENCED.sha1(),
+                "2",
+                "exports",
+                "{exports}:seats",
+                id.as_str(),
+                "3",
+                "41",
+                "1000"
+            ]
+        );
+        // A plain semaphore's acquire is unchanged, and its permits have no fence.
+        let plain = Semaphore::new(3, std::time::Duration::from_secs(1)).unwrap();
+        let op = AcquirePermit::with_id(&plain, "exports", &id, 1).unwrap();
+        let PermitAttempt::Acquired(permit) = op.decode(Array(vec![Int(1), Int(1)])).unwrap()
+        else {
+            panic!("acquired");
+        };
+        assert!(permit.fence().is_none());
+    }
+
+    #[test]
     fn a_write_carries_its_seat_fence_and_id() {
         let id = PermitId::parse("0123456789abcdef0123456789abcdef").unwrap();
         let fence = PermitFence {
