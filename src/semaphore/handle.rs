@@ -114,9 +114,11 @@ impl Semaphore {
     ///
     /// A permit the primary granted but no replica received is lost in a
     /// failover: the promoted replica does not know its holder, and lets one
-    /// more in than the semaphore allows (a semaphore has no fence to refuse
-    /// the extra holder's writes). With this, each acquire sends `WAIT
-    /// replicas timeout` in the same round trip as the script, and permits
+    /// more in than the semaphore allows (a plain semaphore has no fence to
+    /// refuse the extra holder's writes; a [`Semaphore::fenced`] one's seats
+    /// and slot counter can be set back by the failover too). With this,
+    /// each acquire sends `WAIT replicas timeout` in the same round trip as
+    /// the script, and permits
     /// are returned only when enough replicas have them. When they do not
     /// confirm in time the acquire answers [`Error::PermitUnacknowledged`]
     /// and releases them at once; a semaphore that waits
