@@ -4,6 +4,7 @@
 //! seat fences strictly increase, never more than `permits` seats held),
 //! a paused holder refused after its seat was granted again, the limit,
 //! bad input, foreign data in the keys, a script flush, many tasks racing,
+//! operation values in a batch,
 //! and a lease keeping a fenced permit.
 
 mod support;
@@ -16,6 +17,7 @@ use nolock::fence::{self, slot_counter, Write};
 use nolock::keys::{derive, slot};
 use nolock::semaphore::{
     AcquirePermit, Permit, PermitAttempt, PermitExtend, PermitId, PermitRelease, Semaphore,
+    WritePermit,
 };
 use nolock::{Backoff, Error};
 use support::deployment::{both, AnyConn, Deployment};
@@ -29,6 +31,7 @@ both!(
         bad_input_is_refused_before_anything_is_sent,
         many_tasks_racing_take_distinct_seats,
         a_lease_keeps_a_fenced_permit_and_its_seat,
+        a_batch_takes_and_writes_fenced_permits_on_many_keys,
     ],
     exclusive: [
         fenced_calls_survive_a_script_flush,
@@ -845,4 +848,35 @@ async fn foreign_data_in_its_keys_is_refused_before_any_write(d: &Deployment) {
     assert_eq!(before, dump(&mut owner).await);
     assert!(!d.exists(&value_key).await);
     let _: () = support::raw(&mut owner, &["DEL", &key, &seats]).await;
+}
+
+/// Operation values in a batch (many keys, many slots): fenced acquires
+/// take seat 1 of each key with distinct fences, and fenced writes apply.
+async fn a_batch_takes_and_writes_fenced_permits_on_many_keys(d: &Deployment) {
+    let mut conn = d.conn().await;
+    let base = prefix("permit-batch");
+    let sem = fenced(2, MINUTE);
+    let keys: Vec<String> = (0..20).map(|i| format!("{base}{i}")).collect();
+    let mut batch = nolock::Batch::new();
+    for key in &keys {
+        batch.push(AcquirePermit::new(&sem, key).unwrap());
+    }
+    let permits: Vec<Permit> = batch
+        .run(&mut conn)
+        .await
+        .into_iter()
+        .map(|outcome| permit(outcome.unwrap()))
+        .collect();
+    let mut writes = nolock::Batch::new();
+    for (key, p) in keys.iter().zip(&permits) {
+        let f = p.fence().unwrap();
+        assert_eq!((f.key(), f.seat()), (key.as_str(), 1));
+        writes.push(WritePermit::new(&f, "b").unwrap());
+    }
+    for out in writes.run(&mut conn).await {
+        assert_eq!(out.unwrap(), Write::Applied);
+    }
+    for p in permits {
+        assert_eq!(p.release(&mut conn).await.unwrap(), PermitRelease::Released);
+    }
 }
