@@ -96,6 +96,21 @@
 //! every member on every acquire would cost a read of the whole set per
 //! call, O(permits), for a key nolock alone should write.
 //!
+//! # Fenced permits
+//!
+//! A plain permit carries no fence: a holder paused past its expiry cannot
+//! be told apart from its successor by what it writes. A
+//! [`Semaphore::fenced`] semaphore gives each permit (weight 1) a **seat**
+//! 1..permits and a **fence** from its cluster slot's counter
+//! ([`crate::fence::slot_counter`]); per seat, fences strictly increase
+//! with every grant and never repeat. [`PermitFence::write`] stores a value
+//! for the seat only while the permit holds it with its fence, and a
+//! database keeps a row per seat written `WHERE seat = $s AND fence <= $f`.
+//! The seats live in `keys::derive(key, "seats")` beside the sorted set
+//! (which stays as above, so plain and fenced holders count together);
+//! why this is sound is in the source of `src/semaphore/fenced.rs` and the
+//! guide (`guide::fencing`, "Fenced permits").
+//!
 //! # Time
 //!
 //! Expiries are decided by the server's clock. A [`Permit::deadline`] is a
