@@ -4,8 +4,9 @@
 //! seat fences strictly increase, never more than `permits` seats held),
 //! a paused holder refused after its seat was granted again, the limit,
 //! bad input, foreign data in the keys, a script flush, many tasks racing,
-//! operation values in a batch,
-//! and a lease keeping a fenced permit.
+//! operation values in a batch, a lease keeping a fenced permit; and, on a
+//! single server behind the fault proxy, a partitioned holder's late write
+//! and a lost acquire reply asked again.
 
 mod support;
 
@@ -879,4 +880,82 @@ async fn a_batch_takes_and_writes_fenced_permits_on_many_keys(d: &Deployment) {
     for p in permits {
         assert_eq!(p.release(&mut conn).await.unwrap(), PermitRelease::Released);
     }
+}
+
+/// A connection through the fault proxy, with `timeout` for each reply.
+async fn through(
+    proxy: &support::proxy::FaultProxy,
+    timeout: Duration,
+) -> redis::aio::MultiplexedConnection {
+    let config = redis::AsyncConnectionConfig::new().set_response_timeout(Some(timeout));
+    redis::Client::open(proxy.url())
+        .unwrap()
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+        .expect("connect through the proxy")
+}
+
+/// A holder cut off by a partition (requests and replies held by the fault
+/// proxy) past its permit's expiry: its write, queued in the partition,
+/// reaches the server after the seat's next holder wrote and is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_holders_write_is_refused_once_the_partition_heals() {
+    let server = support::RedisServer::start();
+    let proxy = support::proxy::FaultProxy::start(server.port).await;
+    let mut cut_off = through(&proxy, Duration::from_secs(5)).await;
+    let mut conn = server.conn().await;
+    let key = format!("{}exporters", prefix("permit-partition"));
+    let old = permit(
+        fenced(2, Duration::from_millis(150))
+            .acquire(&mut cut_off, &key)
+            .await
+            .unwrap(),
+    );
+    let old_fence = old.fence().unwrap();
+    proxy.partition();
+    let queued = tokio::spawn(async move { old_fence.write(&mut cut_off, "old").await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let new = permit(fenced(2, MINUTE).acquire(&mut conn, &key).await.unwrap());
+    assert_eq!(seat_of(&new).0, seat_of(&old).0);
+    assert_eq!(new.write(&mut conn, "new").await.unwrap(), Write::Applied);
+    proxy.heal();
+    let late = queued.await.unwrap().unwrap();
+    assert_eq!(
+        late,
+        Write::Stale {
+            current_fence: seat_of(&new).1
+        }
+    );
+    let stored = fence::read_unbound(&mut conn, &new.fence().unwrap().value_key())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(stored.value, b"new".to_vec());
+}
+
+/// An acquire whose reply is lost (the fault proxy cuts the connection
+/// after the server ran it) is indeterminate; asked again under the same id
+/// it answers the same seat and fence, and only one fence was drawn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_acquire_reply_asked_again_answers_the_same_seat_and_fence() {
+    let server = support::RedisServer::start();
+    let proxy = support::proxy::FaultProxy::start(server.port).await;
+    let key = format!("{}exporters", prefix("permit-lost"));
+    let sem = fenced(2, MINUTE);
+    let id = PermitId::random().unwrap();
+    let mut conn = through(&proxy, Duration::from_secs(2)).await;
+    proxy.lose_replies(1);
+    let err = sem.acquire_as(&mut conn, &key, &id, 1).await.unwrap_err();
+    assert!(matches!(err, Error::Indeterminate(_)), "{err:?}");
+    let mut conn = through(&proxy, Duration::from_secs(2)).await;
+    let p = permit(sem.acquire_as(&mut conn, &key, &id, 1).await.unwrap());
+    let mut direct = server.conn().await;
+    let counter: String = support::raw(&mut direct, &["GET", slot_counter(slot(&key))]).await;
+    assert_eq!(
+        seat_of(&p),
+        (1, counter.parse().unwrap()),
+        "one fence drawn"
+    );
+    assert_eq!(sem.peek(&mut direct, &key).await.unwrap().in_use, 1);
+    assert_eq!(p.write(&mut conn, "v").await.unwrap(), Write::Applied);
 }
