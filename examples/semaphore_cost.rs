@@ -152,6 +152,57 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         usec_per_call(&mut conn, "evalsha").await?,
     ));
 
+    // Fenced permits (Semaphore::fenced): a seat and a slot fence per grant.
+    let fenced = Semaphore::new(10, TTL)?.fenced();
+    reset(&mut conn).await?;
+    let mut seated = Vec::with_capacity(n);
+    for i in 0..n {
+        seated.push(acquired(
+            fenced.acquire(&mut conn, &format!("{p}fenced:{i}")).await?,
+        )?);
+    }
+    rows.push((
+        "fenced acquire, empty semaphore of 10".into(),
+        usec_per_call(&mut conn, "evalsha").await?,
+    ));
+    for i in 0..keys {
+        for _ in 0..9 {
+            let _ = fenced
+                .acquire(&mut conn, &format!("{p}fenced-nine:{i}"))
+                .await?;
+        }
+    }
+    reset(&mut conn).await?;
+    for i in 0..keys {
+        let _ = acquired(
+            fenced
+                .acquire(&mut conn, &format!("{p}fenced-nine:{i}"))
+                .await?,
+        )?;
+    }
+    rows.push((
+        "fenced acquire, 9 of 10 held (admitted)".into(),
+        usec_per_call(&mut conn, "evalsha").await?,
+    ));
+    reset(&mut conn).await?;
+    for permit in &seated {
+        if !permit.write(&mut conn, "v").await?.is_applied() {
+            return Err("expected the write to apply".into());
+        }
+    }
+    rows.push((
+        "fenced write (the seat's value)".into(),
+        usec_per_call(&mut conn, "evalsha").await?,
+    ));
+    reset(&mut conn).await?;
+    for permit in seated.iter_mut() {
+        let _ = permit.extend(&mut conn).await?;
+    }
+    rows.push((
+        "fenced extend".into(),
+        usec_per_call(&mut conn, "evalsha").await?,
+    ));
+
     println!("server time per call (usec_per_call from INFO commandstats), {n} calls per row:");
     for (what, usec) in rows {
         println!("  {what:<40} {usec:>6.2} µs");

@@ -14,8 +14,9 @@
 //! The [`Client`](crate::Client) handles keep every key under `{nolock:`,
 //! their stored configurations included (`{nolock:config}`, see
 //! [`crate::config`]): grant `~{nolock:*` for them. Locks with slot fences
-//! ([`FenceSource::PerSlot`](crate::fence::FenceSource::PerSlot)) also
-//! write their slot's counter ([`crate::fence::slot_counter`]): grant
+//! ([`FenceSource::PerSlot`](crate::fence::FenceSource::PerSlot)) and
+//! fenced semaphores ([`Semaphore::fenced`](crate::semaphore::Semaphore::fenced))
+//! also write their slot's counter ([`crate::fence::slot_counter`]): grant
 //! `~{*}!nolock:fences`.
 //!
 //! ```text

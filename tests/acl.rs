@@ -353,3 +353,52 @@ async fn slot_fences_need_the_documented_key_pattern_and_nothing_else() {
         fence::LockRelease::Released
     );
 }
+
+/// Fenced permits write their slot's counter too: without the pattern, an
+/// acquire is a definite error with nothing held; with it (and nothing
+/// else), a permit, its fenced write, extension and release run.
+#[tokio::test]
+async fn fenced_permits_need_the_documented_key_pattern_and_nothing_else() {
+    use nolock::semaphore::{PermitExtend, PermitRelease, Semaphore};
+    let server = RedisServer::start();
+    let exporters = Semaphore::new(2, Duration::from_secs(10)).unwrap().fenced();
+    let key = "acl:exporters";
+    let mut admin = server.conn().await;
+
+    let mut without = user(&server, "nofence", nolock::acl::COMMANDS).await;
+    let err = exporters.acquire(&mut without, key).await.unwrap_err();
+    assert!(err.is_definite(), "{err}");
+    let exists: i64 = redis::cmd("EXISTS")
+        .arg(key)
+        .arg(nolock::keys::derive(key, "seats"))
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert_eq!(exists, 0, "nothing held after the refusal");
+
+    let mut with = user_with_keys(
+        &server,
+        "fenced",
+        "~{*}!nolock:fences",
+        nolock::acl::COMMANDS,
+    )
+    .await;
+    let mut permit = exporters
+        .acquire(&mut with, key)
+        .await
+        .unwrap()
+        .acquired()
+        .expect("a free semaphore");
+    assert_eq!(
+        permit.write(&mut with, "v").await.unwrap(),
+        fence::Write::Applied
+    );
+    assert!(matches!(
+        permit.extend(&mut with).await.unwrap(),
+        PermitExtend::Extended { .. }
+    ));
+    assert_eq!(
+        permit.release(&mut with).await.unwrap(),
+        PermitRelease::Released
+    );
+}

@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::{Holding, Permit, PermitAttempt, PermitId, Semaphore};
+use super::{fenced, Holding, Permit, PermitAttempt, PermitId, Semaphore};
 use crate::script::{embedded, Invocation, Operation, Reply, Script};
 use crate::{validate, Error, Result};
 
@@ -27,6 +27,7 @@ pub(super) static ACQUIRE: Script = embedded!("semaphore/acquire");
 #[derive(Debug, Clone)]
 pub struct AcquirePermit {
     call: Invocation,
+    script: &'static Script,
     holding: Holding,
     pub(super) built: Instant,
 }
@@ -85,6 +86,27 @@ impl AcquirePermit {
         weight: u64,
     ) -> Result<Self> {
         let ttl_ms = semaphore.check(key, weight)?;
+        let holding = Holding {
+            key: key.to_owned(),
+            id: id.clone(),
+            weight,
+            ttl: Duration::from_millis(ttl_ms),
+            seat: None,
+        };
+        if semaphore.is_fenced() {
+            let seats = fenced::seats_key(key);
+            let counter = crate::fence::slot_counter(crate::keys::slot(key));
+            let call = Invocation::new(&fenced::ACQUIRE_FENCED, &[key, &seats, counter])
+                .arg(id.as_str())
+                .arg(semaphore.permits())
+                .arg(ttl_ms);
+            return Ok(AcquirePermit {
+                call,
+                script: &fenced::ACQUIRE_FENCED,
+                holding,
+                built: Instant::now(),
+            });
+        }
         let mut call = Invocation::new(&ACQUIRE, &[key])
             .arg(id.as_str())
             .arg(semaphore.permits())
@@ -95,12 +117,8 @@ impl AcquirePermit {
         }
         Ok(AcquirePermit {
             call,
-            holding: Holding {
-                key: key.to_owned(),
-                id: id.clone(),
-                weight,
-                ttl: Duration::from_millis(ttl_ms),
-            },
+            script: &ACQUIRE,
+            holding,
             built: Instant::now(),
         })
     }
@@ -119,11 +137,17 @@ impl Operation for AcquirePermit {
     }
 
     fn decode(&self, reply: redis::Value) -> Result<PermitAttempt> {
-        let mut reply = Reply::new(ACQUIRE.name(), reply)?;
+        let mut reply = Reply::new(self.script.name(), reply)?;
         let outcome = if reply.flag()? {
             let _in_use = reply.uint()?;
+            let mut holding = self.holding.clone();
+            if std::ptr::eq(self.script, &fenced::ACQUIRE_FENCED) {
+                let seat = reply.uint()?;
+                let fence = reply.uint()?;
+                holding.seat = Some(fenced::Seat { seat, fence });
+            }
             PermitAttempt::Acquired(Permit::granted(
-                self.holding.clone(),
+                holding,
                 self.built,
                 crate::fence::deadline(self.built, self.holding.ttl),
             ))

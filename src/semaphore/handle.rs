@@ -10,10 +10,10 @@ use super::{
     PermitLease, SemaphoreUsage,
 };
 #[cfg(doc)]
-use super::{PermitExtend, PermitRelease, MAX_PERMITS, MAX_PERMIT_TTL};
+use super::{PermitExtend, PermitFence, PermitRelease, MAX_PERMITS, MAX_PERMIT_TTL};
 use crate::ack::Ack;
 use crate::script::{run_one, Operation};
-use crate::{Backoff, Error, Result, Work};
+use crate::{validate, Backoff, Error, Result, Work};
 
 /// "At most `permits` at once": a semaphore's size, the TTL of its permits
 /// and how long an acquire waits for one. Build it once (it is cheap to
@@ -46,6 +46,8 @@ pub struct Semaphore {
     /// Sends "adopt": a state of another size is read and retagged (a
     /// managed handle's, whose size was changed on purpose).
     adopt: bool,
+    /// Permits carry a seat and a fence ([`Semaphore::fenced`]).
+    fenced: bool,
 }
 
 impl Semaphore {
@@ -91,6 +93,7 @@ impl Semaphore {
             wait: Backoff::none(),
             ack: None,
             adopt: false,
+            fenced: false,
         })
     }
 
@@ -111,9 +114,11 @@ impl Semaphore {
     ///
     /// A permit the primary granted but no replica received is lost in a
     /// failover: the promoted replica does not know its holder, and lets one
-    /// more in than the semaphore allows (a semaphore has no fence to refuse
-    /// the extra holder's writes). With this, each acquire sends `WAIT
-    /// replicas timeout` in the same round trip as the script, and permits
+    /// more in than the semaphore allows (a plain semaphore has no fence to
+    /// refuse the extra holder's writes; a [`Semaphore::fenced`] one's seats
+    /// and slot counter can be set back by the failover too). With this,
+    /// each acquire sends `WAIT replicas timeout` in the same round trip as
+    /// the script, and permits
     /// are returned only when enough replicas have them. When they do not
     /// confirm in time the acquire answers [`Error::PermitUnacknowledged`]
     /// and releases them at once; a semaphore that waits
@@ -207,6 +212,86 @@ impl Semaphore {
         Ok(PermitAttempt::Acquired(permit))
     }
 
+    /// The same semaphore, whose permits carry a **fence**: a seat
+    /// 1..permits and a fence number that grows with every grant of the
+    /// seat ([`Permit::fence`], [`PermitFence::write`]), so a holder paused
+    /// past its permit's expiry is refused once its seat was granted again
+    /// and written. One permit per holder: an acquire or restore of weight
+    /// above 1 is refused with [`Error::InvalidArgument`] before any I/O.
+    ///
+    /// Its acquires run `lua/semaphore/acquire_fenced.lua` (one round
+    /// trip, as a plain acquire): the permit is the same sorted-set member
+    /// a plain acquire writes, so plain and fenced holders of a key count
+    /// together; the seat and fence are kept in
+    /// `keys::derive(key, "seats")` (expiring with the permits) and the
+    /// fence is drawn from the slot's counter
+    /// ([`crate::fence::slot_counter`]; grant its key pattern to an ACL
+    /// user). Its extensions check the seat too
+    /// (`lua/semaphore/extend_fenced.lua`); a release frees the seat with
+    /// the permit. It never adopts another size's state. The cost: an
+    /// acquire reads every seat, O(permits).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use nolock::semaphore::Semaphore;
+    ///
+    /// // At most 3 exporters, each writing under its seat's fence.
+    /// let exporters = Semaphore::new(3, Duration::from_secs(30))?.fenced();
+    /// assert!(exporters.is_fenced());
+    /// assert!(nolock::semaphore::AcquirePermit::weighted(&exporters, "exports", 2).is_err());
+    /// # Ok::<(), nolock::Error>(())
+    /// ```
+    pub fn fenced(self) -> Semaphore {
+        Semaphore {
+            fenced: true,
+            ..self
+        }
+    }
+
+    /// True when its permits carry fences ([`Semaphore::fenced`]).
+    pub fn is_fenced(&self) -> bool {
+        self.fenced
+    }
+
+    /// A permit of this fenced semaphore known by its key, id, seat and
+    /// fence (a [`PermitFence`] that crossed a process boundary), to write,
+    /// extend or release with: [`Semaphore::restore`] with a fence. The
+    /// server checks what it says: a wrong seat or fence writes nothing
+    /// ([`crate::fence::Write::NotGranted`] or
+    /// [`crate::fence::Write::Stale`]) and extends nothing.
+    ///
+    /// # Errors
+    ///
+    /// Before any I/O: as [`Semaphore::restore`] with weight 1;
+    /// [`Error::InvalidArgument`] when the semaphore is not fenced;
+    /// [`Error::ZeroLimit`] / [`Error::OutOfRange`] for a seat of 0 or
+    /// above the size, or a fence of 0 or above `i64::MAX`.
+    pub fn restore_fenced(&self, key: &str, id: PermitId, seat: u64, fence: u64) -> Result<Permit> {
+        if !self.fenced {
+            return Err(super::fenced::unfenced());
+        }
+        let mut permit = self.restore(key, id, 1)?;
+        validate::positive("seat", seat)?;
+        if seat > self.permits {
+            return Err(Error::OutOfRange {
+                what: "seat",
+                given: seat,
+                max: self.permits,
+            });
+        }
+        validate::positive("fence", fence)?;
+        let max = u64::try_from(i64::MAX).unwrap_or(u64::MAX);
+        if fence > max {
+            return Err(Error::OutOfRange {
+                what: "fence",
+                given: fence,
+                max,
+            });
+        }
+        permit.holding.seat = Some(super::fenced::Seat { seat, fence });
+        Ok(permit)
+    }
+
     /// How many permits it has.
     pub fn permits(&self) -> u64 {
         self.permits
@@ -224,7 +309,14 @@ impl Semaphore {
 
     /// The checks every acquire makes before I/O: the TTL in ms.
     pub(super) fn check(&self, key: &str, weight: u64) -> Result<u64> {
-        acquire::check(key, self.permits, weight, self.ttl)
+        let ttl = acquire::check(key, self.permits, weight, self.ttl)?;
+        if self.fenced && weight != 1 {
+            return Err(Error::InvalidArgument {
+                what: "weight",
+                reason: format!("a fenced semaphore's permit is one seat: weight 1, not {weight}"),
+            });
+        }
+        Ok(ttl)
     }
 
     /// Take one permit at `key`, if one is free (waiting as
@@ -337,6 +429,7 @@ impl Semaphore {
             id,
             weight,
             ttl: Duration::from_millis(ttl_ms),
+            seat: None,
         };
         Ok(Permit::granted(holding, now, now))
     }

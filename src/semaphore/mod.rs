@@ -24,6 +24,8 @@
 //! | [`Semaphore::restore`] | none | rebuild a permit from its key, id and weight, with the semaphore's TTL |
 //! | [`Semaphore::lease`], [`Semaphore::with_permit`] | extend + release | renew every `ttl / 3` in a background task, signal loss |
 //! | [`Semaphore::peek`] | `lua/semaphore/peek.lua` | permits in use, holders, next expiry; writes nothing |
+//! | [`Semaphore::fenced`]: acquire, extend | `lua/semaphore/acquire_fenced.lua`, `lua/semaphore/extend_fenced.lua` | the same, for a permit with a seat and a fence ([`PermitFence`]) |
+//! | [`PermitFence::write`] | `lua/semaphore/write_fenced.lua` | store a value for the permit's seat, only while it holds the seat with its fence |
 //!
 //! Every call is also an operation value ([`AcquirePermit`],
 //! [`ReleasePermit`], [`ExtendPermit`], [`PeekSemaphore`]) for a
@@ -94,6 +96,21 @@
 //! every member on every acquire would cost a read of the whole set per
 //! call, O(permits), for a key nolock alone should write.
 //!
+//! # Fenced permits
+//!
+//! A plain permit carries no fence: a holder paused past its expiry cannot
+//! be told apart from its successor by what it writes. A
+//! [`Semaphore::fenced`] semaphore gives each permit (weight 1) a **seat**
+//! 1..permits and a **fence** from its cluster slot's counter
+//! ([`crate::fence::slot_counter`]); per seat, fences strictly increase
+//! with every grant and never repeat. [`PermitFence::write`] stores a value
+//! for the seat only while the permit holds it with its fence, and a
+//! database keeps a row per seat written `WHERE seat = $s AND fence <= $f`.
+//! The seats live in `keys::derive(key, "seats")` beside the sorted set
+//! (which stays as above, so plain and fenced holders count together);
+//! why this is sound is in the source of `src/semaphore/fenced.rs` and the
+//! guide (`guide::fencing`, "Fenced permits").
+//!
 //! # Time
 //!
 //! Expiries are decided by the server's clock. A [`Permit::deadline`] is a
@@ -132,6 +149,7 @@ use crate::Backoff;
 use crate::{validate, Error, Result};
 
 mod acquire;
+mod fenced;
 mod handle;
 mod lease;
 mod peek;
@@ -139,6 +157,7 @@ mod release;
 mod retry;
 
 pub use acquire::AcquirePermit;
+pub use fenced::{PermitFence, WritePermit};
 pub use handle::Semaphore;
 pub use lease::PermitLease;
 pub use peek::{peek, PeekSemaphore};
@@ -236,6 +255,8 @@ pub(crate) struct Holding {
     pub(crate) id: PermitId,
     pub(crate) weight: u64,
     pub(crate) ttl: Duration,
+    /// A fenced permit's seat and fence ([`Semaphore::fenced`]).
+    pub(crate) seat: Option<fenced::Seat>,
 }
 
 /// One holder's permits: a receipt of [`Semaphore::acquire`], naming the

@@ -128,10 +128,19 @@ impl ExtendPermit {
 }
 
 fn extend_call(holding: &Holding) -> Invocation {
+    let ttl = u64::try_from(holding.ttl.as_millis()).unwrap_or(u64::MAX);
+    if let Some(seat) = holding.seat {
+        let seats = super::fenced::seats_key(&holding.key);
+        return Invocation::new(&super::fenced::EXTEND_FENCED, &[&holding.key, &seats])
+            .arg(holding.id.as_str())
+            .arg(seat.seat)
+            .arg(seat.fence.to_string())
+            .arg(ttl);
+    }
     Invocation::new(&EXTEND, &[holding.key.as_str()])
         .arg(holding.id.as_str())
         .arg(holding.weight)
-        .arg(u64::try_from(holding.ttl.as_millis()).unwrap_or(u64::MAX))
+        .arg(ttl)
 }
 
 impl Operation for ExtendPermit {
@@ -142,7 +151,11 @@ impl Operation for ExtendPermit {
     }
 
     fn decode(&self, reply: redis::Value) -> Result<PermitExtension> {
-        let mut reply = Reply::new(EXTEND.name(), reply)?;
+        let script = match self.holding.seat {
+            Some(_) => &super::fenced::EXTEND_FENCED,
+            None => &EXTEND,
+        };
+        let mut reply = Reply::new(script.name(), reply)?;
         let extended = reply.flag()?;
         reply.finish()?;
         let outcome = if extended {
