@@ -49,6 +49,8 @@ pub struct Config {
 
 /// Permits of the concurrency limit (holders check).
 const PERMITS: u64 = 3;
+/// Seats of the fenced semaphore (`Semaphore::fenced`).
+const SEATS: u64 = 2;
 /// The counter's limit per key; a new key every [`EPOCH`].
 const COUNTER_LIMIT: u64 = 150;
 const EPOCH: Duration = Duration::from_secs(2);
@@ -83,6 +85,10 @@ struct Histories {
     balance: Recorder<BalanceOp, cas::Adjustment>,
     /// The leaders' fenced writes (`fence::Leader` terms).
     leaders: Recorder<FenceOp, FenceReply>,
+    /// The fenced semaphore's acquires (its fences come from one counter,
+    /// so they increase across seats), and each seat's writes.
+    permit_grants: Recorder<FenceOp, FenceReply>,
+    seat_writes: Vec<Recorder<FenceOp, FenceReply>>,
     /// Every term a campaigner was elected to: (process, term).
     terms: Mutex<Vec<(usize, u64)>>,
 }
@@ -113,6 +119,13 @@ impl Keys {
     fn role(&self) -> String {
         format!("{{{}role}}", self.prefix)
     }
+    fn fenced_semaphore(&self) -> String {
+        format!("{{{}fsem}}", self.prefix)
+    }
+    /// Where seat `seat`'s fenced value lives (`PermitFence::value_key`).
+    fn seat_value(&self, seat: u64) -> String {
+        nolock::keys::derive(&self.fenced_semaphore(), &format!("value:{seat}"))
+    }
     fn all_fixed(&self) -> Vec<String> {
         vec![self.rate(), self.lock(), self.balance(), self.counter(0)]
     }
@@ -139,6 +152,16 @@ impl Target {
         match self {
             Target::Single { .. } => Ok(lock),
             Target::Cluster(_) => lock.acknowledged(1, ACK_TIMEOUT),
+        }
+    }
+
+    /// The fenced semaphore of the run, acknowledged on the cluster as the
+    /// lock; its permits last as long as a lock's grant.
+    fn fenced_semaphore(&self) -> nolock::Result<nolock::semaphore::Semaphore> {
+        let semaphore = nolock::semaphore::Semaphore::new(SEATS, FENCE_TTL)?.fenced();
+        match self {
+            Target::Single { .. } => Ok(semaphore),
+            Target::Cluster(_) => semaphore.acknowledged(1, ACK_TIMEOUT),
         }
     }
 
@@ -312,6 +335,8 @@ pub async fn run(config: Config) -> Report {
         slot_fences: Recorder::new(),
         balance: Recorder::new(),
         leaders: Recorder::new(),
+        permit_grants: Recorder::new(),
+        seat_writes: (0..SEATS).map(|_| Recorder::new()).collect(),
         terms: Mutex::new(Vec::new()),
     });
     let before = nolock::stats();
@@ -433,6 +458,18 @@ pub async fn run(config: Config) -> Report {
     let balance_events = forgettable(h.balance.events(), &windows, |_| balance_slot, |_| false);
     let role_slot = slot(nolock::keys::derive(&keys.role(), "lock"));
     let leader_events = forgettable(h.leaders.events(), &windows, |_| role_slot, |_| false);
+    let fsem_slot = slot(keys.fenced_semaphore());
+    let permit_events = forgettable(
+        h.permit_grants.events(),
+        &windows,
+        |_| fsem_slot,
+        acked_grants,
+    );
+    let seat_events: Vec<_> = h
+        .seat_writes
+        .iter()
+        .map(|r| forgettable(r.events(), &windows, |_| fsem_slot, |_| false))
+        .collect();
     let forgotten = [
         unknown(&counter_events) - unknown(&h.counters.events()),
         unknown(&holder_events) - unknown(&h.holders.events()),
@@ -441,9 +478,15 @@ pub async fn run(config: Config) -> Report {
         unknown(&slot_fence_events) - unknown(&h.slot_fences.events()),
         unknown(&balance_events) - unknown(&h.balance.events()),
         unknown(&leader_events) - unknown(&h.leaders.events()),
+        unknown(&permit_events) - unknown(&h.permit_grants.events()),
     ]
     .iter()
-    .sum::<usize>();
+    .sum::<usize>()
+        + seat_events
+            .iter()
+            .zip(&h.seat_writes)
+            .map(|(kept, all)| unknown(kept) - unknown(&all.events()))
+            .sum::<usize>();
     let mut by_key: BTreeMap<u32, Vec<_>> = BTreeMap::new();
     for e in counter_events.iter().cloned() {
         by_key.entry(e.op.key).or_default().push(e);
@@ -504,6 +547,11 @@ pub async fn run(config: Config) -> Report {
             .and_then(|t| check_fences(&leader_events, stored).map(|w| format!("{t}; {w}"))),
     ));
 
+    verdicts.push((
+        "fenced permits (Semaphore::fenced)",
+        fenced_permits_verdict(&conn, &keys, &permit_events, &seat_events).await,
+    ));
+
     let balance: i64 = read_retrying(|| {
         let key = keys.balance();
         let mut conn = conn.clone();
@@ -543,6 +591,12 @@ pub async fn run(config: Config) -> Report {
         FenceOp::Release => "fence::Grant::release (slot fences)",
     }));
     ops.merge(&tally(&h.leaders.events(), |_| "fence::Leader term write"));
+    ops.merge(&tally(&h.permit_grants.events(), |_| {
+        "semaphore::Semaphore::acquire (fenced)"
+    }));
+    for seat in &h.seat_writes {
+        ops.merge(&tally(&seat.events(), |_| "semaphore::Permit::write"));
+    }
     ops.merge(&tally(&h.balance.events(), |op| match op {
         BalanceOp::Debit(_) => "cas::debit",
         BalanceOp::Credit(_) => "cas::credit",
@@ -565,6 +619,30 @@ pub async fn run(config: Config) -> Report {
             after.never_sent - before.never_sent,
         ),
     }
+}
+
+/// Fenced permits: the acquires' fences strictly increase (one counter for
+/// every seat), and on each seat no stale write applies and the stored
+/// value is the greatest applied one ([`check_fences`] per seat).
+async fn fenced_permits_verdict(
+    conn: &AnyConn,
+    keys: &Keys,
+    grants: &[Event<FenceOp, FenceReply>],
+    seats: &[Vec<Event<FenceOp, FenceReply>>],
+) -> Result<String, String> {
+    let mut summary = check_fences(grants, None)?;
+    for (i, writes) in seats.iter().enumerate() {
+        let seat = i as u64 + 1;
+        let stored = read_retrying(|| {
+            let (key, mut conn) = (keys.seat_value(seat), conn.clone());
+            async move { fence::read_unbound(&mut conn, &key).await }
+        })
+        .await
+        .map(|f| (f.fence, String::from_utf8_lossy(&f.value).into_owned()));
+        let verdict = check_fences(writes, stored).map_err(|e| format!("seat {seat}: {e}"))?;
+        summary.push_str(&format!("; seat {seat}: {verdict}"));
+    }
+    Ok(summary)
 }
 
 /// The fenced value at `key` and its fence, read as [`read_retrying`].
@@ -755,6 +833,7 @@ async fn client(
                 )
                 .await
             }
+            80..=87 => fenced_permit(process, &mut rng, c, target, keys, h).await,
             _ => {
                 let amount = rng.u64(1..=5);
                 let key = keys.balance();
@@ -831,6 +910,68 @@ async fn fenced(
         dead = lost(&w);
     }
     dead
+}
+
+/// One acquire of the fenced semaphore, and when granted a write under the
+/// permit to its seat's value (sometimes after a pause past the TTL, so
+/// that the seat goes to another holder first), then sometimes a release.
+/// True when the connection was lost.
+async fn fenced_permit(
+    process: usize,
+    rng: &mut fastrand::Rng,
+    c: &mut AnyConn,
+    target: &Target,
+    keys: &Keys,
+    h: &Histories,
+) -> bool {
+    let key = keys.fenced_semaphore();
+    let mut granted = None;
+    let o = h
+        .permit_grants
+        .record(process, FenceOp::Acquire, async {
+            let attempt = target.fenced_semaphore()?.acquire(c, &key).await?;
+            Ok(match attempt.acquired() {
+                Some(permit) => {
+                    let fence = permit.fence().map_or(0, |f| f.number());
+                    granted = Some(permit);
+                    FenceReply::Granted(fence)
+                }
+                None => FenceReply::Held,
+            })
+        })
+        .await;
+    let Some(permit) = granted else {
+        return lost(&o);
+    };
+    let Some(seat) = permit.fence() else {
+        unreachable!("a fenced semaphore's permit carries a fence")
+    };
+    if rng.u32(0..4) == 0 {
+        tokio::time::sleep(FENCE_TTL + Duration::from_millis(20)).await;
+    }
+    let value = format!("p{process}:f{}", seat.number());
+    let op = FenceOp::Write {
+        fence: seat.number(),
+        value: value.clone(),
+    };
+    let Some(writes) = usize::try_from(seat.seat() - 1)
+        .ok()
+        .and_then(|i| h.seat_writes.get(i))
+    else {
+        unreachable!("seat {} of {SEATS}", seat.seat())
+    };
+    let w = writes
+        .record(process, op, async {
+            seat.write(c, &value).await.map(fence_reply)
+        })
+        .await;
+    if lost(&w) {
+        return true;
+    }
+    if rng.bool() {
+        return permit.release(c).await.is_err_and(|e| !e.is_definite());
+    }
+    false
 }
 
 /// A fenced write's answer as the fence checker reads it.
