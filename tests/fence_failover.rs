@@ -354,3 +354,67 @@ async fn an_acknowledged_leader_is_replaced_after_a_forced_failover() {
         Some(LockRelease::Released)
     );
 }
+
+/// Fenced permits (`Semaphore::fenced`) under the same forced failover:
+/// an acknowledged permit keeps its seat on the promoted replica (its write
+/// still applies there), a permit the replica did not confirm was never
+/// handed out, and the next grant's fence is above every fence handed out
+/// before the failover.
+#[tokio::test]
+async fn acknowledged_fenced_permits_survive_a_forced_failover() {
+    use nolock::semaphore::{PermitAttempt, Semaphore};
+    let mut pair = pair().await;
+    let key = format!("{}exports", prefix("acked_permit_failover"));
+    let acked = Semaphore::new(2, MINUTE)
+        .unwrap()
+        .fenced()
+        .acknowledged(1, Duration::from_secs(5))
+        .unwrap();
+    let held = acked
+        .acquire(&mut pair.p, &key)
+        .await
+        .unwrap()
+        .acquired()
+        .expect("acknowledged");
+    let seat = held.fence().expect("a fenced permit");
+    assert_eq!(seat.seat(), 1);
+    let mut handed_out = vec![seat.number()];
+
+    pair.link.hold();
+    let impatient = acked
+        .clone()
+        .acknowledged(1, Duration::from_millis(300))
+        .unwrap();
+    match impatient.acquire(&mut pair.p, &key).await {
+        Err(Error::PermitUnacknowledged { .. }) => {}
+        Ok(attempt) => handed_out.extend(
+            attempt
+                .acquired()
+                .and_then(|p| p.fence().map(|f| f.number())),
+        ),
+        Err(other) => panic!("{other:?}"),
+    }
+    let mut r = pair.fail_over().await;
+    assert_eq!(
+        held.write(&mut r, "after the failover").await.unwrap(),
+        Write::Applied,
+        "the acknowledged permit kept its seat"
+    );
+    let plain = Semaphore::new(2, MINUTE).unwrap().fenced();
+    let next = match plain.acquire(&mut r, &key).await.unwrap() {
+        PermitAttempt::Acquired(p) => p,
+        other => panic!("{other:?}"),
+    };
+    let next_seat = next.fence().expect("a fenced permit");
+    let highest = handed_out.iter().max().copied().unwrap_or(0);
+    assert_eq!(next_seat.seat(), 2, "seat 1 is still held");
+    assert!(
+        next_seat.number() > highest,
+        "fence {} after {handed_out:?} were handed out",
+        next_seat.number()
+    );
+    match plain.acquire(&mut r, &key).await.unwrap() {
+        PermitAttempt::Full { .. } => {}
+        other => panic!("a third holder of two seats: {other:?}"),
+    }
+}
