@@ -372,6 +372,9 @@ pub(crate) struct Keys {
     pub(crate) released: String,
     /// The flag of [`Waiters`]: while it exists, a release is announced.
     pub(crate) waiting: String,
+    /// A fair lock's waiting line and its deadlines ([`Lock::fair`]): its
+    /// grants' releases wake the first in line.
+    pub(crate) line: Option<Box<[String; 2]>>,
 }
 
 impl Keys {
@@ -383,6 +386,18 @@ impl Keys {
             value: keys::derive(resource, "value"),
             released: keys::derive(resource, "released"),
             waiting: keys::derive(resource, "waiting"),
+            line: None,
+        })
+    }
+
+    /// [`Keys::of`] for a fair lock: with its waiting line.
+    pub(crate) fn fair(resource: &str) -> Result<Keys> {
+        Ok(Keys {
+            line: Some(Box::new([
+                keys::derive(resource, "queue"),
+                keys::derive(resource, "queue:alive"),
+            ])),
+            ..Keys::of(resource)?
         })
     }
 }

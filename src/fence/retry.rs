@@ -45,6 +45,14 @@ where
         timer::check()?;
     }
     let outcome = attempts(conn, lock, op, wake).await;
+    if !matches!(outcome, Ok(LockAttempt::Acquired(_))) {
+        if let Some(leave) = op.leave() {
+            // A fair waiter that gives up leaves its line at once, handing
+            // the first place on (best effort: otherwise its ticket dies
+            // within Lock::ticket_life).
+            let _ = crate::script::run_one(&leave, conn).await;
+        }
+    }
     if let Some(wake) = wake {
         if !matches!(outcome, Ok(LockAttempt::Acquired(_))) {
             // A release wakes one waiter of this process. Leaving without the
