@@ -105,7 +105,7 @@ fn passed_over(history: &[Waited]) -> Vec<String> {
             if i == j || enqueued >= b.start {
                 continue;
             }
-            let alive = a.crashed.map_or(true, |c| c > answered_b);
+            let alive = a.crashed.is_none_or(|c| c > answered_b);
             let before = a.granted.is_some_and(|(fence_a, _)| fence_a < fence_b);
             if alive && !before {
                 violations.push(format!(

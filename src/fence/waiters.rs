@@ -42,6 +42,16 @@ use crate::{timer, Error, Result};
 /// the server's subscriptions follow the waiting, not every resource ever
 /// waited on ([`Waiters::subscriptions`]).
 ///
+/// # Fair waiting
+///
+/// With a fair lock ([`Lock::fair`]) each waiter waits under a ticket (its
+/// token) in the resource's line in Redis, and is granted only when it is
+/// first. A fair grant's release `PUBLISH`es the first ticket in line
+/// instead of `"1"`, and a [`Waiters`] wakes the waiter of this process
+/// with that ticket, and no other: the one whose turn it is, in whichever
+/// process it waits. The others sleep until the lock's expiry (capped at
+/// [`Backoff::max_delay`]), when they refresh their place in line.
+///
 /// # Clusters
 ///
 /// In a script on a cluster, `PUBLISH` is broadcast over the cluster bus to
