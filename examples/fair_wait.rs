@@ -95,7 +95,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "| way of waiting | waiters | grants/s | max passed over | requests passed over | handoff p50 | handoff p99 | script calls per grant |\n|---|---|---|---|---|---|---|---|"
     );
     for waiters in [16, 64] {
-        for way in [Way::Waiters, Way::WaitersFair, Way::Polling, Way::PollingFair] {
+        for way in [
+            Way::Waiters,
+            Way::WaitersFair,
+            Way::Polling,
+            Way::PollingFair,
+        ] {
             let calls_before = nolock::stats().calls;
             let started = Instant::now();
             let requests = run(&client, &wake, way, waiters, Duration::from_secs(seconds)).await?;
@@ -186,10 +191,7 @@ fn report(way: Way, waiters: usize, requests: &[Request], elapsed: Duration, cal
     let mut max_passed = 0usize;
     let mut passed_requests = 0usize;
     for (i, a) in requests.iter().enumerate() {
-        let passed = requests[..i]
-            .iter()
-            .filter(|b| b.sent > a.arrived)
-            .count();
+        let passed = requests[..i].iter().filter(|b| b.sent > a.arrived).count();
         max_passed = max_passed.max(passed);
         if passed > 0 {
             passed_requests += 1;

@@ -21,6 +21,7 @@ use support::prefix;
 both!(
     shared: [
         no_waiter_is_passed_over_under_64_waiters_with_crashes,
+        no_polling_waiter_is_passed_over_under_64_waiters_with_crashes,
         a_dead_head_leaves_the_line_within_its_ticket_life,
         a_ticket_that_died_is_queued_at_the_back_when_its_owner_returns,
         a_fair_grant_is_the_plain_lock_and_its_release_wakes_the_head_by_name,
@@ -178,15 +179,30 @@ fn the_checker_finds_a_waiter_passed_over() {
 
 /// 64 waiters join the line of a held lock (staggered, some overlapping),
 /// each through one joining attempt (recorded) and then the waiting acquire
-/// of `Waiters` under the same token. Once the first grants went through, 6
+/// of `Waiters` under the same token (four `Waiters`, as four processes
+/// would have; a waiter's connection is not its `Waiters`' process). Once the first grants went through, 6
 /// waiters still in line are killed (their tasks aborted: no leave is
 /// sent, as after kill -9). Each holder holds about 1 ms. The history must
 /// show no waiter passed over, every surviving waiter granted, and the line
 /// gone at the end.
 async fn no_waiter_is_passed_over_under_64_waiters_with_crashes(d: &Deployment) {
+    history_of_64_waiters(d, false).await;
+}
+
+/// The same history with `Lock::acquire`'s waiting (backoff polling, no
+/// pub/sub).
+async fn no_polling_waiter_is_passed_over_under_64_waiters_with_crashes(d: &Deployment) {
+    history_of_64_waiters(d, true).await;
+}
+
+async fn history_of_64_waiters(d: &Deployment, polling: bool) {
     let resource = format!("{}r", prefix("fair-history"));
     let lock = fair(Duration::from_secs(2), MINUTE);
-    let waiters = waiters(d).await;
+    // Four processes, as far as waking goes: a pub/sub connection each.
+    let mut processes = Vec::new();
+    for _ in 0..4 {
+        processes.push(waiters(d).await);
+    }
     let mut conn = d.conn().await;
     let first = grant(lock.acquire(&mut conn, &resource).await.unwrap());
     let history: Arc<Mutex<Vec<Waited>>> = Arc::default();
@@ -198,7 +214,8 @@ async fn no_waiter_is_passed_over_under_64_waiters_with_crashes(d: &Deployment) 
     }
     let mut tasks = Vec::new();
     for w in 0..64usize {
-        let (lock, waiters, resource) = (lock.clone(), waiters.clone(), resource.clone());
+        let (lock, resource) = (lock.clone(), resource.clone());
+        let waiters = processes[w % 4].clone();
         let (history, joined, granted) = (history.clone(), joined.clone(), granted.clone());
         let mut conn = conns[w % 4].clone();
         history.lock().unwrap().push(Waited {
@@ -215,10 +232,14 @@ async fn no_waiter_is_passed_over_under_64_waiters_with_crashes(d: &Deployment) 
             assert!(!first.is_acquired(), "the lock is held while all join");
             history.lock().unwrap()[w].enqueued = Some(Instant::now());
             joined.fetch_add(1, Ordering::SeqCst);
-            let outcome = waiters
-                .acquire_as(&mut conn, &lock, &resource, &token)
-                .await
-                .unwrap();
+            let outcome = if polling {
+                lock.acquire_as(&mut conn, &resource, &token).await.unwrap()
+            } else {
+                waiters
+                    .acquire_as(&mut conn, &lock, &resource, &token)
+                    .await
+                    .unwrap()
+            };
             let grant = grant(outcome);
             history.lock().unwrap()[w].granted = Some((grant.fence().number(), Instant::now()));
             granted.fetch_add(1, Ordering::SeqCst);

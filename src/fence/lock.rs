@@ -306,6 +306,14 @@ impl Lock {
     /// without `fair` (release, extension and fenced writes are unchanged;
     /// [`FenceSource::PerSlot`] works too).
     ///
+    /// As an operation value ([`AcquireLock::with_token`]), a waiting fair
+    /// lock's attempt joins the line: it is the first attempt of a waiting
+    /// acquire, and [`Lock::acquire_as`] or
+    /// [`super::Waiters::acquire_as`] under the same token keeps its place
+    /// (left alone, the ticket dies within [`Lock::ticket_life`]). An
+    /// acknowledged fair lock ([`Lock::acknowledged`]) whose grant the
+    /// replicas did not confirm gives it back and queues again, at the back.
+    ///
     /// **Every process of a resource must use the fair mode**: a plain
     /// acquire does not look at the line and takes a free lock ahead of it,
     /// and a plain grant's release does not wake the first in line by name
@@ -794,6 +802,88 @@ mod tests {
                 "502"
             ]
         );
+    }
+
+    #[test]
+    fn a_fair_acquire_names_the_line_and_joins_only_when_it_waits() {
+        let token = Token("t0k".into());
+        let waiting = lock(1500)
+            .with_wait(crate::Backoff::new(Duration::from_secs(5)))
+            .fair();
+        let life = waiting.ticket_life().as_millis().to_string();
+        assert_eq!(life, "2002");
+        let op = AcquireLock::build_waiting(&waiting, "r", &token, Some(502)).unwrap();
+        assert_eq!(
+            words(op.invocation().command()),
+            [
+                "EVALSHA",
+                ACQUIRE_FAIR.sha1(),
+                "4",
+                "{r}:lock",
+                "{r}:queue",
+                "{r}:queue:alive",
+                "{r}:fence",
+                "t0k",
+                "1500",
+                "join",
+                &life
+            ]
+        );
+        assert_eq!(op.ticket(), Some("t0k"));
+        assert_eq!(
+            words(op.leave().unwrap().invocation().command())[7..],
+            ["t0k", "1500", "leave"]
+        );
+        // Not waiting: one try, no place in line.
+        let once = lock(1500).fair();
+        let op = AcquireLock::with_token(&once, "r", &token).unwrap();
+        assert_eq!(
+            words(op.invocation().command())[7..],
+            ["t0k", "1500", "try"]
+        );
+        assert!(op.leave().is_none() && op.ticket().is_none());
+        // Slot fences: the slot counter written, the resource's read.
+        let slot = waiting.with_fence_source(FenceSource::PerSlot);
+        let op = AcquireLock::with_token(&slot, "r", &token).unwrap();
+        let counter = slot_counter(crate::keys::slot("{r}:lock"));
+        assert_eq!(
+            words(op.invocation().command())[2..8],
+            [
+                "5",
+                "{r}:lock",
+                "{r}:queue",
+                "{r}:queue:alive",
+                counter,
+                "{r}:fence"
+            ]
+        );
+        // Held: the PTTL (-2: free, not this ticket's turn) and the place.
+        assert_eq!(
+            op.decode(Array(vec![Int(0), Int(-2), Int(3)])).unwrap(),
+            LockAttempt::Held { expires_in: None }
+        );
+        match op
+            .decode(Array(vec![Int(1), BulkString(b"7".to_vec())]))
+            .unwrap()
+        {
+            LockAttempt::Acquired(grant) => {
+                assert_eq!(grant.fence().number(), 7);
+                // Its release names the line, to wake the first in it.
+                let release = super::super::ReleaseLock::new(&grant);
+                assert_eq!(
+                    words(release.invocation().command())[2..7],
+                    [
+                        "4",
+                        "{r}:lock",
+                        "{r}:waiting",
+                        "{r}:queue",
+                        "{r}:queue:alive"
+                    ]
+                );
+                std::mem::forget(grant);
+            }
+            held => panic!("{held:?}"),
+        }
     }
 
     #[test]
