@@ -1,6 +1,8 @@
 //! [`Lock`]: one kind of lock's configuration, and the acquires on it.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionLike;
@@ -544,6 +546,9 @@ pub struct AcquireLock {
     fences: FenceSource,
     /// A fair waiter's "leave" call ([`Lock::fair`]).
     leave: Option<Box<Invocation>>,
+    /// A fair waiter's place in line as its last attempt answered (1 =
+    /// first; 0 = not in line), shared by the attempts it resends.
+    place: Option<Arc<AtomicU64>>,
 }
 
 impl AcquireLock {
@@ -622,6 +627,7 @@ impl AcquireLock {
             built: Instant::now(),
             fences: lock.fences,
             leave: None,
+            place: None,
         })
     }
 
@@ -661,6 +667,7 @@ impl AcquireLock {
             ttl: lock.ttl,
             built: Instant::now(),
             fences: lock.fences,
+            place: leave.as_ref().map(|_| Arc::default()),
             leave,
         })
     }
@@ -671,6 +678,14 @@ impl AcquireLock {
         self.leave
             .as_deref()
             .map(|call| LeaveLine { call: call.clone() })
+    }
+
+    /// True when the last answer put this fair waiter first in line: it is
+    /// next, and only it may take the lock once free.
+    pub(super) fn first_in_line(&self) -> bool {
+        self.place
+            .as_ref()
+            .is_some_and(|place| place.load(Ordering::Relaxed) == 1)
     }
 
     /// The ticket this attempt waits under, if it joins a fair line.
@@ -722,7 +737,10 @@ impl Operation for AcquireLock {
         } else {
             let expires_in = u64::try_from(reply.int()?).ok().map(Duration::from_millis);
             if self.keys.line.is_some() {
-                let _position = reply.uint()?;
+                let position = reply.uint()?;
+                if let Some(place) = &self.place {
+                    place.store(position, Ordering::Relaxed);
+                }
             }
             LockAttempt::Held { expires_in }
         };
@@ -862,6 +880,9 @@ mod tests {
             op.decode(Array(vec![Int(0), Int(-2), Int(3)])).unwrap(),
             LockAttempt::Held { expires_in: None }
         );
+        assert!(!op.first_in_line());
+        let _ = op.resend().decode(Array(vec![Int(0), Int(900), Int(1)]));
+        assert!(op.first_in_line(), "the resent attempts share the place");
         match op
             .decode(Array(vec![Int(1), BulkString(b"7".to_vec())]))
             .unwrap()

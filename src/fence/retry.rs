@@ -98,12 +98,15 @@ where
             Err(_) => return result,
         };
         let left = backoff.timeout - waited;
+        // A fair waiter first in line polls at the first delay: nobody else
+        // may take the lock, so its own attempts are all the load it adds.
+        let step = if op.first_in_line() { 0 } else { attempt };
         let sleep = match (wake, expires_in) {
             // Woken by the release; the expiry (capped by max_delay, which
             // bounds what a lost message costs) is the fallback.
             (Some(_), Some(expiry)) => expiry.min(fallback(backoff)),
-            (None, Some(expiry)) => backoff.delay(attempt).min(expiry),
-            (_, None) => backoff.delay(attempt),
+            (None, Some(expiry)) => backoff.delay(step).min(expiry),
+            (_, None) => backoff.delay(step),
         };
         let sleep = (sleep + jitter(MS, random_u64())).min(left);
         attempt = attempt.saturating_add(1);
