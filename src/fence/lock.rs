@@ -680,12 +680,13 @@ impl AcquireLock {
             .map(|call| LeaveLine { call: call.clone() })
     }
 
-    /// True when the last answer put this fair waiter first in line: it is
-    /// next, and only it may take the lock once free.
-    pub(super) fn first_in_line(&self) -> bool {
+    /// A fair waiter's place in line as its last attempt answered (1 =
+    /// first), if it is in one.
+    pub(super) fn place_in_line(&self) -> Option<u64> {
         self.place
             .as_ref()
-            .is_some_and(|place| place.load(Ordering::Relaxed) == 1)
+            .map(|place| place.load(Ordering::Relaxed))
+            .filter(|&place| place > 0)
     }
 
     /// The ticket this attempt waits under, if it joins a fair line.
@@ -880,9 +881,13 @@ mod tests {
             op.decode(Array(vec![Int(0), Int(-2), Int(3)])).unwrap(),
             LockAttempt::Held { expires_in: None }
         );
-        assert!(!op.first_in_line());
+        assert_eq!(op.place_in_line(), Some(3));
         let _ = op.resend().decode(Array(vec![Int(0), Int(900), Int(1)]));
-        assert!(op.first_in_line(), "the resent attempts share the place");
+        assert_eq!(
+            op.place_in_line(),
+            Some(1),
+            "the resent attempts share the place"
+        );
         match op
             .decode(Array(vec![Int(1), BulkString(b"7".to_vec())]))
             .unwrap()

@@ -98,9 +98,12 @@ where
             Err(_) => return result,
         };
         let left = backoff.timeout - waited;
-        // A fair waiter first in line polls at the first delay: nobody else
-        // may take the lock, so its own attempts are all the load it adds.
-        let step = if op.first_in_line() { 0 } else { attempt };
+        // A fair waiter polls by its place in line: the first at the first
+        // delay (only it may take the lock next), the n-th at most at the
+        // n-th (it cannot be granted before those ahead of it).
+        let step = op.place_in_line().map_or(attempt, |place| {
+            attempt.min(u32::try_from(place - 1).unwrap_or(u32::MAX))
+        });
         let sleep = match (wake, expires_in) {
             // Woken by the release; the expiry (capped by max_delay, which
             // bounds what a lost message costs) is the fallback.
