@@ -304,7 +304,8 @@ impl Lock {
     ///
     /// An acquire that does not wait (no [`Lock::with_wait`]) does not
     /// join: it is granted only when the lock is free and nobody is in
-    /// line. The grant is the same lock value, fence and counter as
+    /// line; a free lock with waiters in line answers
+    /// [`LockAttempt::Held`] with `expires_in: None` (it is theirs). The grant is the same lock value, fence and counter as
     /// without `fair` (release, extension and fenced writes are unchanged;
     /// [`FenceSource::PerSlot`] works too).
     ///
