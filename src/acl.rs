@@ -23,7 +23,7 @@
 //! ACL SETUSER app-limits on >secret resetkeys ~app:* ~{app:* resetchannels -@all
 //!     +evalsha +evalsha_ro +eval +eval_ro +script|load +del +get +set +incr
 //!     +incrby +hget +hmget +hgetall +hset +hincrby +zadd +zcard +zrange
-//!     +zrangebyscore +zrem +zremrangebyscore +zscore +exists +type +pexpire
+//!     +zrangebyscore +zrank +zrem +zremrangebyscore +zscore +exists +type +pexpire
 //!     +pexpireat +pexpiretime +pttl +time
 //! ```
 //!
@@ -49,14 +49,14 @@
 ///   alone (no permit).
 /// * The rest are called by the scripts: strings and counters (`get`, `set`,
 ///   `incr`, `incrby`), hashes (`hget`, `hmget`, `hgetall`,
-///   `hset`, `hincrby`), sorted sets for the semaphore's holders (`zadd`,
-///   `zcard`, `zrange`, `zrangebyscore`, `zrem`, `zremrangebyscore`,
-///   `zscore`), `type` (the semaphore checks its key's type before
-///   writing), expiry (`pexpire`, `pexpireat`, `pexpiretime`, `pttl`),
+///   `hset`, `hincrby`), sorted sets for the semaphore's holders and a fair
+///   lock's waiting line (`zadd`, `zcard`, `zrange`, `zrangebyscore`,
+///   `zrank`, `zrem`, `zremrangebyscore`, `zscore`), `type` (the semaphore
+///   and a fair lock check their keys' types before writing), expiry (`pexpire`, `pexpireat`, `pexpiretime`, `pttl`),
 ///   `exists`, and `time` (the server clock every rate decision reads).
 pub const COMMANDS: &str = "+evalsha +evalsha_ro +eval +eval_ro +script|load +del \
 +get +set +incr +incrby +hget +hmget +hgetall +hset +hincrby +zadd +zcard +zrange \
-+zrangebyscore +zrem +zremrangebyscore +zscore +exists +type +pexpire +pexpireat +pexpiretime \
++zrangebyscore +zrank +zrem +zremrangebyscore +zscore +exists +type +pexpire +pexpireat +pexpiretime \
 +pttl +time";
 
 /// What a cluster needs on top of [`COMMANDS`]: `cluster|slots`, read by

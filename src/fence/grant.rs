@@ -414,8 +414,19 @@ impl fmt::Debug for Holder {
 impl Holder {
     fn release_call(&self) -> Invocation {
         // The script derives the channel (`keys.released`) from the flag's name.
-        Invocation::new(&RELEASE, &[self.keys.lock.as_str(), &self.keys.waiting])
-            .arg(self.value.as_str())
+        let call = match &self.keys.line {
+            None => Invocation::new(&RELEASE, &[self.keys.lock.as_str(), &self.keys.waiting]),
+            Some(line) => Invocation::new(
+                &RELEASE,
+                &[
+                    self.keys.lock.as_str(),
+                    &self.keys.waiting,
+                    &line[0],
+                    &line[1],
+                ],
+            ),
+        };
+        call.arg(self.value.as_str())
     }
 
     fn extend_call(&self) -> Invocation {

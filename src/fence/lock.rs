@@ -1,6 +1,8 @@
 //! [`Lock`]: one kind of lock's configuration, and the acquires on it.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionLike;
@@ -16,6 +18,7 @@ use crate::{Backoff, Result, Work};
 
 pub(super) static ACQUIRE: Script = embedded!("fence/acquire");
 static ACQUIRE_SLOT: Script = embedded!("fence/acquire_slot");
+static ACQUIRE_FAIR: Script = embedded!("fence/acquire_fair");
 
 /// "One holder at a time, with a fence": the TTL of the grants and how
 /// long an acquire waits. Build it once (it is cheap to clone) and call it
@@ -45,6 +48,7 @@ pub struct Lock {
     wait: Backoff,
     ack: Option<Ack>,
     fences: FenceSource,
+    fair: bool,
 }
 
 impl Lock {
@@ -72,6 +76,7 @@ impl Lock {
             wait: Backoff::none(),
             ack: None,
             fences: FenceSource::PerResource,
+            fair: false,
         })
     }
 
@@ -276,6 +281,79 @@ impl Lock {
         self.fences
     }
 
+    /// The same lock, whose waiting acquires are served **in arrival
+    /// order**, across processes: **fair waiting**.
+    ///
+    /// A waiting acquire ([`Lock::acquire`] or [`Lock::acquire_as`] with a
+    /// [`Lock::with_wait`] backoff, [`Lock::lease`], [`Lock::with_lease`],
+    /// [`super::Waiters::acquire`]) joins the resource's waiting line in
+    /// Redis (`keys::derive(resource, "queue")` and `"queue:alive"`, in the
+    /// lock's slot) with its token as its ticket, and is granted only when
+    /// the lock is free **and** its ticket is first (`lua/fence/acquire_fair.lua`).
+    /// So no waiter is passed over by one that came later. A release of a
+    /// fair grant wakes the first in line by name (it `PUBLISH`es the
+    /// ticket; [`super::Waiters`] routes it to that waiter alone), not
+    /// whichever waiter asks first.
+    ///
+    /// A waiter that stops calling (its process killed, its future
+    /// dropped) leaves the line at most [`Lock::ticket_life`] after its last
+    /// attempt, without blocking the ones behind it longer than that; one
+    /// that gives up (its timeout passes, or an error) leaves at once. One
+    /// that comes back after its ticket died is queued at the back. The
+    /// line's keys expire with their last deadline.
+    ///
+    /// An acquire that does not wait (no [`Lock::with_wait`]) does not
+    /// join: it is granted only when the lock is free and nobody is in
+    /// line; a free lock with waiters in line answers
+    /// [`LockAttempt::Held`] with `expires_in: None` (it is theirs). The grant is the same lock value, fence and counter as
+    /// without `fair` (release, extension and fenced writes are unchanged;
+    /// [`FenceSource::PerSlot`] works too).
+    ///
+    /// As an operation value ([`AcquireLock::with_token`]), a waiting fair
+    /// lock's attempt joins the line: it is the first attempt of a waiting
+    /// acquire, and [`Lock::acquire_as`] or
+    /// [`super::Waiters::acquire_as`] under the same token keeps its place
+    /// (left alone, the ticket dies within [`Lock::ticket_life`]). An
+    /// acknowledged fair lock ([`Lock::acknowledged`]) whose grant the
+    /// replicas did not confirm gives it back and queues again, at the back.
+    ///
+    /// **Every process of a resource must use the fair mode**: a plain
+    /// acquire does not look at the line and takes a free lock ahead of it,
+    /// and a plain grant's release does not wake the first in line by name
+    /// (the line then moves on at its waiters' fallback timers, within
+    /// [`crate::Backoff::max_delay`]).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use nolock::fence::Lock;
+    /// use nolock::Backoff;
+    ///
+    /// let exports = Lock::new(Duration::from_secs(30))?
+    ///     .with_wait(Backoff::new(Duration::from_secs(10)))
+    ///     .fair();
+    /// assert!(exports.is_fair());
+    /// // Sleeps of at most 500 ms (+1 ms jitter): a silent waiter leaves the line within 2.002 s.
+    /// assert_eq!(exports.ticket_life(), Duration::from_millis(2002));
+    /// # Ok::<(), nolock::Error>(())
+    /// ```
+    pub fn fair(self) -> Lock {
+        Lock { fair: true, ..self }
+    }
+
+    /// Whether waiting acquires queue in arrival order ([`Lock::fair`]).
+    pub fn is_fair(&self) -> bool {
+        self.fair
+    }
+
+    /// How long a fair waiter's ticket lives after each of its attempts
+    /// ([`Lock::fair`]): twice its longest sleep between attempts (its
+    /// backoff's `max_delay`, at least `initial_delay`, plus 1 ms of
+    /// jitter, at most its timeout) plus 1 s for the attempt's round trip.
+    /// A waiter that stops calling leaves the line within this bound.
+    pub fn ticket_life(&self) -> Duration {
+        retry::longest_sleep(&self.wait) * 2 + Duration::from_secs(1)
+    }
+
     /// Take the lock on `resource` if it is free, with a fresh random owner
     /// token, and get the next fence (waiting as [`Lock::with_wait`] says).
     ///
@@ -467,6 +545,11 @@ pub struct AcquireLock {
     ttl: Duration,
     built: Instant,
     fences: FenceSource,
+    /// A fair waiter's "leave" call ([`Lock::fair`]).
+    leave: Option<Box<Invocation>>,
+    /// A fair waiter's place in line as its last attempt answered (1 =
+    /// first; 0 = not in line), shared by the attempts it resends.
+    place: Option<Arc<AtomicU64>>,
 }
 
 impl AcquireLock {
@@ -517,6 +600,9 @@ impl AcquireLock {
         token: &Token,
         sleep_ms: Option<u64>,
     ) -> Result<Self> {
+        if lock.fair {
+            return AcquireLock::build_fair(lock, resource, token);
+        }
         let keys = Keys::of(resource)?;
         let ttl_ms = millis(lock.ttl)?;
         let slot = slot_counter(crate::keys::slot(&keys.lock));
@@ -541,7 +627,72 @@ impl AcquireLock {
             ttl: lock.ttl,
             built: Instant::now(),
             fences: lock.fences,
+            leave: None,
+            place: None,
         })
+    }
+
+    /// A fair lock's attempt (`fence/acquire_fair`): joins the line when
+    /// the lock waits, tries without joining when it does not.
+    fn build_fair(lock: &Lock, resource: &str, token: &Token) -> Result<Self> {
+        let keys = Keys::fair(resource)?;
+        let ttl_ms = millis(lock.ttl)?;
+        let life_ms = millis(lock.ticket_life())?;
+        let slot = slot_counter(crate::keys::slot(&keys.lock));
+        let (call, leave) = {
+            let line = keys.line.as_deref().map_or(["", ""], |l| [&l[0], &l[1]]);
+            let names: Vec<&str> = match lock.fences {
+                FenceSource::PerResource => vec![&keys.lock, line[0], line[1], &keys.fence],
+                FenceSource::PerSlot => vec![&keys.lock, line[0], line[1], slot, &keys.fence],
+            };
+            let joins = !lock.wait.timeout.is_zero();
+            let call = Invocation::new(&ACQUIRE_FAIR, &names)
+                .arg(token.as_str())
+                .arg(ttl_ms)
+                .arg(if joins { "join" } else { "try" });
+            if joins {
+                let leave = Invocation::new(&ACQUIRE_FAIR, &names)
+                    .arg(token.as_str())
+                    .arg(ttl_ms)
+                    .arg("leave");
+                (call.arg(life_ms), Some(Box::new(leave)))
+            } else {
+                (call, None)
+            }
+        };
+        Ok(AcquireLock {
+            call,
+            keys,
+            resource: resource.to_owned(),
+            token: token.clone(),
+            ttl: lock.ttl,
+            built: Instant::now(),
+            fences: lock.fences,
+            place: leave.as_ref().map(|_| Arc::default()),
+            leave,
+        })
+    }
+
+    /// A fair waiter's way out of the line (`None` for other attempts):
+    /// one that gives up leaves at once instead of at its ticket's death.
+    pub(super) fn leave(&self) -> Option<LeaveLine> {
+        self.leave
+            .as_deref()
+            .map(|call| LeaveLine { call: call.clone() })
+    }
+
+    /// A fair waiter's place in line as its last attempt answered (1 =
+    /// first), if it is in one.
+    pub(super) fn place_in_line(&self) -> Option<u64> {
+        self.place
+            .as_ref()
+            .map(|place| place.load(Ordering::Relaxed))
+            .filter(|&place| place > 0)
+    }
+
+    /// The ticket this attempt waits under, if it joins a fair line.
+    pub(super) fn ticket(&self) -> Option<&str> {
+        self.leave.as_ref().map(|_| self.token.as_str())
     }
 
     /// The owner token this attempt takes the lock under.
@@ -570,9 +721,10 @@ impl Operation for AcquireLock {
     }
 
     fn decode(&self, value: redis::Value) -> Result<LockAttempt> {
-        let script = match self.fences {
-            FenceSource::PerResource => &ACQUIRE,
-            FenceSource::PerSlot => &ACQUIRE_SLOT,
+        let script = match (self.keys.line.is_some(), self.fences) {
+            (true, _) => &ACQUIRE_FAIR,
+            (false, FenceSource::PerResource) => &ACQUIRE,
+            (false, FenceSource::PerSlot) => &ACQUIRE_SLOT,
         };
         let mut reply = Reply::new(script.name(), value)?;
         let outcome = if reply.flag()? {
@@ -585,12 +737,39 @@ impl Operation for AcquireLock {
                 self.built,
             ))
         } else {
-            LockAttempt::Held {
-                expires_in: u64::try_from(reply.int()?).ok().map(Duration::from_millis),
+            let expires_in = u64::try_from(reply.int()?).ok().map(Duration::from_millis);
+            if self.keys.line.is_some() {
+                let position = reply.uint()?;
+                if let Some(place) = &self.place {
+                    place.store(position, Ordering::Relaxed);
+                }
             }
+            LockAttempt::Held { expires_in }
         };
         reply.finish()?;
         Ok(outcome)
+    }
+}
+
+/// A fair waiter leaving its line (`fence/acquire_fair`, mode "leave").
+#[derive(Debug)]
+pub(super) struct LeaveLine {
+    call: Invocation,
+}
+
+impl Operation for LeaveLine {
+    type Output = ();
+
+    fn invocation(&self) -> &Invocation {
+        &self.call
+    }
+
+    fn decode(&self, value: redis::Value) -> Result<()> {
+        let mut reply = Reply::new(ACQUIRE_FAIR.name(), value)?;
+        let _ = reply.flag()?;
+        let _ = reply.int()?;
+        let _ = reply.uint()?;
+        reply.finish()
     }
 }
 
@@ -643,6 +822,95 @@ mod tests {
                 "502"
             ]
         );
+    }
+
+    #[test]
+    fn a_fair_acquire_names_the_line_and_joins_only_when_it_waits() {
+        let token = Token("t0k".into());
+        let waiting = lock(1500)
+            .with_wait(crate::Backoff::new(Duration::from_secs(5)))
+            .fair();
+        let life = waiting.ticket_life().as_millis().to_string();
+        assert_eq!(life, "2002");
+        let op = AcquireLock::build_waiting(&waiting, "r", &token, Some(502)).unwrap();
+        assert_eq!(
+            words(op.invocation().command()),
+            [
+                "EVALSHA",
+                ACQUIRE_FAIR.sha1(),
+                "4",
+                "{r}:lock",
+                "{r}:queue",
+                "{r}:queue:alive",
+                "{r}:fence",
+                "t0k",
+                "1500",
+                "join",
+                &life
+            ]
+        );
+        assert_eq!(op.ticket(), Some("t0k"));
+        assert_eq!(
+            words(op.leave().unwrap().invocation().command())[7..],
+            ["t0k", "1500", "leave"]
+        );
+        // Not waiting: one try, no place in line.
+        let once = lock(1500).fair();
+        let op = AcquireLock::with_token(&once, "r", &token).unwrap();
+        assert_eq!(
+            words(op.invocation().command())[7..],
+            ["t0k", "1500", "try"]
+        );
+        assert!(op.leave().is_none() && op.ticket().is_none());
+        // Slot fences: the slot counter written, the resource's read.
+        let slot = waiting.with_fence_source(FenceSource::PerSlot);
+        let op = AcquireLock::with_token(&slot, "r", &token).unwrap();
+        let counter = slot_counter(crate::keys::slot("{r}:lock"));
+        assert_eq!(
+            words(op.invocation().command())[2..8],
+            [
+                "5",
+                "{r}:lock",
+                "{r}:queue",
+                "{r}:queue:alive",
+                counter,
+                "{r}:fence"
+            ]
+        );
+        // Held: the PTTL (-2: free, not this ticket's turn) and the place.
+        assert_eq!(
+            op.decode(Array(vec![Int(0), Int(-2), Int(3)])).unwrap(),
+            LockAttempt::Held { expires_in: None }
+        );
+        assert_eq!(op.place_in_line(), Some(3));
+        let _ = op.resend().decode(Array(vec![Int(0), Int(900), Int(1)]));
+        assert_eq!(
+            op.place_in_line(),
+            Some(1),
+            "the resent attempts share the place"
+        );
+        match op
+            .decode(Array(vec![Int(1), BulkString(b"7".to_vec())]))
+            .unwrap()
+        {
+            LockAttempt::Acquired(grant) => {
+                assert_eq!(grant.fence().number(), 7);
+                // Its release names the line, to wake the first in it.
+                let release = super::super::ReleaseLock::new(&grant);
+                assert_eq!(
+                    words(release.invocation().command())[2..7],
+                    [
+                        "4",
+                        "{r}:lock",
+                        "{r}:waiting",
+                        "{r}:queue",
+                        "{r}:queue:alive"
+                    ]
+                );
+                std::mem::forget(grant);
+            }
+            held => panic!("{held:?}"),
+        }
     }
 
     #[test]

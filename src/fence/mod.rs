@@ -57,6 +57,7 @@
 //! | [`durability()`] | `CONFIG GET`, `INFO` | can this server's counters go back? (check at startup) |
 //! | [`Leader::campaign`], [`Leader::run`] | acquire, extend, release | leader election: one [`Term`] at a time per role, its fence strictly increasing; transitions on a watch ([`Role`]); [`Campaign::step_down`] hands over at once |
 //! | [`Waiters::acquire`] | acquire, `SUBSCRIBE` | wait for a held lock, woken when it is released |
+//! | [`Lock::fair`] | `lua/fence/acquire_fair.lua`, `lua/fence/release.lua` | **fair waiting**: waiting acquires served in arrival order across processes (a line in Redis); a release wakes the first in line by name |
 //!
 //! Every call is also an operation value ([`AcquireLock`], [`ReleaseLock`],
 //! [`ExtendLock`], [`WriteFenced`], [`ReadFenced`], [`AdvanceFence`],
@@ -70,7 +71,9 @@
 //! laid out): `{r}:lock`, holding the grant's fence and owner token
 //! (`"<fence>:<token>"`) with the TTL, `{r}:fence`, the counter, and
 //! `{r}:value`, the value of [`Fence::write`], and `{r}:waiting`, a flag with
-//! a short TTL that [`Waiters`] set while they wait. A release is announced
+//! a short TTL that [`Waiters`] set while they wait (and, for a fair lock,
+//! `{r}:queue` and `{r}:queue:alive`, its waiting line, which expire with
+//! their last waiter: [`Lock::fair`]). A release is announced
 //! on the pub/sub channel `{r}:released` only while that flag exists. The counter has **no TTL**: it must never
 //! start again from zero, so it stays (about 60 bytes) for every resource name
 //! ever locked. Derive resource names from a bounded set (one per account, per
@@ -372,6 +375,9 @@ pub(crate) struct Keys {
     pub(crate) released: String,
     /// The flag of [`Waiters`]: while it exists, a release is announced.
     pub(crate) waiting: String,
+    /// A fair lock's waiting line and its deadlines ([`Lock::fair`]): its
+    /// grants' releases wake the first in line.
+    pub(crate) line: Option<Box<[String; 2]>>,
 }
 
 impl Keys {
@@ -383,6 +389,18 @@ impl Keys {
             value: keys::derive(resource, "value"),
             released: keys::derive(resource, "released"),
             waiting: keys::derive(resource, "waiting"),
+            line: None,
+        })
+    }
+
+    /// [`Keys::of`] for a fair lock: with its waiting line.
+    pub(crate) fn fair(resource: &str) -> Result<Keys> {
+        Ok(Keys {
+            line: Some(Box::new([
+                keys::derive(resource, "queue"),
+                keys::derive(resource, "queue:alive"),
+            ])),
+            ..Keys::of(resource)?
         })
     }
 }

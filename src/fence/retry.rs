@@ -45,6 +45,14 @@ where
         timer::check()?;
     }
     let outcome = attempts(conn, lock, op, wake).await;
+    if !matches!(outcome, Ok(LockAttempt::Acquired(_))) {
+        if let Some(leave) = op.leave() {
+            // A fair waiter that gives up leaves its line at once, handing
+            // the first place on (best effort: otherwise its ticket dies
+            // within Lock::ticket_life).
+            let _ = crate::script::run_one(&leave, conn).await;
+        }
+    }
     if let Some(wake) = wake {
         if !matches!(outcome, Ok(LockAttempt::Acquired(_))) {
             // A release wakes one waiter of this process. Leaving without the
@@ -90,12 +98,18 @@ where
             Err(_) => return result,
         };
         let left = backoff.timeout - waited;
+        // A fair waiter polls by its place in line: the first at the first
+        // delay (only it may take the lock next), the n-th at most at the
+        // n-th (it cannot be granted before those ahead of it).
+        let step = op.place_in_line().map_or(attempt, |place| {
+            attempt.min(u32::try_from(place - 1).unwrap_or(u32::MAX))
+        });
         let sleep = match (wake, expires_in) {
             // Woken by the release; the expiry (capped by max_delay, which
             // bounds what a lost message costs) is the fallback.
             (Some(_), Some(expiry)) => expiry.min(fallback(backoff)),
-            (None, Some(expiry)) => backoff.delay(attempt).min(expiry),
-            (_, None) => backoff.delay(attempt),
+            (None, Some(expiry)) => backoff.delay(step).min(expiry),
+            (_, None) => backoff.delay(step),
         };
         let sleep = (sleep + jitter(MS, random_u64())).min(left);
         attempt = attempt.saturating_add(1);

@@ -42,6 +42,16 @@ use crate::{timer, Error, Result};
 /// the server's subscriptions follow the waiting, not every resource ever
 /// waited on ([`Waiters::subscriptions`]).
 ///
+/// # Fair waiting
+///
+/// With a fair lock ([`Lock::fair`]) each waiter waits under a ticket (its
+/// token) in the resource's line in Redis, and is granted only when it is
+/// first. A fair grant's release `PUBLISH`es the first ticket in line
+/// instead of `"1"`, and a [`Waiters`] wakes the waiter of this process
+/// with that ticket, and no other: the one whose turn it is, in whichever
+/// process it waits. The others sleep until the lock's expiry (capped at
+/// [`Backoff::max_delay`]), when they refresh their place in line.
+///
 /// # Clusters
 ///
 /// In a script on a cluster, `PUBLISH` is broadcast over the cluster bus to
@@ -75,6 +85,9 @@ struct Inner {
 #[derive(Debug)]
 struct Channel {
     wake: Arc<Notify>,
+    /// Fair waiters ([`Lock::fair`]) by ticket: a release of a fair grant
+    /// names the first in line, and only that waiter is woken.
+    tickets: HashMap<String, Arc<Notify>>,
     /// How many are waiting; the entry (and the subscription) goes at 0.
     waiting: usize,
 }
@@ -122,11 +135,22 @@ impl Waiters {
         let routes = Arc::clone(&channels);
         let reader = tokio::spawn(async move {
             while let Some(message) = stream.next().await {
+                let payload = message.get_payload_bytes();
                 let notify = routes
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
                     .get(message.get_channel_name())
-                    .map(|channel| Arc::clone(&channel.wake));
+                    .and_then(|channel| {
+                        if payload == b"1" {
+                            // A plain release: wake one plain waiter.
+                            return Some(Arc::clone(&channel.wake));
+                        }
+                        // A ticket: that fair waiter, if it is in this process.
+                        std::str::from_utf8(payload)
+                            .ok()
+                            .and_then(|ticket| channel.tickets.get(ticket))
+                            .map(Arc::clone)
+                    });
                 if let Some(notify) = notify {
                     notify.notify_one();
                 }
@@ -174,15 +198,42 @@ impl Waiters {
     where
         C: ConnectionLike + Send,
     {
+        super::Keys::of(resource)?;
+        self.acquire_as(conn, lock, resource, &super::Token::random()?)
+            .await
+    }
+
+    /// [`Waiters::acquire`] under a token you chose (from
+    /// [`super::Token::random`]), as [`Lock::acquire_as`]: for a fair lock
+    /// ([`Lock::fair`]) the token is also the waiter's ticket, so a waiter
+    /// that sent one attempt of its own first ([`AcquireLock::with_token`]
+    /// of the same lock, which joins the line) keeps its place.
+    ///
+    /// # Errors
+    ///
+    /// As [`Waiters::acquire`] (without [`Error::Entropy`]).
+    pub async fn acquire_as<C>(
+        &self,
+        conn: &mut C,
+        lock: &Lock,
+        resource: &str,
+        token: &super::Token,
+    ) -> Result<LockAttempt>
+    where
+        C: ConnectionLike + Send,
+    {
         // Whole milliseconds, rounded up: the flag must outlive the sleep.
         let sleep = longest_sleep(lock.wait()).as_nanos().div_ceil(1_000_000);
         let sleep_ms = u64::try_from(sleep)
             .unwrap_or(u64::MAX)
             .clamp(1, crate::MAX_INTEGER);
-        let op =
-            AcquireLock::build_waiting(lock, resource, &super::Token::random()?, Some(sleep_ms))?;
+        let op = AcquireLock::build_waiting(lock, resource, token, Some(sleep_ms))?;
         lock.wait().check()?;
         let watch = self.watch(op.released_channel()).await?;
+        if let Some(ticket) = op.ticket() {
+            let own = self.ticket(&watch, ticket);
+            return wait_for(conn, lock, &op, Some(&own.wake)).await;
+        }
         wait_for(conn, lock, &op, Some(&watch.wake)).await
     }
 
@@ -215,6 +266,7 @@ impl Waiters {
             channel.to_owned(),
             Channel {
                 wake: Arc::clone(&wake),
+                tickets: HashMap::new(),
                 waiting: 1,
             },
         );
@@ -229,6 +281,21 @@ impl Waiters {
             return Err(Error::from_redis(err));
         }
         Ok(watch)
+    }
+
+    /// A fair waiter's own wake-up, routed by its ticket while the returned
+    /// value lives.
+    fn ticket(&self, watch: &Watch, ticket: &str) -> TicketWatch {
+        let wake = Arc::new(Notify::new());
+        if let Some(entry) = self.table().get_mut(&watch.channel) {
+            entry.tickets.insert(ticket.to_owned(), Arc::clone(&wake));
+        }
+        TicketWatch {
+            waiters: self.clone(),
+            channel: watch.channel.clone(),
+            ticket: ticket.to_owned(),
+            wake,
+        }
     }
 
     /// One more waiter on an already subscribed channel.
@@ -289,5 +356,22 @@ struct Watch {
 impl Drop for Watch {
     fn drop(&mut self) {
         self.waiters.leave(&self.channel);
+    }
+}
+
+/// A fair waiter's route by ticket; dropped before its [`Watch`], it
+/// removes the route.
+struct TicketWatch {
+    waiters: Waiters,
+    channel: String,
+    ticket: String,
+    wake: Arc<Notify>,
+}
+
+impl Drop for TicketWatch {
+    fn drop(&mut self) {
+        if let Some(entry) = self.waiters.table().get_mut(&self.channel) {
+            entry.tickets.remove(&self.ticket);
+        }
     }
 }
