@@ -82,6 +82,9 @@ struct Histories {
     /// The same operations on a lock whose fences come from its slot's
     /// counter (`FenceSource::PerSlot`).
     slot_fences: Recorder<FenceOp, FenceReply>,
+    /// The same operations on a fair lock (`Lock::fair`), whose acquires
+    /// wait in line.
+    fair_fences: Recorder<FenceOp, FenceReply>,
     balance: Recorder<BalanceOp, cas::Adjustment>,
     /// The leaders' fenced writes (`fence::Leader` terms).
     leaders: Recorder<FenceOp, FenceReply>,
@@ -112,6 +115,9 @@ impl Keys {
     }
     fn slot_lock(&self) -> String {
         format!("{{{}slotlock}}", self.prefix)
+    }
+    fn fair_lock(&self) -> String {
+        format!("{{{}fairlock}}", self.prefix)
     }
     fn balance(&self) -> String {
         format!("{{{}bal}}", self.prefix)
@@ -333,6 +339,7 @@ pub async fn run(config: Config) -> Report {
         rate: Recorder::new(),
         fences: Recorder::new(),
         slot_fences: Recorder::new(),
+        fair_fences: Recorder::new(),
         balance: Recorder::new(),
         leaders: Recorder::new(),
         permit_grants: Recorder::new(),
@@ -455,6 +462,13 @@ pub async fn run(config: Config) -> Report {
         |_| slot_lock_slot,
         acked_grants,
     );
+    let fair_lock_slot = slot(nolock::keys::derive(&keys.fair_lock(), "lock"));
+    let fair_fence_events = forgettable(
+        h.fair_fences.events(),
+        &windows,
+        |_| fair_lock_slot,
+        acked_grants,
+    );
     let balance_events = forgettable(h.balance.events(), &windows, |_| balance_slot, |_| false);
     let role_slot = slot(nolock::keys::derive(&keys.role(), "lock"));
     let leader_events = forgettable(h.leaders.events(), &windows, |_| role_slot, |_| false);
@@ -476,6 +490,7 @@ pub async fn run(config: Config) -> Report {
         unknown(&rate_events) - unknown(&h.rate.events()),
         unknown(&fence_events) - unknown(&h.fences.events()),
         unknown(&slot_fence_events) - unknown(&h.slot_fences.events()),
+        unknown(&fair_fence_events) - unknown(&h.fair_fences.events()),
         unknown(&balance_events) - unknown(&h.balance.events()),
         unknown(&leader_events) - unknown(&h.leaders.events()),
         unknown(&permit_events) - unknown(&h.permit_grants.events()),
@@ -539,6 +554,12 @@ pub async fn run(config: Config) -> Report {
         check_fences(&slot_fence_events, stored),
     ));
 
+    let stored = stored_fence(&conn, keys.fair_lock()).await;
+    verdicts.push((
+        "fair lock (Lock::fair, waiting in line)",
+        check_fences(&fair_fence_events, stored),
+    ));
+
     let stored = stored_fence(&conn, keys.role()).await;
     let terms = h.terms.lock().unwrap_or_else(|e| e.into_inner()).clone();
     verdicts.push((
@@ -589,6 +610,11 @@ pub async fn run(config: Config) -> Report {
         FenceOp::Acquire => "fence::Lock::acquire (slot fences)",
         FenceOp::Write { .. } => "fence::Fence::write (slot fences)",
         FenceOp::Release => "fence::Grant::release (slot fences)",
+    }));
+    ops.merge(&tally(&h.fair_fences.events(), |op| match op {
+        FenceOp::Acquire => "fence::Lock::acquire (fair, waiting)",
+        FenceOp::Write { .. } => "fence::Fence::write (fair lock)",
+        FenceOp::Release => "fence::Grant::release (fair lock)",
     }));
     ops.merge(&tally(&h.leaders.events(), |_| "fence::Leader term write"));
     ops.merge(&tally(&h.permit_grants.events(), |_| {
@@ -834,6 +860,26 @@ async fn client(
                 .await
             }
             80..=87 => fenced_permit(process, &mut rng, c, target, keys, h).await,
+            88..=93 => {
+                // Waits in line up to 200 ms; a waiter cut off by a fault
+                // leaves the line within its ticket's life (about 1 s).
+                let lock = target.lock().map(|l| {
+                    l.fair().with_wait(nolock::Backoff {
+                        timeout: Duration::from_millis(200),
+                        initial_delay: Duration::from_millis(2),
+                        max_delay: Duration::from_millis(20),
+                    })
+                });
+                fenced(
+                    process,
+                    &mut rng,
+                    c,
+                    lock,
+                    &keys.fair_lock(),
+                    &h.fair_fences,
+                )
+                .await
+            }
             _ => {
                 let amount = rng.u64(1..=5);
                 let key = keys.balance();
