@@ -9,91 +9,20 @@
 
 mod support;
 
-use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use nolock::fence::{self, Lock, LockAttempt, LockRelease};
 use nolock::Backoff;
-use tokio_postgres::{Client, NoTls};
+use support::postgres::{connect, with_schema};
 
 /// The pattern the module docs teach, verbatim.
 const FENCED_UPDATE: &str =
     "UPDATE payouts SET status = $1, fence = $2 WHERE id = $3 AND fence < $2";
 
-const DEFAULT_URL: &str = "host=127.0.0.1 port=5432 user=postgres dbname=test connect_timeout=5";
-
-fn database_url() -> String {
-    std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_URL.to_owned())
-}
-
-async fn connect(schema: Option<&str>) -> Result<Client, tokio_postgres::Error> {
-    let (client, connection) = tokio_postgres::connect(&database_url(), NoTls).await?;
-    tokio::spawn(async move {
-        if let Err(e) = connection.await {
-            eprintln!("postgres connection closed: {e}");
-        }
-    });
-    if let Some(schema) = schema {
-        client
-            .batch_execute(&format!("SET search_path TO {schema}"))
-            .await?;
-    }
-    Ok(client)
-}
-
-/// Run `test` in a fresh schema holding an empty `payouts` table, and drop the
-/// schema afterwards, also when the test fails. Skips (or, under CI, fails)
-/// when PostgreSQL is unreachable.
-async fn with_schema<F, Fut>(name: &str, test: F)
-where
-    F: FnOnce(String) -> Fut,
-    Fut: Future<Output = ()> + Send + 'static,
-{
-    let admin = match connect(None).await {
-        Ok(client) => client,
-        Err(e) if std::env::var("CI").is_ok_and(|v| v == "true") => {
-            panic!(
-                "PostgreSQL at {:?} is unreachable in CI: {e}",
-                database_url()
-            )
-        }
-        Err(e) => {
-            eprintln!(
-                "SKIPPED {name}: PostgreSQL at {:?} is unreachable ({e}). \
-                 Start it (bash .ci/test does) or set DATABASE_URL.",
-                database_url()
-            );
-            return;
-        }
-    };
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    let schema = format!("nolock_{name}_{}_{nanos}", std::process::id());
-    admin
-        .batch_execute(&format!(
-            "CREATE SCHEMA {schema};
-             CREATE TABLE {schema}.payouts (
-                 id     bigint PRIMARY KEY,
-                 status text   NOT NULL,
-                 fence  bigint NOT NULL DEFAULT 0
-             );"
-        ))
-        .await
-        .expect("create the test schema");
-    // Run in a task so a failing assertion still reaches the cleanup below.
-    let outcome = tokio::spawn(test(schema.clone())).await;
-    admin
-        .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
-        .await
-        .expect("drop the test schema");
-    if let Err(e) = outcome {
-        std::panic::resume_unwind(e.into_panic());
-    }
-}
+/// The test schema's tables (`{schema}` is its name).
+const TABLES: &str = "CREATE TABLE {schema}.payouts ( id bigint PRIMARY KEY, status text NOT NULL, fence bigint NOT NULL DEFAULT 0 );";
 
 fn grant(outcome: LockAttempt) -> fence::Grant {
     match outcome {
@@ -108,7 +37,7 @@ fn pg_fence(grant: &fence::Grant) -> i64 {
 
 #[tokio::test]
 async fn a_paused_holder_updates_zero_rows() {
-    with_schema("paused", |schema| async move {
+    with_schema("paused", TABLES, |schema| async move {
         let redis = support::redis();
         let mut conn = redis.conn().await;
         // Two services, each with its own database session.
@@ -176,7 +105,7 @@ async fn a_paused_holder_updates_zero_rows() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn holders_in_turn_each_update_the_row_exactly_once() {
-    with_schema("turns", |schema| async move {
+    with_schema("turns", TABLES, |schema| async move {
         const WORKERS: usize = 12;
         let redis = support::redis();
         let conn = redis.conn().await;

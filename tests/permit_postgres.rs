@@ -3,19 +3,19 @@
 //! its expiry writes nothing once its seat was granted again and written.
 //!
 //! Needs PostgreSQL at `$DATABASE_URL`, as `tests/fence_postgres.rs` (whose
-//! setup this file repeats): skipped with a message when unreachable,
+//! setup it shares, `support::postgres`): skipped with a message when unreachable,
 //! failed under `CI=true`.
 
 mod support;
 
-use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use nolock::semaphore::{Permit, PermitAttempt, PermitRelease, Semaphore};
 use nolock::Backoff;
-use tokio_postgres::{Client, NoTls};
+use support::postgres::{connect, with_schema};
+use tokio_postgres::Client;
 
 /// The pattern for fenced permits: the row of the permit's seat, written
 /// only under a fence not below the row's (`<=`: one permit may write its
@@ -24,80 +24,8 @@ use tokio_postgres::{Client, NoTls};
 const FENCED_UPDATE: &str =
     "UPDATE exports SET cursor = $1, fence = $3 WHERE seat = $2 AND fence <= $3";
 
-const DEFAULT_URL: &str = "host=127.0.0.1 port=5432 user=postgres dbname=test connect_timeout=5";
-
-fn database_url() -> String {
-    std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_URL.to_owned())
-}
-
-async fn connect(schema: Option<&str>) -> Result<Client, tokio_postgres::Error> {
-    let (client, connection) = tokio_postgres::connect(&database_url(), NoTls).await?;
-    tokio::spawn(async move {
-        if let Err(e) = connection.await {
-            eprintln!("postgres connection closed: {e}");
-        }
-    });
-    if let Some(schema) = schema {
-        client
-            .batch_execute(&format!("SET search_path TO {schema}"))
-            .await?;
-    }
-    Ok(client)
-}
-
-/// Run `test` in a fresh schema holding an `exports` table with one row per seat 1..3, and drop the
-/// schema afterwards, also when the test fails. Skips (or, under CI, fails)
-/// when PostgreSQL is unreachable.
-async fn with_schema<F, Fut>(name: &str, test: F)
-where
-    F: FnOnce(String) -> Fut,
-    Fut: Future<Output = ()> + Send + 'static,
-{
-    let admin = match connect(None).await {
-        Ok(client) => client,
-        Err(e) if std::env::var("CI").is_ok_and(|v| v == "true") => {
-            panic!(
-                "PostgreSQL at {:?} is unreachable in CI: {e}",
-                database_url()
-            )
-        }
-        Err(e) => {
-            eprintln!(
-                "SKIPPED {name}: PostgreSQL at {:?} is unreachable ({e}). \
-                 Start it (bash .ci/test does) or set DATABASE_URL.",
-                database_url()
-            );
-            return;
-        }
-    };
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    let schema = format!("nolock_{name}_{}_{nanos}", std::process::id());
-    admin
-        .batch_execute(&format!(
-            "CREATE SCHEMA {schema};
-             CREATE TABLE {schema}.exports (
-                 seat   bigint PRIMARY KEY,
-                 cursor text   NOT NULL,
-                 fence  bigint NOT NULL DEFAULT 0
-             );
-             INSERT INTO {schema}.exports (seat, cursor)
-                 SELECT s, '0' FROM generate_series(1, 3) AS s;"
-        ))
-        .await
-        .expect("create the test schema");
-    // Run in a task so a failing assertion still reaches the cleanup below.
-    let outcome = tokio::spawn(test(schema.clone())).await;
-    admin
-        .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
-        .await
-        .expect("drop the test schema");
-    if let Err(e) = outcome {
-        std::panic::resume_unwind(e.into_panic());
-    }
-}
+/// The test schema's tables (`{schema}` is its name).
+const TABLES: &str = "CREATE TABLE {schema}.exports ( seat bigint PRIMARY KEY, cursor text NOT NULL, fence bigint NOT NULL DEFAULT 0 ); INSERT INTO {schema}.exports (seat, cursor) SELECT s, '0' FROM generate_series(1, 3) AS s;";
 
 fn permit(outcome: PermitAttempt) -> Permit {
     match outcome {
@@ -120,7 +48,7 @@ async fn update(db: &Client, cursor: &str, (seat, fence): (i64, i64)) -> u64 {
 
 #[tokio::test]
 async fn a_paused_permit_holder_updates_zero_rows_after_its_seat_was_written() {
-    with_schema("permit_paused", |schema| async move {
+    with_schema("permit_paused", TABLES, |schema| async move {
         let redis = support::redis();
         let mut conn = redis.conn().await;
         let db_a = connect(Some(&schema)).await.unwrap();
@@ -184,7 +112,7 @@ async fn a_paused_permit_holder_updates_zero_rows_after_its_seat_was_written() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exporters_in_turn_each_update_their_seat_exactly_once() {
-    with_schema("permit_turns", |schema| async move {
+    with_schema("permit_turns", TABLES, |schema| async move {
         const WORKERS: usize = 12;
         let redis = support::redis();
         let db = Arc::new(connect(Some(&schema)).await.unwrap());

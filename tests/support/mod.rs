@@ -14,6 +14,7 @@ pub mod cluster;
 pub mod deployment;
 pub mod faults;
 pub mod history;
+pub mod postgres;
 pub mod proxy;
 pub mod replicated;
 pub mod server;
