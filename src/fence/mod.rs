@@ -252,6 +252,7 @@ pub use lease::Lease;
 pub use lock::{AcquireLock, Lock};
 pub use slot::{slot_counter, FenceSource};
 pub use waiters::Waiters;
+pub(crate) use write::decode_status;
 pub use write::{read, read_unbound, Fenced, ReadFenced, Write, WriteFenced};
 
 /// A random owner token: 128 bits from the OS CSPRNG, as 32 lowercase hex

@@ -242,8 +242,19 @@ impl Operation for WriteFenced {
 fn decode_write(script: &'static Script, value: redis::Value) -> Result<Write> {
     // fence/write answers statuses 0..3, fence/write_held also 3 (ended).
     let held = std::ptr::eq(script, &WRITE_HELD);
+    decode_status(script, value, if held { 4 } else { 3 })
+}
+
+/// A fenced write's reply `{status, fence}` (status below `statuses`: 1
+/// applied, 0 stale, 2 not granted, 3 ended), as every fenced-write script
+/// answers it (`semaphore/write_fenced` too).
+pub(crate) fn decode_status(
+    script: &'static Script,
+    value: redis::Value,
+    statuses: i64,
+) -> Result<Write> {
     let mut reply = Reply::new(script.name(), value)?;
-    let status = reply.code(if held { 4 } else { 3 })?;
+    let status = reply.code(statuses)?;
     let fence = reply.uint()?;
     reply.finish()?;
     Ok(match status {

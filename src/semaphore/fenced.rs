@@ -32,7 +32,7 @@ use redis::aio::ConnectionLike;
 
 use super::{Permit, PermitId};
 use crate::fence::Write;
-use crate::script::{embedded, run_one, Invocation, Operation, Reply, Script};
+use crate::script::{embedded, run_one, Invocation, Operation, Script};
 use crate::{keys, validate, Result};
 #[cfg(doc)]
 use crate::{semaphore::Semaphore, Error};
@@ -255,18 +255,7 @@ impl Operation for WritePermit {
 }
 
 fn decode_write(value: redis::Value) -> Result<Write> {
-    let mut reply = Reply::new(WRITE_FENCED.name(), value)?;
-    let status = reply.code(4)?;
-    let fence = reply.uint()?;
-    reply.finish()?;
-    Ok(match status {
-        1 => Write::Applied,
-        0 => Write::Stale {
-            current_fence: fence,
-        },
-        2 => Write::NotGranted { counter: fence },
-        _ => Write::Ended,
-    })
+    crate::fence::decode_status(&WRITE_FENCED, value, 4)
 }
 
 #[cfg(test)]
