@@ -70,7 +70,7 @@ pub const CLUSTER_COMMANDS: &str = "+cluster|slots";
 ///   native commands a server has (Valkey's `SET ... IFEQ`); without it,
 ///   `load` sends each script once more, one by one, and every call runs
 ///   its script.
-/// * `publish` (with the channel pattern `&{app:*`): `fence/release` wakes
+/// * `publish` (with the channel pattern `&{app:*`): `fence/release` (and `fence/release_fair`) wakes
 ///   the fence `Waiters` of the resource (channel `keys::derive(resource,
 ///   "released")`, sent only while their flag `keys::derive(resource,
 ///   "waiting")`, under the key pattern `~{app:*`, exists) through

@@ -10,19 +10,12 @@
 --          pub/sub channel of the same name ending in ":released" instead
 --          (`keys::derive(resource, "released")`): derived here, not sent,
 --          as an argument costs more than the few characters.
--- KEYS[3]  optional, with KEYS[2]: the waiting line of fence/acquire_fair
---          (`keys::derive(resource, "queue")`), and
--- KEYS[4]  its deadlines (`keys::derive(resource, "queue:alive")`): a fair
---          lock's grant sends them. After the DEL, dead tickets are dropped
---          and the first live one is PUBLISHed on the channel, so the
---          release wakes the waiter whose turn it is, not any waiter.
 -- ARGV[1]  holder   the lock value of the grant being released,
 --                   "<fence>:<token>" as fence/acquire stored it.
 --
 -- Reply: {released}
 --   1  the lock held ARGV[1] and was deleted; "1" was PUBLISHed on the
---      channel if the waiting flag exists, and the first ticket of the
---      line (KEYS[3]) if there is one
+--      channel if the waiting flag exists
 --   0  the lock is gone or held under another token (it expired and someone
 --      else may hold it now); nothing was written or published
 --
@@ -45,11 +38,8 @@
 --
 -- Example: lock = "7:ab..", flag present: release "7:ab.." gives {1} and
 -- one message on the channel; again gives {0}. Flag absent: {1}, no message.
--- With KEYS[3..4] and the line {cd..=1, ef..=2}, both alive: {1}, and
--- "cd.." on the channel.
 
 --@include lib/fail
---@include lib/queue
 
 local holder = ARGV[1]
 if holder == nil or holder == '' then
@@ -58,24 +48,10 @@ end
 if KEYS[2] and string.sub(KEYS[2], -8) ~= ':waiting' then
   return fail('not a waiting flag: ' .. KEYS[2])
 end
-if KEYS[3] and string.sub(KEYS[3], -6) ~= ':queue' then
-  return fail('not a queue: ' .. KEYS[3])
-end
 if redis.call('GET', KEYS[1]) == holder then
   redis.call('DEL', KEYS[1])
   if KEYS[2] and redis.call('EXISTS', KEYS[2]) == 1 then
     redis.pcall('PUBLISH', string.sub(KEYS[2], 1, -8) .. 'released', '1')
-  end
-  -- A line of another type (foreign data) is left alone: the lock is freed
-  -- all the same, and its waiters fall back to their timers.
-  if KEYS[4] and redis.call('TYPE', KEYS[3])['ok'] == 'zset'
-      and redis.call('TYPE', KEYS[4])['ok'] == 'zset' then
-    local time = redis.call('TIME')
-    local head = queue_head(KEYS[3], KEYS[4],
-      tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000))
-    if head then
-      redis.pcall('PUBLISH', string.sub(KEYS[2], 1, -8) .. 'released', head)
-    end
   end
   return {1}
 end

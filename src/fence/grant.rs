@@ -12,6 +12,8 @@ use crate::script::{embedded, run_one, Invocation, Operation, Reply, Script};
 use crate::{validate, Error, Result};
 
 static RELEASE: Script = embedded!("fence/release");
+/// A fair grant's release: wakes the first in line by name.
+static RELEASE_FAIR: Script = embedded!("fence/release_fair");
 static EXTEND: Script = embedded!("fence/extend");
 
 /// One acquisition of a lock ([`super::Lock::acquire`]): its resource,
@@ -417,7 +419,7 @@ impl Holder {
         let call = match &self.keys.line {
             None => Invocation::new(&RELEASE, &[self.keys.lock.as_str(), &self.keys.waiting]),
             Some(line) => Invocation::new(
-                &RELEASE,
+                &RELEASE_FAIR,
                 &[
                     self.keys.lock.as_str(),
                     &self.keys.waiting,
@@ -483,7 +485,7 @@ impl Operation for ReleaseLock {
     }
 
     fn decode(&self, reply: redis::Value) -> Result<LockRelease> {
-        let mut reply = Reply::new(RELEASE.name(), reply)?;
+        let mut reply = Reply::new(self.call.script().name(), reply)?;
         let released = reply.flag()?;
         reply.finish()?;
         Ok(if released {

@@ -57,7 +57,7 @@
 //! | [`durability()`] | `CONFIG GET`, `INFO` | can this server's counters go back? (check at startup) |
 //! | [`Leader::campaign`], [`Leader::run`] | acquire, extend, release | leader election: one [`Term`] at a time per role, its fence strictly increasing; transitions on a watch ([`Role`]); [`Campaign::step_down`] hands over at once |
 //! | [`Waiters::acquire`] | acquire, `SUBSCRIBE` | wait for a held lock, woken when it is released |
-//! | [`Lock::fair`] | `lua/fence/acquire_fair.lua`, `lua/fence/release.lua` | **fair waiting**: waiting acquires served in arrival order across processes (a line in Redis); a release wakes the first in line by name |
+//! | [`Lock::fair`] | `lua/fence/acquire_fair.lua`, `lua/fence/release_fair.lua` | **fair waiting**: waiting acquires served in arrival order across processes (a line in Redis); a release wakes the first in line by name |
 //!
 //! Every call is also an operation value ([`AcquireLock`], [`ReleaseLock`],
 //! [`ExtendLock`], [`WriteFenced`], [`ReadFenced`], [`AdvanceFence`],
