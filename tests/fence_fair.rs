@@ -16,6 +16,7 @@ use nolock::fence::{self, AcquireLock, FenceSource, Lock, LockAttempt, Token};
 use nolock::keys::derive;
 use nolock::{Backoff, Batch};
 use support::deployment::{both, AnyConn, Deployment};
+use support::history::{passed_over, Waited};
 use support::prefix;
 
 both!(
@@ -76,46 +77,6 @@ async fn line(d: &Deployment, resource: &str) -> Vec<String> {
     let key = derive(resource, "queue");
     let mut owner = d.owner(&key).await;
     support::raw(&mut owner, &["ZRANGE", &key, "0", "-1"]).await
-}
-
-/// One waiter's history: when its first attempt was sent and when it
-/// returned with its ticket in line, and how it ended.
-#[derive(Debug, Clone, Copy)]
-struct Waited {
-    start: Instant,
-    enqueued: Option<Instant>,
-    /// The fence and when the grant was answered.
-    granted: Option<(u64, Instant)>,
-    /// When the waiter was killed (its future dropped), if it was.
-    crashed: Option<Instant>,
-}
-
-/// "No waiter passed over": a waiter `j` granted while an earlier waiter
-/// `i` (whose ticket was in line before `j`'s first attempt was sent) was
-/// still alive must come after `i`: `i` was granted first (smaller fence).
-/// `i` is certainly alive at `j`'s grant when it had not crashed by the
-/// time `j`'s grant was answered. Returns every violation.
-fn passed_over(history: &[Waited]) -> Vec<String> {
-    let mut violations = Vec::new();
-    for (i, a) in history.iter().enumerate() {
-        let Some(enqueued) = a.enqueued else { continue };
-        for (j, b) in history.iter().enumerate() {
-            let Some((fence_b, answered_b)) = b.granted else {
-                continue;
-            };
-            if i == j || enqueued >= b.start {
-                continue;
-            }
-            let alive = a.crashed.is_none_or(|c| c > answered_b);
-            let before = a.granted.is_some_and(|(fence_a, _)| fence_a < fence_b);
-            if alive && !before {
-                violations.push(format!(
-                    "waiter {j} (fence {fence_b}) was granted before waiter {i}, in line earlier: {a:?}"
-                ));
-            }
-        }
-    }
-    violations
 }
 
 #[test]

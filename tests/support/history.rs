@@ -742,3 +742,43 @@ pub fn check_balance(
         unknown.len()
     ))
 }
+
+/// One waiter's history: when its first attempt was sent and when it
+/// returned with its ticket in line, and how it ended.
+#[derive(Debug, Clone, Copy)]
+pub struct Waited {
+    pub start: Instant,
+    pub enqueued: Option<Instant>,
+    /// The fence and when the grant was answered.
+    pub granted: Option<(u64, Instant)>,
+    /// When the waiter was killed (its future dropped), if it was.
+    pub crashed: Option<Instant>,
+}
+
+/// "No waiter passed over": a waiter `j` granted while an earlier waiter
+/// `i` (whose ticket was in line before `j`'s first attempt was sent) was
+/// still alive must come after `i`: `i` was granted first (smaller fence).
+/// `i` is certainly alive at `j`'s grant when it had not crashed by the
+/// time `j`'s grant was answered. Returns every violation.
+pub fn passed_over(history: &[Waited]) -> Vec<String> {
+    let mut violations = Vec::new();
+    for (i, a) in history.iter().enumerate() {
+        let Some(enqueued) = a.enqueued else { continue };
+        for (j, b) in history.iter().enumerate() {
+            let Some((fence_b, answered_b)) = b.granted else {
+                continue;
+            };
+            if i == j || enqueued >= b.start {
+                continue;
+            }
+            let alive = a.crashed.is_none_or(|c| c > answered_b);
+            let before = a.granted.is_some_and(|(fence_a, _)| fence_a < fence_b);
+            if alive && !before {
+                violations.push(format!(
+                    "waiter {j} (fence {fence_b}) was granted before waiter {i}, in line earlier: {a:?}"
+                ));
+            }
+        }
+    }
+    violations
+}

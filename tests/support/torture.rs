@@ -57,6 +57,16 @@ const EPOCH: Duration = Duration::from_secs(2);
 const LONG: Duration = Duration::from_secs(3600);
 const INITIAL_BALANCE: i64 = 1000;
 const FENCE_TTL: Duration = Duration::from_millis(100);
+/// How the fair lock's acquires wait: up to 400 ms, polling. Its tickets
+/// live 2 x 400 ms + 1 s = 1.8 s, longer than a waiting call can last
+/// (400 ms, and one attempt held up to the 1 s reply timeout) by more than
+/// two clock steps of the `clock` runs, so a ticket dies only after its
+/// waiter has given up.
+const FAIR_WAIT: nolock::Backoff = nolock::Backoff {
+    timeout: Duration::from_millis(400),
+    initial_delay: Duration::from_millis(2),
+    max_delay: Duration::from_millis(400),
+};
 /// How long a grant waits for a replica's confirmation on the cluster
 /// (under the 1 s response timeout of the clients).
 const ACK_TIMEOUT: Duration = Duration::from_millis(300);
@@ -85,6 +95,9 @@ struct Histories {
     /// The same operations on a fair lock (`Lock::fair`), whose acquires
     /// wait in line.
     fair_fences: Recorder<FenceOp, FenceReply>,
+    /// The fair lock's waiters, for "no waiter passed over" (one server:
+    /// there a joining attempt can be sent alone and timed).
+    fair_waits: Mutex<Vec<Waited>>,
     balance: Recorder<BalanceOp, cas::Adjustment>,
     /// The leaders' fenced writes (`fence::Leader` terms).
     leaders: Recorder<FenceOp, FenceReply>,
@@ -340,6 +353,7 @@ pub async fn run(config: Config) -> Report {
         fences: Recorder::new(),
         slot_fences: Recorder::new(),
         fair_fences: Recorder::new(),
+        fair_waits: Mutex::new(Vec::new()),
         balance: Recorder::new(),
         leaders: Recorder::new(),
         permit_grants: Recorder::new(),
@@ -555,9 +569,23 @@ pub async fn run(config: Config) -> Report {
     ));
 
     let stored = stored_fence(&conn, keys.fair_lock()).await;
+    let waits = h
+        .fair_waits
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    let order = match passed_over(&waits).first() {
+        _ if waits.is_empty() => Ok("order not checked (cluster)".to_owned()),
+        Some(first) => Err(first.clone()),
+        None => Ok(format!(
+            "no waiter passed over: {} waiters, {} granted",
+            waits.len(),
+            waits.iter().filter(|w| w.granted.is_some()).count()
+        )),
+    };
     verdicts.push((
         "fair lock (Lock::fair, waiting in line)",
-        check_fences(&fair_fence_events, stored),
+        check_fences(&fair_fence_events, stored).and_then(|f| order.map(|o| format!("{f}; {o}"))),
     ));
 
     let stored = stored_fence(&conn, keys.role()).await;
@@ -860,26 +888,7 @@ async fn client(
                 .await
             }
             80..=87 => fenced_permit(process, &mut rng, c, target, keys, h).await,
-            88..=93 => {
-                // Waits in line up to 200 ms; a waiter cut off by a fault
-                // leaves the line within its ticket's life (about 1 s).
-                let lock = target.lock().map(|l| {
-                    l.fair().with_wait(nolock::Backoff {
-                        timeout: Duration::from_millis(200),
-                        initial_delay: Duration::from_millis(2),
-                        max_delay: Duration::from_millis(20),
-                    })
-                });
-                fenced(
-                    process,
-                    &mut rng,
-                    c,
-                    lock,
-                    &keys.fair_lock(),
-                    &h.fair_fences,
-                )
-                .await
-            }
+            88..=93 => fair_waiter(process, &mut rng, c, target, keys, h).await,
             _ => {
                 let amount = rng.u64(1..=5);
                 let key = keys.balance();
@@ -924,14 +933,39 @@ async fn fenced(
     key: &str,
     fences: &Recorder<FenceOp, FenceReply>,
 ) -> bool {
+    fenced_as(process, rng, c, lock, key, fences, None, &mut None).await
+}
+
+/// [`fenced`] under `token` when given (a waiter keeping its place in a
+/// fair lock's line, which then also releases its grant), noting the
+/// grant's fence and when it was answered.
+#[allow(clippy::too_many_arguments)]
+async fn fenced_as(
+    process: usize,
+    rng: &mut fastrand::Rng,
+    c: &mut AnyConn,
+    lock: nolock::Result<fence::Lock>,
+    key: &str,
+    fences: &Recorder<FenceOp, FenceReply>,
+    token: Option<&fence::Token>,
+    answered: &mut Option<(u64, Instant)>,
+) -> bool {
     let mut granted = None;
+    let mut held = None;
     let o = fences
         .record(process, FenceOp::Acquire, async {
-            let attempt = lock?.acquire(c, key).await?;
+            let attempt = match token {
+                Some(token) => lock?.acquire_as(c, key, token).await?,
+                None => lock?.acquire(c, key).await?,
+            };
             Ok(match attempt.acquired() {
                 Some(g) => {
                     let f = g.fence().number();
                     granted = Some(g.fence().clone());
+                    *answered = Some((f, Instant::now()));
+                    if token.is_some() {
+                        held = Some(g);
+                    }
                     FenceReply::Granted(f)
                 }
                 None => FenceReply::Held,
@@ -954,6 +988,11 @@ async fn fenced(
             })
             .await;
         dead = lost(&w);
+    }
+    // A waiter in line hands the lock on when done (the others wait for
+    // its expiry): the line moves at the pace of the work.
+    if let (false, Some(grant)) = (dead, held) {
+        dead = grant.release(c).await.is_err_and(|e| !e.is_definite());
     }
     dead
 }
@@ -1018,6 +1057,81 @@ async fn fenced_permit(
         return permit.release(c).await.is_err_and(|e| !e.is_definite());
     }
     false
+}
+
+/// One waiter of the fair lock: [`fenced`] with a lock that waits in line.
+/// On one server its first attempt is sent alone (a joining attempt, an
+/// operation value under the waiter's token) and timed, then the waiting
+/// acquire keeps that place; the waiter goes into `fair_waits` for "no
+/// waiter passed over". A waiter whose call ended without a grant counts
+/// as gone from then on (it left the line, or its ticket dies after).
+async fn fair_waiter(
+    process: usize,
+    rng: &mut fastrand::Rng,
+    c: &mut AnyConn,
+    target: &Target,
+    keys: &Keys,
+    h: &Histories,
+) -> bool {
+    let key = keys.fair_lock();
+    let lock = target.lock().map(|l| l.fair().with_wait(FAIR_WAIT));
+    let (Ok(fair), Ok(token)) = (&lock, fence::Token::random()) else {
+        return false;
+    };
+    if !matches!(target, Target::Single { .. }) {
+        return fenced(process, rng, c, lock, &key, &h.fair_fences).await;
+    }
+    let start = Instant::now();
+    let mut first = None;
+    let o = h
+        .fair_fences
+        .record(process, FenceOp::Acquire, async {
+            let mut batch = nolock::Batch::new();
+            batch.push(fence::AcquireLock::with_token(fair, &key, &token)?);
+            let Some(attempt) = batch.run(c).await.pop() else {
+                unreachable!("a batch of one answers one reply")
+            };
+            Ok(match attempt?.acquired() {
+                Some(g) => {
+                    let f = g.fence().number();
+                    first = Some(g);
+                    FenceReply::Granted(f)
+                }
+                None => FenceReply::Held,
+            })
+        })
+        .await;
+    let enqueued = Instant::now();
+    if let Some(grant) = first {
+        // Free with nobody in line: granted at once; not a waiter.
+        return grant.release(c).await.is_err_and(|e| !e.is_definite());
+    }
+    if !matches!(o, Outcome::Ok(FenceReply::Held)) {
+        return lost(&o);
+    }
+    let mut answered = None;
+    let dead = fenced_as(
+        process,
+        rng,
+        c,
+        lock,
+        &key,
+        &h.fair_fences,
+        Some(&token),
+        &mut answered,
+    )
+    .await;
+    let ended = Instant::now();
+    h.fair_waits
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(Waited {
+            start,
+            enqueued: Some(enqueued),
+            granted: answered,
+            crashed: answered.is_none().then_some(ended),
+        });
+    dead
 }
 
 /// A fenced write's answer as the fence checker reads it.
