@@ -43,7 +43,7 @@
 -- (lib/queue), and a ticket it walks past that is not nolock's (another
 -- form, no deadline), so a waiter that stops calling leaves the line at
 -- most `life` ms after its last call. The walk reads at most
--- free - weight + 1 tickets. A ticket keeps its arrival while it lives; one
+-- free - weight + 1 tickets (again after dropping foreign ones). A ticket keeps its arrival while it lives; one
 -- that died and comes back is queued at the back. A re-entry (the id holds
 -- its permits: a lost reply) refreshes them, as semaphore/acquire, and
 -- leaves the line. The line's keys expire (PEXPIREAT) at their latest
@@ -178,30 +178,35 @@ local free = permits - in_use
 local queued = redis.call('ZSCORE', KEYS[2], ticket)
 local fits = false
 if free >= weight then
-  local ahead, found = 0, false
-  local walked = redis.call('ZRANGE', KEYS[2], 0, free - weight)
-  fits = true
-  for _, t in ipairs(walked) do
-    if t == ticket then
-      found = true
-      break
-    end
-    local w = permit_member(t) and redis.call('ZSCORE', KEYS[3], t)
-      and tonumber(string.match(t, ':(%d+)$'))
-    if w then
-      ahead = ahead + w
-      if ahead + weight > free then
-        fits = false
+  -- Foreign tickets are dropped as they are met; the window is then read
+  -- again, so that what they hid is counted too.
+  local found, dropped
+  repeat
+    local ahead = 0
+    found, dropped, fits = false, false, true
+    local walked = redis.call('ZRANGE', KEYS[2], 0, free - weight)
+    for _, t in ipairs(walked) do
+      if t == ticket then
+        found = true
         break
       end
-    else
-      -- Not nolock's ticket: it blocks nobody.
-      redis.call('ZREM', KEYS[2], t)
-      redis.call('ZREM', KEYS[3], t)
+      local w = permit_member(t) and redis.call('ZSCORE', KEYS[3], t)
+        and tonumber(string.match(t, ':(%d+)$'))
+      if w then
+        ahead = ahead + w
+        if ahead + weight > free then
+          fits = false
+          break
+        end
+      else
+        -- Not nolock's ticket: it blocks nobody.
+        redis.call('ZREM', KEYS[2], t)
+        redis.call('ZREM', KEYS[3], t)
+        dropped = true
+      end
     end
-  end
-  -- In line but not reached (foreign tickets were dropped from the
-  -- window): further back than this call can tell; the next call sees.
+  until not dropped or found or not fits
+  -- In line but beyond the window: the weights ahead fill the free permits.
   if queued and not found then fits = false end
 end
 
