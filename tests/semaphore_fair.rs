@@ -200,7 +200,10 @@ fn the_checker_finds_a_waiter_passed_over() {
         granted: Some((1001, ms(21))),
         ..light
     };
-    assert_eq!(passed_over(&[old, light_earlier, heavy_later], 3, 200).len(), 1);
+    assert_eq!(
+        passed_over(&[old, light_earlier, heavy_later], 3, 200).len(),
+        1
+    );
     assert!(passed_over(&[old, light_earlier, heavy_later], 3, 100).is_empty());
     let earlier = Waited {
         start: ms(0),
@@ -304,8 +307,7 @@ async fn no_waiter_is_passed_over_under_64_weighted_waiters_with_crashes(d: &Dep
             let client = redis::Client::open(format!("redis://127.0.0.1:{owner_d}/")).unwrap();
             let mut owner = client.get_multiplexed_async_connection().await.unwrap();
             let member = format!("{}:1", id.as_str());
-            let score: Option<u64> =
-                support::raw(&mut owner, &["ZSCORE", &key, &member]).await;
+            let score: Option<u64> = support::raw(&mut owner, &["ZSCORE", &key, &member]).await;
             let score = score.expect("the permit is read before it expires");
             history.lock().unwrap()[w].granted = Some((score - TTL, answered));
             granted.fetch_add(1, Ordering::SeqCst);
@@ -320,7 +322,10 @@ async fn no_waiter_is_passed_over_under_64_weighted_waiters_with_crashes(d: &Dep
     }
     assert_eq!(line(d, &key).await.len(), 64);
     let first = keeper.await.unwrap();
-    assert_eq!(first.release(&mut conn).await.unwrap(), PermitRelease::Released);
+    assert_eq!(
+        first.release(&mut conn).await.unwrap(),
+        PermitRelease::Released
+    );
     while granted.load(Ordering::SeqCst) < 10 {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
@@ -368,13 +373,21 @@ async fn a_release_of_several_permits_lets_in_every_waiter_that_fits(d: &Deploym
     let key = format!("{}s", prefix("fair-sem-wake"));
     let semaphore = fair(3, MINUTE, MINUTE);
     let mut conn = d.conn().await;
-    let holder = permit(semaphore.acquire_weighted(&mut conn, &key, 3).await.unwrap());
+    let holder = permit(
+        semaphore
+            .acquire_weighted(&mut conn, &key, 3)
+            .await
+            .unwrap(),
+    );
     let ids: Vec<PermitId> = (0..3).map(|_| PermitId::random().unwrap()).collect();
     for (n, id) in ids.iter().enumerate() {
         assert!(!join(&mut conn, &semaphore, &key, id, 1).await.is_acquired());
         assert_eq!(line(d, &key).await.len(), n + 1);
     }
-    assert_eq!(holder.release(&mut conn).await.unwrap(), PermitRelease::Released);
+    assert_eq!(
+        holder.release(&mut conn).await.unwrap(),
+        PermitRelease::Released
+    );
     let mut permits = Vec::new();
     for id in ids.iter().rev() {
         permits.push(permit(join(&mut conn, &semaphore, &key, id, 1).await));
@@ -385,7 +398,12 @@ async fn a_release_of_several_permits_lets_in_every_waiter_that_fits(d: &Deploym
         assert_eq!(p.release(&mut conn).await.unwrap(), PermitRelease::Released);
     }
 
-    let holder = permit(semaphore.acquire_weighted(&mut conn, &key, 3).await.unwrap());
+    let holder = permit(
+        semaphore
+            .acquire_weighted(&mut conn, &key, 3)
+            .await
+            .unwrap(),
+    );
     let granted = Arc::new(AtomicUsize::new(0));
     let mut tasks = Vec::new();
     for _ in 0..3 {
@@ -404,7 +422,10 @@ async fn a_release_of_several_permits_lets_in_every_waiter_that_fits(d: &Deploym
     while line(d, &key).await.len() < 3 {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    assert_eq!(holder.release(&mut conn).await.unwrap(), PermitRelease::Released);
+    assert_eq!(
+        holder.release(&mut conn).await.unwrap(),
+        PermitRelease::Released
+    );
     for task in tasks {
         assert_eq!(task.await.unwrap(), PermitRelease::Released);
     }
@@ -421,8 +442,12 @@ async fn a_heavy_head_is_not_starved_by_light_waiters_behind_it(d: &Deployment) 
     let b = permit(semaphore.acquire(&mut conn, &key).await.unwrap());
     let c = permit(semaphore.acquire(&mut conn, &key).await.unwrap());
     let (heavy, light) = (PermitId::random().unwrap(), PermitId::random().unwrap());
-    assert!(!join(&mut conn, &semaphore, &key, &heavy, 2).await.is_acquired());
-    assert!(!join(&mut conn, &semaphore, &key, &light, 1).await.is_acquired());
+    assert!(!join(&mut conn, &semaphore, &key, &heavy, 2)
+        .await
+        .is_acquired());
+    assert!(!join(&mut conn, &semaphore, &key, &light, 1)
+        .await
+        .is_acquired());
     assert_eq!(a.release(&mut conn).await.unwrap(), PermitRelease::Released);
     // One free: the light one would fit alone, but the heavy one is first.
     match join(&mut conn, &semaphore, &key, &light, 1).await {
@@ -432,9 +457,13 @@ async fn a_heavy_head_is_not_starved_by_light_waiters_behind_it(d: &Deployment) 
         } => assert_eq!((retry_after, in_use), (Duration::ZERO, 2)),
         granted => panic!("the light waiter passed the heavy one: {granted:?}"),
     }
-    assert!(!join(&mut conn, &semaphore, &key, &heavy, 2).await.is_acquired());
+    assert!(!join(&mut conn, &semaphore, &key, &heavy, 2)
+        .await
+        .is_acquired());
     assert_eq!(b.release(&mut conn).await.unwrap(), PermitRelease::Released);
-    assert!(!join(&mut conn, &semaphore, &key, &light, 1).await.is_acquired());
+    assert!(!join(&mut conn, &semaphore, &key, &light, 1)
+        .await
+        .is_acquired());
     let h = permit(join(&mut conn, &semaphore, &key, &heavy, 2).await);
     assert_eq!(line(d, &key).await, [ticket(&light, 1)]);
     assert_eq!(c.release(&mut conn).await.unwrap(), PermitRelease::Released);
@@ -454,9 +483,16 @@ async fn a_dead_head_leaves_the_line_within_its_ticket_life(d: &Deployment) {
     let key = format!("{}s", prefix("fair-sem-dead"));
     let semaphore = fair(3, MINUTE, MINUTE);
     let mut conn = d.conn().await;
-    let held = permit(semaphore.acquire_weighted(&mut conn, &key, 3).await.unwrap());
+    let held = permit(
+        semaphore
+            .acquire_weighted(&mut conn, &key, 3)
+            .await
+            .unwrap(),
+    );
     let dead = PermitId::random().unwrap();
-    assert!(!join(&mut conn, &semaphore, &key, &dead, 2).await.is_acquired());
+    assert!(!join(&mut conn, &semaphore, &key, &dead, 2)
+        .await
+        .is_acquired());
     let joined = Instant::now();
     let behind = {
         let (semaphore, key, mut conn) = (semaphore.clone(), key.clone(), d.conn().await);
@@ -467,7 +503,10 @@ async fn a_dead_head_leaves_the_line_within_its_ticket_life(d: &Deployment) {
     };
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(line(d, &key).await.len(), 2);
-    assert_eq!(held.release(&mut conn).await.unwrap(), PermitRelease::Released);
+    assert_eq!(
+        held.release(&mut conn).await.unwrap(),
+        PermitRelease::Released
+    );
     let (outcome, at) = behind.await.unwrap();
     let next = permit(outcome.unwrap());
     let waited = at - joined;
@@ -480,7 +519,10 @@ async fn a_dead_head_leaves_the_line_within_its_ticket_life(d: &Deployment) {
         "granted after {waited:?}"
     );
     assert!(line(d, &key).await.is_empty());
-    assert_eq!(next.release(&mut conn).await.unwrap(), PermitRelease::Released);
+    assert_eq!(
+        next.release(&mut conn).await.unwrap(),
+        PermitRelease::Released
+    );
 }
 
 /// A fair acquire without a wait is granted only when its weight fits with
@@ -495,7 +537,10 @@ async fn an_acquire_that_does_not_wait_never_passes_the_line(d: &Deployment) {
     assert!(!join(&mut conn, &semaphore, &key, &waiting, 2)
         .await
         .is_acquired());
-    assert_eq!(all.release(&mut conn).await.unwrap(), PermitRelease::Released);
+    assert_eq!(
+        all.release(&mut conn).await.unwrap(),
+        PermitRelease::Released
+    );
     // 3 free, 2 promised: a try of 2 does not fit beside them; a try of 1 does.
     assert_eq!(
         once.acquire_weighted(&mut conn, &key, 2).await.unwrap(),
@@ -525,7 +570,9 @@ async fn a_waiter_that_gives_up_leaves_the_line_at_once(d: &Deployment) {
     let outcome = semaphore.acquire(&mut conn, &key).await.unwrap();
     assert!(!outcome.is_acquired());
     assert!(line(d, &key).await.is_empty());
-    let lease = semaphore.with_permit(d.conn().await, &key, |_| async {}).await;
+    let lease = semaphore
+        .with_permit(d.conn().await, &key, |_| async {})
+        .await;
     assert!(matches!(lease, Ok(nolock::Work::Busy)), "{lease:?}");
     assert!(line(d, &key).await.is_empty());
     assert_eq!(p.release(&mut conn).await.unwrap(), PermitRelease::Released);
@@ -544,7 +591,12 @@ async fn a_fair_grant_is_the_plain_semaphores_permits(d: &Deployment) {
     let semaphore = fair(3, MINUTE, MINUTE);
     let plain = Semaphore::new(3, MINUTE).unwrap();
     let mut conn = d.conn().await;
-    let mut p = permit(semaphore.acquire_weighted(&mut conn, &key, 2).await.unwrap());
+    let mut p = permit(
+        semaphore
+            .acquire_weighted(&mut conn, &key, 2)
+            .await
+            .unwrap(),
+    );
     let usage = plain.peek(&mut conn, &key).await.unwrap();
     assert_eq!(usage.in_use, 2);
     let mut owner = d.owner(&key).await;
@@ -564,7 +616,10 @@ async fn a_fair_grant_is_the_plain_semaphores_permits(d: &Deployment) {
         assert!(pttl > 0 && pttl <= life, "{k}: {pttl} ms");
     }
     let restored = plain.restore(&key, p.id().clone(), 2).unwrap();
-    assert_eq!(restored.release(&mut conn).await.unwrap(), PermitRelease::Released);
+    assert_eq!(
+        restored.release(&mut conn).await.unwrap(),
+        PermitRelease::Released
+    );
     let _ = p;
     let w = permit(join(&mut conn, &semaphore, &key, &waiting, 2).await);
     assert_eq!(w.release(&mut conn).await.unwrap(), PermitRelease::Released);
@@ -602,7 +657,10 @@ async fn bad_input_is_refused_before_anything_is_written(d: &Deployment) {
         (vec![id, "3", "1", "1000", "join", "1.5"], "bad life"),
         (vec![id, "3", "1", "1000", "try", "10"], "bad life"),
         (vec![id, "3", "1", "1000", "join"], "bad life"),
-        (vec![id, "3", "1", "1000", "join", "10", "x"], "expected 6 arguments"),
+        (
+            vec![id, "3", "1", "1000", "join", "10", "x"],
+            "expected 6 arguments",
+        ),
     ] {
         let err = eval(d, &keys, &args).await.expect_err(expect);
         assert!(err.to_string().contains(expect), "{err}");
@@ -640,7 +698,10 @@ async fn bad_input_is_refused_before_anything_is_written(d: &Deployment) {
         Err(nolock::Error::InvalidArgument { .. })
     ));
     assert!(matches!(
-        fenced.with_wait(Backoff::none()).acquire(&mut conn, &key).await,
+        fenced
+            .with_wait(Backoff::none())
+            .acquire(&mut conn, &key)
+            .await,
         Err(nolock::Error::InvalidArgument { .. })
     ));
     for k in [&key, &q, &a] {
@@ -660,7 +721,11 @@ async fn foreign_data_in_the_line_is_refused_before_any_write(d: &Deployment) {
     for (setup, k, expect) in [
         (vec!["SET", q.as_str(), "x"], &q, "not a sorted set"),
         (vec!["HSET", a.as_str(), "f", "1"], &a, "not a sorted set"),
-        (vec!["ZADD", key.as_str(), "5", "worker-1"], &key, "not a semaphore"),
+        (
+            vec!["ZADD", key.as_str(), "5", "worker-1"],
+            &key,
+            "not a semaphore",
+        ),
     ] {
         let _: redis::Value = support::raw(&mut owner, &setup).await;
         let before: Option<Vec<u8>> = support::raw(&mut owner, &["DUMP", k]).await;
@@ -678,20 +743,47 @@ async fn foreign_data_in_the_line_is_refused_before_any_write(d: &Deployment) {
     // Strangers in line: one of another form with a deadline, one of
     // nolock's form without, both ahead: dropped, they block nobody.
     let far = "99999999999999";
-    let _: () = support::raw(&mut owner, &["ZADD", &q, "1", "stranger", "2", "0123456789abcdef0123456789abcdef:2"]).await;
+    let _: () = support::raw(
+        &mut owner,
+        &[
+            "ZADD",
+            &q,
+            "1",
+            "stranger",
+            "2",
+            "0123456789abcdef0123456789abcdef:2",
+        ],
+    )
+    .await;
     let _: () = support::raw(&mut owner, &["ZADD", &a, far, "stranger"]).await;
-    let p = permit(semaphore.acquire_weighted(&mut conn, &key, 2).await.unwrap());
+    let p = permit(
+        semaphore
+            .acquire_weighted(&mut conn, &key, 2)
+            .await
+            .unwrap(),
+    );
     assert!(line(d, &key).await.is_empty());
     assert_eq!(p.release(&mut conn).await.unwrap(), PermitRelease::Released);
     // A stranger ahead of a live ticket: the ticket is still counted.
-    let p = permit(semaphore.acquire_weighted(&mut conn, &key, 2).await.unwrap());
+    let p = permit(
+        semaphore
+            .acquire_weighted(&mut conn, &key, 2)
+            .await
+            .unwrap(),
+    );
     let waiting = PermitId::random().unwrap();
-    assert!(!join(&mut conn, &semaphore, &key, &waiting, 2).await.is_acquired());
+    assert!(!join(&mut conn, &semaphore, &key, &waiting, 2)
+        .await
+        .is_acquired());
     let _: () = support::raw(&mut owner, &["ZADD", &q, "0", "stranger"]).await;
     let _: () = support::raw(&mut owner, &["ZADD", &a, far, "stranger"]).await;
     assert_eq!(p.release(&mut conn).await.unwrap(), PermitRelease::Released);
     let once = semaphore.clone().with_wait(Backoff::none());
-    assert!(!once.acquire_weighted(&mut conn, &key, 2).await.unwrap().is_acquired());
+    assert!(!once
+        .acquire_weighted(&mut conn, &key, 2)
+        .await
+        .unwrap()
+        .is_acquired());
     assert_eq!(line(d, &key).await, [ticket(&waiting, 2)]);
     let w = permit(join(&mut conn, &semaphore, &key, &waiting, 2).await);
     assert_eq!(w.release(&mut conn).await.unwrap(), PermitRelease::Released);
@@ -706,7 +798,9 @@ async fn fair_acquire_survives_a_script_flush(d: &Deployment) {
     d.flush_scripts_everywhere().await;
     let p = permit(semaphore.acquire(&mut conn, &key).await.unwrap());
     let id = PermitId::random().unwrap();
-    assert!(!join(&mut conn, &semaphore, &key, &id, 1).await.is_acquired());
+    assert!(!join(&mut conn, &semaphore, &key, &id, 1)
+        .await
+        .is_acquired());
     d.flush_scripts_everywhere().await;
     assert_eq!(p.release(&mut conn).await.unwrap(), PermitRelease::Released);
     d.flush_scripts_everywhere().await;

@@ -92,10 +92,7 @@ where
         let step = place.map_or(attempt, |place| {
             attempt.min(u32::try_from(place - 1).unwrap_or(u32::MAX))
         });
-        let sleep = backoff
-            .delay(step)
-            .min(cap)
-            .min(backoff.timeout - waited);
+        let sleep = backoff.delay(step).min(cap).min(backoff.timeout - waited);
         attempt = attempt.saturating_add(1);
         timer::sleep(sleep)?.await;
     }
