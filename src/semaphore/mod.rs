@@ -25,6 +25,7 @@
 //! | [`Semaphore::lease`], [`Semaphore::with_permit`] | extend + release | renew every `ttl / 3` in a background task, signal loss |
 //! | [`Semaphore::peek`] | `lua/semaphore/peek.lua` | permits in use, holders, next expiry; writes nothing |
 //! | [`Semaphore::fenced`]: acquire, extend | `lua/semaphore/acquire_fenced.lua`, `lua/semaphore/extend_fenced.lua` | the same, for a permit with a seat and a fence ([`PermitFence`]) |
+//! | [`Semaphore::fair`]: acquire | `lua/semaphore/acquire_fair.lua` | **fair waiting**: the same permits, granted only when they fit together with every live waiter ahead in the key's line (arrival order across processes) |
 //! | [`PermitFence::write`] | `lua/semaphore/write_fenced.lua` | store a value for the permit's seat, only while it holds the seat with its fence |
 //!
 //! Every call is also an operation value ([`AcquirePermit`],
@@ -78,11 +79,14 @@
 //! between the callers of a key (another size is refused, above); lowering
 //! it through a configuration admits nobody until enough holders are gone.
 //!
-//! **No queue.** Waiters are not served in order: whoever asks when a permit
-//! is free gets it. A [`Semaphore`] that waits spreads the retries with jitter
-//! and never sleeps past `retry_after`, but a holder that asks again at once
-//! after releasing can win repeatedly; give work a moment between permits
-//! (as `examples/worker_pool.rs` does) if fairness matters.
+//! **No queue by default.** Waiters are not served in order: whoever asks
+//! when a permit is free gets it. A [`Semaphore`] that waits spreads the
+//! retries with jitter and never sleeps past `retry_after`, but a holder
+//! that asks again at once after releasing can win repeatedly (and a waiter
+//! of weight 2 can wait behind light ones for ever). [`Semaphore::fair`]
+//! serves waiting acquires in arrival order, at the cost of polling by
+//! place in line (fewer grants per second under contention:
+//! `examples/fair_wait.rs`).
 //!
 //! Stored state is checked before anything is written, to this exact reach:
 //! a key that is not a sorted set, or whose tag, lowest permit or highest
