@@ -24,6 +24,8 @@ use support::prefix;
 both!(
     shared: [
         no_waiter_is_passed_over_under_64_weighted_waiters_with_crashes,
+        no_woken_waiter_is_passed_over_under_64_weighted_waiters_with_crashes,
+        a_fair_release_wakes_by_name_the_first_waiters_that_fit,
         a_release_of_several_permits_lets_in_every_waiter_that_fits,
         a_heavy_head_is_not_starved_by_light_waiters_behind_it,
         a_dead_head_leaves_the_line_within_its_ticket_life,
@@ -240,7 +242,32 @@ fn the_checker_finds_a_waiter_passed_over() {
 /// passed over, every surviving waiter granted, and the line gone at the
 /// end.
 async fn no_waiter_is_passed_over_under_64_weighted_waiters_with_crashes(d: &Deployment) {
+    history_of_64_waiters(d, false).await;
+}
+
+/// The same history through `Waiters::acquire_permit` (woken by name by
+/// the releases), four `Waiters` as four processes would have. The permits
+/// still expire rather than being released; the expiries are the waiters'
+/// fallback.
+async fn no_woken_waiter_is_passed_over_under_64_weighted_waiters_with_crashes(d: &Deployment) {
+    history_of_64_waiters(d, true).await;
+}
+
+async fn waiters(d: &Deployment) -> nolock::fence::Waiters {
+    let port = match d {
+        Deployment::Single(server) => server.port,
+        Deployment::Cluster(cluster) => cluster.ports()[0],
+    };
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();
+    nolock::fence::Waiters::new(&client).await.unwrap()
+}
+
+async fn history_of_64_waiters(d: &Deployment, woken: bool) {
     const TTL: u64 = 400;
+    let mut processes = Vec::new();
+    for _ in 0..4 {
+        processes.push(waiters(d).await);
+    }
     let key = format!("{}s", prefix("fair-sem-history"));
     let semaphore = fair(3, Duration::from_millis(TTL), MINUTE);
     let mut conn = d.conn().await;
@@ -279,6 +306,7 @@ async fn no_waiter_is_passed_over_under_64_weighted_waiters_with_crashes(d: &Dep
         let (semaphore, key) = (semaphore.clone(), key.clone());
         let (history, joined, granted) = (history.clone(), joined.clone(), granted.clone());
         let mut conn = conns[w % 4].clone();
+        let wake = processes[w % 4].clone();
         let owner_d = match d {
             Deployment::Single(s) => s.port,
             Deployment::Cluster(_) => d.owner_port(&key).await,
@@ -298,10 +326,16 @@ async fn no_waiter_is_passed_over_under_64_weighted_waiters_with_crashes(d: &Dep
             assert!(!first.is_acquired(), "the semaphore is full while all join");
             history.lock().unwrap()[w].enqueued = Some(Instant::now());
             joined.fetch_add(1, Ordering::SeqCst);
-            let outcome = semaphore
-                .acquire_as(&mut conn, &key, &id, weight)
-                .await
-                .unwrap();
+            let outcome = if woken {
+                wake.acquire_permit(&mut conn, &semaphore, &key, &id, weight)
+                    .await
+                    .unwrap()
+            } else {
+                semaphore
+                    .acquire_as(&mut conn, &key, &id, weight)
+                    .await
+                    .unwrap()
+            };
             let permit = permit(outcome);
             let answered = Instant::now();
             let client = redis::Client::open(format!("redis://127.0.0.1:{owner_d}/")).unwrap();
@@ -413,6 +447,120 @@ async fn a_release_of_several_permits_lets_in_every_waiter_that_fits(d: &Deploym
             let p = permit(semaphore.acquire(&mut conn, &key).await.unwrap());
             granted.fetch_add(1, Ordering::SeqCst);
             // Held until all three are in.
+            while granted.load(Ordering::SeqCst) < 3 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            p.release(&mut conn).await.unwrap()
+        }));
+    }
+    while line(d, &key).await.len() < 3 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(
+        holder.release(&mut conn).await.unwrap(),
+        PermitRelease::Released
+    );
+    for task in tasks {
+        assert_eq!(task.await.unwrap(), PermitRelease::Released);
+    }
+    assert!(line(d, &key).await.is_empty());
+}
+
+/// A fair permit's release publishes, on `keys::derive(key, "released")`,
+/// the tickets at the head of the line whose weights fit what it freed, in
+/// line order, stopping at the first that does not fit; a plain release of
+/// the same permits publishes nothing. Through `Waiters::acquire_permit`,
+/// three waiters of weight 1 behind a holder of all 3 permits are all
+/// granted after its one release.
+async fn a_fair_release_wakes_by_name_the_first_waiters_that_fit(d: &Deployment) {
+    use futures_util::StreamExt;
+    let key = format!("{}s", prefix("fair-sem-publish"));
+    let semaphore = fair(3, MINUTE, MINUTE);
+    let mut conn = d.conn().await;
+    let holder = permit(
+        semaphore
+            .acquire_weighted(&mut conn, &key, 3)
+            .await
+            .unwrap(),
+    );
+    let ids: Vec<(PermitId, u64)> = [1, 1, 2, 1]
+        .into_iter()
+        .map(|w| (PermitId::random().unwrap(), w))
+        .collect();
+    for (id, w) in &ids {
+        assert!(!join(&mut conn, &semaphore, &key, id, *w)
+            .await
+            .is_acquired());
+    }
+    let port = d.owner_port(&key).await;
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();
+    let mut pubsub = client.get_async_pubsub().await.unwrap();
+    pubsub.subscribe(derive(&key, "released")).await.unwrap();
+    assert_eq!(
+        holder.release(&mut conn).await.unwrap(),
+        PermitRelease::Released
+    );
+    let mut heard = Vec::new();
+    {
+        let mut messages = pubsub.on_message();
+        while let Ok(Some(m)) =
+            tokio::time::timeout(Duration::from_millis(300), messages.next()).await
+        {
+            heard.push(String::from_utf8(m.get_payload_bytes().to_vec()).unwrap());
+        }
+    }
+    // 1 + 1 fit in 3; 1 + 1 + 2 do not, and the 1 behind the 2 waits too.
+    assert_eq!(heard, [ticket(&ids[0].0, 1), ticket(&ids[1].0, 1)]);
+    // A plain release of fair permits: the same removal, no message.
+    let p = permit(join(&mut conn, &semaphore, &key, &ids[0].0, 1).await);
+    let plain = Semaphore::new(3, MINUTE).unwrap();
+    let restored = plain.restore(&key, p.id().clone(), 1).unwrap();
+    assert_eq!(
+        restored.release(&mut conn).await.unwrap(),
+        PermitRelease::Released
+    );
+    drop(p);
+    let quiet = tokio::time::timeout(Duration::from_millis(300), pubsub.on_message().next()).await;
+    assert!(quiet.is_err(), "{quiet:?}");
+    for (id, _) in &ids {
+        let _: () = support::raw(
+            &mut d.owner(&key).await,
+            &[
+                "ZREM",
+                &derive(&key, "queue"),
+                &ticket(id, 1),
+                &ticket(id, 2),
+            ],
+        )
+        .await;
+    }
+
+    // Woken by name: three waiters behind a holder of all 3 permits.
+    let wake = waiters(d).await;
+    let holder = permit(
+        semaphore
+            .acquire_weighted(&mut conn, &key, 3)
+            .await
+            .unwrap(),
+    );
+    let granted = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..3 {
+        let (semaphore, key, granted, wake) = (
+            semaphore.clone(),
+            key.clone(),
+            granted.clone(),
+            wake.clone(),
+        );
+        let mut conn = d.conn().await;
+        tasks.push(tokio::spawn(async move {
+            let id = PermitId::random().unwrap();
+            let p = permit(
+                wake.acquire_permit(&mut conn, &semaphore, &key, &id, 1)
+                    .await
+                    .unwrap(),
+            );
+            granted.fetch_add(1, Ordering::SeqCst);
             while granted.load(Ordering::SeqCst) < 3 {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }

@@ -101,6 +101,7 @@ impl AcquirePermit {
             weight,
             ttl: Duration::from_millis(ttl_ms),
             seat: None,
+            fair: semaphore.is_fair(),
         };
         if semaphore.is_fenced() {
             let seats = fenced::seats_key(key);

@@ -381,7 +381,7 @@ impl Semaphore {
     }
 
     /// The checks every acquire makes before I/O: the TTL in ms.
-    pub(super) fn check(&self, key: &str, weight: u64) -> Result<u64> {
+    pub(crate) fn check(&self, key: &str, weight: u64) -> Result<u64> {
         let ttl = acquire::check(key, self.permits, weight, self.ttl)?;
         if self.fenced && self.fair {
             return Err(Error::InvalidArgument {
@@ -446,7 +446,7 @@ impl Semaphore {
             let op = AcquirePermit::build(self, key, &PermitId::random()?, weight)?;
             return self.attempt(conn, &op).await;
         }
-        retry::acquire_waiting(self, conn, key, weight, None).await
+        retry::acquire_waiting(self, conn, key, weight, None, None).await
     }
 
     /// [`Semaphore::acquire_weighted`] under an id chosen by the caller:
@@ -467,7 +467,7 @@ impl Semaphore {
     where
         C: ConnectionLike + Send,
     {
-        retry::acquire_waiting(self, conn, key, weight, Some(id)).await
+        retry::acquire_waiting(self, conn, key, weight, Some(id), None).await
     }
 
     /// A permit of this semaphore known only by its key, id and weight
@@ -511,6 +511,7 @@ impl Semaphore {
             weight,
             ttl: Duration::from_millis(ttl_ms),
             seat: None,
+            fair: self.fair,
         };
         Ok(Permit::granted(holding, now, now))
     }

@@ -158,7 +158,7 @@ mod handle;
 mod lease;
 mod peek;
 mod release;
-mod retry;
+pub(crate) mod retry;
 
 pub use acquire::AcquirePermit;
 pub use fenced::{PermitFence, WritePermit};
@@ -261,6 +261,9 @@ pub(crate) struct Holding {
     pub(crate) ttl: Duration,
     /// A fenced permit's seat and fence ([`Semaphore::fenced`]).
     pub(crate) seat: Option<fenced::Seat>,
+    /// Granted by a fair semaphore ([`Semaphore::fair`]): its release wakes
+    /// the waiters in line that fit.
+    pub(crate) fair: bool,
 }
 
 /// One holder's permits: a receipt of [`Semaphore::acquire`], naming the

@@ -15,12 +15,13 @@ use crate::{timer, Backoff, Error, Result};
 /// next permit surely expires). One id is drawn for all attempts, so an
 /// attempt whose reply was lost cannot leave a second set behind: the next
 /// attempt under the same id finds its permits and returns them.
-pub(super) async fn acquire_waiting<C>(
+pub(crate) async fn acquire_waiting<C>(
     semaphore: &Semaphore,
     conn: &mut C,
     key: &str,
     weight: u64,
     id: Option<&PermitId>,
+    wake: Option<&tokio::sync::Notify>,
 ) -> Result<PermitAttempt>
 where
     C: ConnectionLike + Send,
@@ -36,7 +37,7 @@ where
         None => PermitId::random()?,
     };
     let op = AcquirePermit::build(semaphore, key, &id, weight)?;
-    let outcome = attempts(semaphore, conn, key, weight, &id).await;
+    let outcome = attempts(semaphore, conn, key, weight, &id, wake).await;
     if !matches!(outcome, Ok(PermitAttempt::Acquired(_))) {
         if let Some(leave) = op.leave() {
             // A fair waiter that gives up leaves its line at once (best
@@ -53,6 +54,7 @@ async fn attempts<C>(
     key: &str,
     weight: u64,
     id: &PermitId,
+    wake: Option<&tokio::sync::Notify>,
 ) -> Result<PermitAttempt>
 where
     C: ConnectionLike + Send,
@@ -61,6 +63,13 @@ where
     let start = Instant::now();
     let mut attempt = 0u32;
     loop {
+        // Registered before the attempt, so a release that lands between the
+        // reply and the sleep still wakes this waiter.
+        let notified = wake.map(|n| n.notified());
+        let mut notified = std::pin::pin!(notified);
+        if let Some(n) = notified.as_mut().as_pin_mut() {
+            n.enable();
+        }
         // Built anew per attempt: the deadline counts from this attempt.
         let op = AcquirePermit::build(semaphore, key, id, weight)?;
         let result = semaphore.attempt(conn, &op).await;
