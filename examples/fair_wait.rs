@@ -25,7 +25,8 @@
 //!   (jittered, 10 ms doubling to 100 ms here).
 //!
 //! Then the same for a semaphore of 3 (`Semaphore::with_wait`, today and
-//! `.fair()`; polling only: semaphores have no pub/sub wake-up), whose
+//! `.fair()`, polling; and `Waiters::acquire_permit` with `.fair()`, woken
+//! by name by the releases), whose
 //! waiters want 1 or 2 permits (every third waiter 2). There, a request is
 //! passed over once for every request sent after it arrived whose grant
 //! was answered before its own: with `.fair()` such a later request only
@@ -129,14 +130,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "| way of waiting | waiters | grants/s | max passed over | requests passed over | handoff p50 | handoff p99 | script calls per grant |\n|---|---|---|---|---|---|---|---|"
     );
     for waiters in [16, 64] {
-        for fair in [false, true] {
+        for (fair, woken) in [(false, false), (true, false), (true, true)] {
             let calls_before = nolock::stats().calls;
             let started = Instant::now();
+            let woken = woken.then_some(&wake);
             let requests =
-                run_semaphore(&client, fair, waiters, Duration::from_secs(seconds)).await?;
+                run_semaphore(&client, woken, fair, waiters, Duration::from_secs(seconds)).await?;
             let elapsed = started.elapsed();
             let calls = nolock::stats().calls - calls_before;
-            report_semaphore(fair, waiters, &requests, elapsed, calls);
+            report_semaphore(fair, woken.is_some(), waiters, &requests, elapsed, calls);
         }
     }
     Ok(())
@@ -144,6 +146,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
 async fn run_semaphore(
     client: &redis::Client,
+    woken: Option<&Waiters>,
     fair: bool,
     waiters: usize,
     duration: Duration,
@@ -166,6 +169,7 @@ async fn run_semaphore(
     let mut tasks = Vec::new();
     for w in 0..waiters {
         let (semaphore, key, requests) = (semaphore.clone(), key.clone(), requests.clone());
+        let woken = woken.cloned();
         let weight = if w % 3 == 0 { 2 } else { 1 };
         let mut conn = conns[w % conns.len()].clone();
         tasks.push(tokio::spawn(async move {
@@ -179,7 +183,14 @@ async fn run_semaphore(
                 let permit = match first {
                     PermitAttempt::Acquired(permit) => permit,
                     PermitAttempt::Full { .. } => {
-                        match semaphore.acquire_as(&mut conn, &key, &id, weight).await? {
+                        let outcome = match &woken {
+                            Some(wake) => {
+                                wake.acquire_permit(&mut conn, &semaphore, &key, &id, weight)
+                                    .await?
+                            }
+                            None => semaphore.acquire_as(&mut conn, &key, &id, weight).await?,
+                        };
+                        match outcome {
                             PermitAttempt::Acquired(permit) => permit,
                             PermitAttempt::Full { .. } => continue, // gave up (not expected)
                         }
@@ -210,6 +221,7 @@ async fn run_semaphore(
 
 fn report_semaphore(
     fair: bool,
+    woken: bool,
     waiters: usize,
     requests: &[Request],
     elapsed: Duration,
@@ -242,7 +254,8 @@ fn report_semaphore(
             .map_or(f64::NAN, |d| d.as_secs_f64() * 1000.0)
     };
     println!(
-        "| Semaphore::with_wait{} | {waiters} | {:.0} | {max_passed} | {passed_requests} of {} | {:.2} ms | {:.2} ms | {:.1} |",
+        "| {}{} | {waiters} | {:.0} | {max_passed} | {passed_requests} of {} | {:.2} ms | {:.2} ms | {:.1} |",
+        if woken { "Waiters::acquire_permit" } else { "Semaphore::with_wait" },
         if fair { ", fair" } else { " (today)" },
         requests.len() as f64 / elapsed.as_secs_f64(),
         requests.len(),

@@ -470,8 +470,8 @@ async fn a_release_of_several_permits_lets_in_every_waiter_that_fits(d: &Deploym
 /// the tickets at the head of the line whose weights fit what it freed, in
 /// line order, stopping at the first that does not fit; a plain release of
 /// the same permits publishes nothing. Through `Waiters::acquire_permit`,
-/// three waiters of weight 1 behind a holder of all 3 permits are all
-/// granted after its one release.
+/// three waiters of weight 1 behind a holder of all 3 permits, sleeping
+/// 30 s between attempts, are all granted at its one release.
 async fn a_fair_release_wakes_by_name_the_first_waiters_that_fit(d: &Deployment) {
     use futures_util::StreamExt;
     let key = format!("{}s", prefix("fair-sem-publish"));
@@ -535,7 +535,16 @@ async fn a_fair_release_wakes_by_name_the_first_waiters_that_fit(d: &Deployment)
         .await;
     }
 
-    // Woken by name: three waiters behind a holder of all 3 permits.
+    // Woken by name: three waiters behind a holder of all 3 permits, whose
+    // own timers would not fire for 30 s: the release alone lets them in.
+    let semaphore = Semaphore::new(3, MINUTE)
+        .unwrap()
+        .with_wait(Backoff {
+            initial_delay: Duration::from_secs(30),
+            max_delay: Duration::from_secs(30),
+            ..Backoff::new(MINUTE)
+        })
+        .fair();
     let wake = waiters(d).await;
     let holder = permit(
         semaphore
@@ -575,7 +584,10 @@ async fn a_fair_release_wakes_by_name_the_first_waiters_that_fit(d: &Deployment)
         PermitRelease::Released
     );
     for task in tasks {
-        assert_eq!(task.await.unwrap(), PermitRelease::Released);
+        let released = tokio::time::timeout(Duration::from_secs(20), task)
+            .await
+            .expect("woken by the release, not by its 30 s timer");
+        assert_eq!(released.unwrap(), PermitRelease::Released);
     }
     assert!(line(d, &key).await.is_empty());
 }

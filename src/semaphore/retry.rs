@@ -101,9 +101,25 @@ where
         let step = place.map_or(attempt, |place| {
             attempt.min(u32::try_from(place - 1).unwrap_or(u32::MAX))
         });
-        let sleep = backoff.delay(step).min(cap).min(backoff.timeout - waited);
+        let sleep = match wake {
+            // Woken by name by the release (semaphore/release_fair); the
+            // expiry of the permits it needs, capped by max_delay, is the
+            // fallback.
+            Some(_) => cap.min(backoff.max_delay.max(backoff.initial_delay)),
+            None => backoff.delay(step).min(cap),
+        }
+        .min(backoff.timeout - waited);
         attempt = attempt.saturating_add(1);
-        timer::sleep(sleep)?.await;
+        let timer = timer::sleep(sleep)?;
+        match notified.as_mut().as_pin_mut() {
+            Some(n) => {
+                tokio::select! {
+                    _ = n => {}
+                    _ = timer => {}
+                }
+            }
+            None => timer.await,
+        }
     }
 }
 
