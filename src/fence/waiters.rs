@@ -52,6 +52,11 @@ use crate::{timer, Error, Result};
 /// process it waits. The others sleep until the lock's expiry (capped at
 /// [`Backoff::max_delay`]), when they refresh their place in line.
 ///
+/// A fair semaphore's waiters ([`crate::semaphore::Semaphore::fair`])
+/// are woken the same way, by ticket (`"<id>:<weight>"`), through
+/// [`Waiters::acquire_permit`]: a fair permit's release names every waiter
+/// at the head of the line whose weight fits what it left free.
+///
 /// # Clusters
 ///
 /// In a script on a cluster, `PUBLISH` is broadcast over the cluster bus to

@@ -310,9 +310,14 @@ impl Semaphore {
     /// one that came later, and a heavy waiter is not starved by light ones
     /// behind it; when a release frees several permits, the first waiters
     /// whose weights fit together are all granted at their next attempt.
-    /// Waiters poll by their place in line (the first ones at the
-    /// backoff's first delay, the n-th at most at the n-th): there is no
-    /// pub/sub wake-up for semaphores.
+    /// A release of a fair permit (`lua/semaphore/release_fair.lua`)
+    /// `PUBLISH`es the tickets at the head of the line whose weights fit
+    /// what it left free; [`crate::fence::Waiters::acquire_permit`] routes
+    /// each to its waiter, which tries at once. Waiters of
+    /// [`Semaphore::acquire`] and the others poll by their place in line
+    /// instead (the first ones at the backoff's first delay, the n-th at
+    /// most at the n-th), which costs throughput under contention
+    /// (`examples/fair_wait.rs`).
     ///
     /// A waiter that stops calling (its process killed, its future
     /// dropped) leaves the line at most [`Semaphore::ticket_life`] after its
@@ -325,7 +330,9 @@ impl Semaphore {
     /// whole line's; otherwise it answers [`PermitAttempt::Full`] (with
     /// `retry_after` zero when the free permits are promised to waiters).
     /// The grant is the same permits as without `fair` (members, tag and
-    /// expiry), so release, extension and peek are unchanged. An
+    /// expiry), so extension and peek are unchanged, and a release by a
+    /// plain semaphore's handle frees them all the same (it only wakes
+    /// nobody). An
     /// acknowledged fair semaphore whose grant the replicas did not confirm
     /// gives it back and queues again, at the back.
     ///

@@ -25,7 +25,7 @@
 //! | [`Semaphore::lease`], [`Semaphore::with_permit`] | extend + release | renew every `ttl / 3` in a background task, signal loss |
 //! | [`Semaphore::peek`] | `lua/semaphore/peek.lua` | permits in use, holders, next expiry; writes nothing |
 //! | [`Semaphore::fenced`]: acquire, extend | `lua/semaphore/acquire_fenced.lua`, `lua/semaphore/extend_fenced.lua` | the same, for a permit with a seat and a fence ([`PermitFence`]) |
-//! | [`Semaphore::fair`]: acquire | `lua/semaphore/acquire_fair.lua` | **fair waiting**: the same permits, granted only when they fit together with every live waiter ahead in the key's line (arrival order across processes) |
+//! | [`Semaphore::fair`]: acquire, release | `lua/semaphore/acquire_fair.lua`, `lua/semaphore/release_fair.lua` | **fair waiting**: the same permits, granted only when they fit together with every live waiter ahead in the key's line (arrival order across processes); a release wakes by name the first waiters that fit ([`crate::fence::Waiters::acquire_permit`]) |
 //! | [`PermitFence::write`] | `lua/semaphore/write_fenced.lua` | store a value for the permit's seat, only while it holds the seat with its fence |
 //!
 //! Every call is also an operation value ([`AcquirePermit`],
@@ -84,9 +84,10 @@
 //! retries with jitter and never sleeps past `retry_after`, but a holder
 //! that asks again at once after releasing can win repeatedly (and a waiter
 //! of weight 2 can wait behind light ones for ever). [`Semaphore::fair`]
-//! serves waiting acquires in arrival order, at the cost of polling by
-//! place in line (fewer grants per second under contention:
-//! `examples/fair_wait.rs`).
+//! serves waiting acquires in arrival order; wait with
+//! [`crate::fence::Waiters::acquire_permit`] to be woken by the releases
+//! (polling by place in line costs most of the throughput under
+//! contention: `examples/fair_wait.rs`).
 //!
 //! Stored state is checked before anything is written, to this exact reach:
 //! a key that is not a sorted set, or whose tag, lowest permit or highest
