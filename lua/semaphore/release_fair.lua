@@ -83,7 +83,9 @@ if tag and left == 1 then
 elseif left > 0 then
   local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
   redis.call('PEXPIREAT', key, math.ceil(tonumber(last[2])))
-  in_use = redis.call('ZCOUNT', key, '(' .. now, '+inf')
+  -- The unexpired permits: all but the tag and the expired ones.
+  in_use = left - #redis.call('ZRANGEBYSCORE', key, 1, now)
+  if tag then in_use = in_use - 1 end
 end
 
 if removed > 0 and tag
