@@ -1,8 +1,11 @@
 //! Fair (FIFO) waiting for a semaphore (`Semaphore::fair`,
 //! `lua/semaphore/acquire_fair.lua`) on a single server and on the local
 //! 3x2 cluster: a history checker "no waiter passed over" under 64 waiters
-//! of weights 1-2 on a semaphore of 3, some crashing mid-wait; a release of
-//! several permits letting in as many waiters as fit; a dead head leaving
+//! of weights 1-2 on a semaphore of 3, some crashing mid-wait (polling, and
+//! woken through `Waiters::acquire_permit`); a release of several permits
+//! letting in as many waiters as fit, and publishing exactly the tickets
+//! that fit (woken waiters with 30 s timers granted at once); a heavy head
+//! not starved by light waiters; a dead head leaving
 //! the line within its ticket's life; an acquire that does not wait never
 //! passing the line; bad input; foreign data in the line's keys; a script
 //! flush.
@@ -787,7 +790,16 @@ async fn a_fair_grant_is_the_plain_semaphores_permits(d: &Deployment) {
 }
 
 async fn eval(d: &Deployment, keys: &[&str], args: &[&str]) -> redis::RedisResult<redis::Value> {
-    let script = nolock::script::Scripts::get("semaphore/acquire_fair").unwrap();
+    eval_script(d, "semaphore/acquire_fair", keys, args).await
+}
+
+async fn eval_script(
+    d: &Deployment,
+    name: &str,
+    keys: &[&str],
+    args: &[&str],
+) -> redis::RedisResult<redis::Value> {
+    let script = nolock::script::Scripts::get(name).unwrap();
     let mut owner = d.owner(keys[0]).await;
     let mut cmd = redis::cmd("EVAL");
     cmd.arg(script.source()).arg(keys.len());
@@ -836,6 +848,30 @@ async fn bad_input_is_refused_before_anything_is_written(d: &Deployment) {
     }
     for k in [&key, &q, &a] {
         assert!(!d.exists(k).await, "{k} was written");
+    }
+    // The release's own arguments.
+    for (keys, args, expect) in [
+        (
+            vec![key.as_str(), q.as_str(), a.as_str()],
+            vec!["x", "1"],
+            "bad permit id",
+        ),
+        (
+            vec![key.as_str(), q.as_str(), a.as_str()],
+            vec![id, "0"],
+            "bad weight",
+        ),
+        (
+            vec![key.as_str(), a.as_str(), q.as_str()],
+            vec![id, "1"],
+            "not a queue",
+        ),
+        (vec![key.as_str(), q.as_str()], vec![id, "1"], "not a queue"),
+    ] {
+        let err = eval_script(d, "semaphore/release_fair", &keys, &args)
+            .await
+            .expect_err(expect);
+        assert!(err.to_string().contains(expect), "{err}");
     }
     let mut conn = d.conn().await;
     let semaphore = fair(3, MINUTE, MINUTE);
@@ -946,7 +982,12 @@ async fn foreign_data_in_the_line_is_refused_before_any_write(d: &Deployment) {
         .is_acquired());
     assert_eq!(line(d, &key).await, [ticket(&waiting, 2)]);
     let w = permit(join(&mut conn, &semaphore, &key, &waiting, 2).await);
+    // A release still frees the permits when the line is foreign (and
+    // wakes nobody).
+    let _: () = support::raw(&mut owner, &["DEL", &q, &a]).await;
+    let _: () = support::raw(&mut owner, &["SET", &q, "x"]).await;
     assert_eq!(w.release(&mut conn).await.unwrap(), PermitRelease::Released);
+    assert!(!d.exists(&key).await);
     let _: () = support::raw(&mut owner, &["DEL", &q, &a]).await;
 }
 
