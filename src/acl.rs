@@ -75,7 +75,9 @@ pub const CLUSTER_COMMANDS: &str = "+cluster|slots";
 ///   "released")`, sent only while their flag `keys::derive(resource,
 ///   "waiting")`, under the key pattern `~{app:*`, exists) through
 ///   `redis.pcall`, so a refused publish does not fail the release; waiters
-///   then wake on their backoff instead. `subscribe`
+///   then wake on their backoff instead. `semaphore/release_fair` wakes a
+///   fair semaphore's waiters the same way, by ticket, on
+///   `keys::derive(key, "released")` when its line exists. `subscribe`
 ///   and `unsubscribe` are what the `Waiters`' own connection needs (without
 ///   `unsubscribe` it stays subscribed to channels nobody waits on).
 /// * `config|get`: the fence durability check reads the persistence

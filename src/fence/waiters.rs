@@ -52,6 +52,11 @@ use crate::{timer, Error, Result};
 /// process it waits. The others sleep until the lock's expiry (capped at
 /// [`Backoff::max_delay`]), when they refresh their place in line.
 ///
+/// A fair semaphore's waiters ([`crate::semaphore::Semaphore::fair`])
+/// are woken the same way, by ticket (`"<id>:<weight>"`), through
+/// [`Waiters::acquire_permit`]: a fair permit's release names every waiter
+/// at the head of the line whose weight fits what it left free.
+///
 /// # Clusters
 ///
 /// In a script on a cluster, `PUBLISH` is broadcast over the cluster bus to
@@ -235,6 +240,69 @@ impl Waiters {
             return wait_for(conn, lock, &op, Some(&own.wake)).await;
         }
         wait_for(conn, lock, &op, Some(&watch.wake)).await
+    }
+
+    /// A fair semaphore's waiting acquire ([`crate::semaphore::Semaphore::fair`]),
+    /// woken by name: `weight` permits at `key` under `id`, waiting as the
+    /// semaphore's [`crate::semaphore::Semaphore::with_wait`] says, but each
+    /// sleep also ends when a release of a fair permit at `key` names this
+    /// waiter's ticket (`lua/semaphore/release_fair.lua` publishes the
+    /// tickets at the head of the line whose weights fit the permits it
+    /// left free, on `keys::derive(key, "released")`). Between releases a
+    /// waiter sleeps until the permits it needs expire, capped at
+    /// [`Backoff::max_delay`]. A semaphore that is not fair is simply
+    /// acquired as [`crate::semaphore::Semaphore::acquire_as`] (its releases
+    /// wake nobody).
+    ///
+    /// # Errors
+    ///
+    /// As [`crate::semaphore::Semaphore::acquire_as`], plus [`Error::Redis`]
+    /// or [`Error::Indeterminate`] from the subscription (before any
+    /// request is sent).
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// # async fn run(waiters: nolock::fence::Waiters, conn: &mut redis::aio::MultiplexedConnection)
+    /// #     -> nolock::Result<()> {
+    /// use std::time::Duration;
+    /// use nolock::semaphore::{PermitId, Semaphore};
+    /// let exports = Semaphore::new(3, Duration::from_secs(30))?
+    ///     .with_wait(nolock::Backoff::new(Duration::from_secs(5)))
+    ///     .fair();
+    /// let id = PermitId::random()?;
+    /// let outcome = waiters.acquire_permit(conn, &exports, "exports", &id, 2).await?;
+    /// # let _ = outcome;
+    /// # Ok(()) }
+    /// ```
+    pub async fn acquire_permit<C>(
+        &self,
+        conn: &mut C,
+        semaphore: &crate::semaphore::Semaphore,
+        key: &str,
+        id: &crate::semaphore::PermitId,
+        weight: u64,
+    ) -> Result<crate::semaphore::PermitAttempt>
+    where
+        C: ConnectionLike + Send,
+    {
+        if !semaphore.is_fair() || semaphore.wait().timeout.is_zero() {
+            return semaphore.acquire_as(conn, key, id, weight).await;
+        }
+        semaphore.check(key, weight)?;
+        semaphore.wait().check()?;
+        let channel = crate::keys::derive(key, "released");
+        let watch = self.watch(&channel).await?;
+        let own = self.ticket(&watch, &format!("{}:{weight}", id.as_str()));
+        crate::semaphore::retry::acquire_waiting(
+            semaphore,
+            conn,
+            key,
+            weight,
+            Some(id),
+            Some(&own.wake),
+        )
+        .await
     }
 
     /// How many resources it is subscribed to now: those with a waiter of

@@ -1,12 +1,16 @@
 //! Taking permits: [`AcquirePermit`].
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{fenced, Holding, Permit, PermitAttempt, PermitId, Semaphore};
+use crate::keys::derive;
 use crate::script::{embedded, Invocation, Operation, Reply, Script};
 use crate::{validate, Error, Result};
 
 pub(super) static ACQUIRE: Script = embedded!("semaphore/acquire");
+static ACQUIRE_FAIR: Script = embedded!("semaphore/acquire_fair");
 
 /// [`Semaphore::acquire`] as a value, for a [`crate::Batch`] (many keys in
 /// one round trip per server) or an operation id. The input is checked when
@@ -30,6 +34,11 @@ pub struct AcquirePermit {
     script: &'static Script,
     holding: Holding,
     pub(super) built: Instant,
+    /// A fair waiter's "leave" call ([`Semaphore::fair`]).
+    leave: Option<Box<Invocation>>,
+    /// A fair waiter's place in line as this attempt answered (1 = first;
+    /// 0 = not in line).
+    place: Option<Arc<AtomicU64>>,
 }
 
 impl AcquirePermit {
@@ -92,6 +101,7 @@ impl AcquirePermit {
             weight,
             ttl: Duration::from_millis(ttl_ms),
             seat: None,
+            fair: semaphore.is_fair(),
         };
         if semaphore.is_fenced() {
             let seats = fenced::seats_key(key);
@@ -105,7 +115,12 @@ impl AcquirePermit {
                 script: &fenced::ACQUIRE_FENCED,
                 holding,
                 built: Instant::now(),
+                leave: None,
+                place: None,
             });
+        }
+        if semaphore.is_fair() {
+            return Self::build_fair(semaphore, holding, ttl_ms);
         }
         let mut call = Invocation::new(&ACQUIRE, &[key])
             .arg(id.as_str())
@@ -120,7 +135,61 @@ impl AcquirePermit {
             script: &ACQUIRE,
             holding,
             built: Instant::now(),
+            leave: None,
+            place: None,
         })
+    }
+
+    /// A fair semaphore's attempt (`semaphore/acquire_fair`): joins the
+    /// line when the semaphore waits, tries without joining when it does not.
+    fn build_fair(semaphore: &Semaphore, holding: Holding, ttl_ms: u64) -> Result<Self> {
+        let key = holding.key.as_str();
+        let (line, alive) = (derive(key, "queue"), derive(key, "queue:alive"));
+        let names = [key, line.as_str(), alive.as_str()];
+        let joins = !semaphore.wait().timeout.is_zero();
+        let life_ms = u64::try_from(semaphore.ticket_life().as_millis()).unwrap_or(u64::MAX);
+        let call = |mode: &str, life: u64| {
+            let mut call = Invocation::new(&ACQUIRE_FAIR, &names)
+                .arg(holding.id.as_str())
+                .arg(semaphore.permits())
+                .arg(holding.weight)
+                .arg(ttl_ms)
+                .arg(mode)
+                .arg(life);
+            if semaphore.adopts() {
+                call = call.arg("adopt");
+            }
+            call
+        };
+        let (call, leave) = if joins {
+            (call("join", life_ms), Some(Box::new(call("leave", 0))))
+        } else {
+            (call("try", 0), None)
+        };
+        Ok(AcquirePermit {
+            call,
+            script: &ACQUIRE_FAIR,
+            holding,
+            built: Instant::now(),
+            place: leave.as_ref().map(|_| Arc::default()),
+            leave,
+        })
+    }
+
+    /// A fair waiter's way out of the line (`None` for other attempts).
+    pub(super) fn leave(&self) -> Option<LeaveLine> {
+        self.leave
+            .as_deref()
+            .map(|call| LeaveLine { call: call.clone() })
+    }
+
+    /// A fair waiter's place in line as this attempt answered (1 = first),
+    /// if it is in one.
+    pub(super) fn place_in_line(&self) -> Option<u64> {
+        self.place
+            .as_ref()
+            .map(|place| place.load(Ordering::Relaxed))
+            .filter(|&place| place > 0)
     }
 
     /// The id the permits are (or would be) held under.
@@ -152,13 +221,43 @@ impl Operation for AcquirePermit {
                 crate::fence::deadline(self.built, self.holding.ttl),
             ))
         } else {
-            PermitAttempt::Full {
+            let full = PermitAttempt::Full {
                 retry_after: Duration::from_millis(reply.uint()?),
                 in_use: reply.uint()?,
+            };
+            if std::ptr::eq(self.script, &ACQUIRE_FAIR) {
+                let position = reply.uint()?;
+                if let Some(place) = &self.place {
+                    place.store(position, Ordering::Relaxed);
+                }
             }
+            full
         };
         reply.finish()?;
         Ok(outcome)
+    }
+}
+
+/// A fair waiter leaving its line (`semaphore/acquire_fair`, mode "leave").
+#[derive(Debug)]
+pub(super) struct LeaveLine {
+    call: Invocation,
+}
+
+impl Operation for LeaveLine {
+    type Output = ();
+
+    fn invocation(&self) -> &Invocation {
+        &self.call
+    }
+
+    fn decode(&self, value: redis::Value) -> Result<()> {
+        let mut reply = Reply::new(ACQUIRE_FAIR.name(), value)?;
+        let _ = reply.flag()?;
+        let _ = reply.uint()?;
+        let _ = reply.uint()?;
+        let _ = reply.uint()?;
+        reply.finish()
     }
 }
 

@@ -48,6 +48,8 @@ pub struct Semaphore {
     adopt: bool,
     /// Permits carry a seat and a fence ([`Semaphore::fenced`]).
     fenced: bool,
+    /// Waiting acquires queue in arrival order ([`Semaphore::fair`]).
+    fair: bool,
 }
 
 impl Semaphore {
@@ -94,6 +96,7 @@ impl Semaphore {
             ack: None,
             adopt: false,
             fenced: false,
+            fair: false,
         })
     }
 
@@ -292,6 +295,83 @@ impl Semaphore {
         Ok(permit)
     }
 
+    /// The same semaphore, whose waiting acquires are served **in arrival
+    /// order**, across processes: **fair waiting**, as [`crate::fence::Lock::fair`]
+    /// for a lock.
+    ///
+    /// A waiting acquire ([`Semaphore::acquire`], [`Semaphore::acquire_weighted`]
+    /// or [`Semaphore::acquire_as`] with a [`Semaphore::with_wait`]
+    /// backoff, [`Semaphore::lease`], [`Semaphore::with_permit`]) joins the
+    /// key's waiting line in Redis (`keys::derive(key, "queue")` and
+    /// `"queue:alive"`, in the key's slot) with a ticket naming its id and
+    /// weight, and is granted only when its weight **and the weights of
+    /// every live waiter ahead of it** fit in the free permits
+    /// (`lua/semaphore/acquire_fair.lua`). So no waiter is passed over by
+    /// one that came later, and a heavy waiter is not starved by light ones
+    /// behind it; when a release frees several permits, the first waiters
+    /// whose weights fit together are all granted at their next attempt.
+    /// A release of a fair permit (`lua/semaphore/release_fair.lua`)
+    /// `PUBLISH`es the tickets at the head of the line whose weights fit
+    /// what it left free; [`crate::fence::Waiters::acquire_permit`] routes
+    /// each to its waiter, which tries at once. Waiters of
+    /// [`Semaphore::acquire`] and the others poll by their place in line
+    /// instead (the first ones at the backoff's first delay, the n-th at
+    /// most at the n-th), which costs throughput under contention
+    /// (`examples/fair_wait.rs`).
+    ///
+    /// A waiter that stops calling (its process killed, its future
+    /// dropped) leaves the line at most [`Semaphore::ticket_life`] after its
+    /// last attempt; one that gives up (its timeout passes, or an error)
+    /// leaves at once. One that comes back after its ticket died is queued
+    /// at the back. The line's keys expire with their last deadline.
+    ///
+    /// An acquire that does not wait (no [`Semaphore::with_wait`]) does not
+    /// join: it is granted only when its weight fits together with the
+    /// whole line's; otherwise it answers [`PermitAttempt::Full`] (with
+    /// `retry_after` zero when the free permits are promised to waiters).
+    /// The grant is the same permits as without `fair` (members, tag and
+    /// expiry), so extension and peek are unchanged, and a release by a
+    /// plain semaphore's handle frees them all the same (it only wakes
+    /// nobody). An
+    /// acknowledged fair semaphore whose grant the replicas did not confirm
+    /// gives it back and queues again, at the back.
+    ///
+    /// **Every process of a key must use the fair mode**: a plain acquire
+    /// does not look at the line and takes free permits ahead of it. Not
+    /// combined with [`Semaphore::fenced`]: every acquire of a fair fenced
+    /// semaphore is refused with [`Error::InvalidArgument`] before any I/O.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use nolock::semaphore::Semaphore;
+    /// use nolock::Backoff;
+    ///
+    /// let exports = Semaphore::new(3, Duration::from_secs(30))?
+    ///     .with_wait(Backoff::new(Duration::from_secs(10)))
+    ///     .fair();
+    /// assert!(exports.is_fair());
+    /// // Sleeps of at most 500 ms (+1 ms jitter): a silent waiter leaves the line within 2.002 s.
+    /// assert_eq!(exports.ticket_life(), Duration::from_millis(2002));
+    /// # Ok::<(), nolock::Error>(())
+    /// ```
+    pub fn fair(self) -> Semaphore {
+        Semaphore { fair: true, ..self }
+    }
+
+    /// Whether waiting acquires queue in arrival order ([`Semaphore::fair`]).
+    pub fn is_fair(&self) -> bool {
+        self.fair
+    }
+
+    /// How long a fair waiter's ticket lives after each of its attempts
+    /// ([`Semaphore::fair`]): twice its longest sleep between attempts (its
+    /// backoff's `max_delay`, at least `initial_delay`, plus 1 ms of
+    /// jitter, at most its timeout) plus 1 s for the attempt's round trip.
+    /// A waiter that stops calling leaves the line within this bound.
+    pub fn ticket_life(&self) -> Duration {
+        retry::longest_sleep(&self.wait) * 2 + Duration::from_secs(1)
+    }
+
     /// How many permits it has.
     pub fn permits(&self) -> u64 {
         self.permits
@@ -308,8 +388,16 @@ impl Semaphore {
     }
 
     /// The checks every acquire makes before I/O: the TTL in ms.
-    pub(super) fn check(&self, key: &str, weight: u64) -> Result<u64> {
+    pub(crate) fn check(&self, key: &str, weight: u64) -> Result<u64> {
         let ttl = acquire::check(key, self.permits, weight, self.ttl)?;
+        if self.fenced && self.fair {
+            return Err(Error::InvalidArgument {
+                what: "semaphore",
+                reason: "a fenced semaphore cannot be fair (Semaphore::fenced with \
+                         Semaphore::fair)"
+                    .to_owned(),
+            });
+        }
         if self.fenced && weight != 1 {
             return Err(Error::InvalidArgument {
                 what: "weight",
@@ -365,7 +453,7 @@ impl Semaphore {
             let op = AcquirePermit::build(self, key, &PermitId::random()?, weight)?;
             return self.attempt(conn, &op).await;
         }
-        retry::acquire_waiting(self, conn, key, weight, None).await
+        retry::acquire_waiting(self, conn, key, weight, None, None).await
     }
 
     /// [`Semaphore::acquire_weighted`] under an id chosen by the caller:
@@ -386,7 +474,7 @@ impl Semaphore {
     where
         C: ConnectionLike + Send,
     {
-        retry::acquire_waiting(self, conn, key, weight, Some(id)).await
+        retry::acquire_waiting(self, conn, key, weight, Some(id), None).await
     }
 
     /// A permit of this semaphore known only by its key, id and weight
@@ -430,6 +518,7 @@ impl Semaphore {
             weight,
             ttl: Duration::from_millis(ttl_ms),
             seat: None,
+            fair: self.fair,
         };
         Ok(Permit::granted(holding, now, now))
     }

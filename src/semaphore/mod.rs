@@ -25,6 +25,7 @@
 //! | [`Semaphore::lease`], [`Semaphore::with_permit`] | extend + release | renew every `ttl / 3` in a background task, signal loss |
 //! | [`Semaphore::peek`] | `lua/semaphore/peek.lua` | permits in use, holders, next expiry; writes nothing |
 //! | [`Semaphore::fenced`]: acquire, extend | `lua/semaphore/acquire_fenced.lua`, `lua/semaphore/extend_fenced.lua` | the same, for a permit with a seat and a fence ([`PermitFence`]) |
+//! | [`Semaphore::fair`]: acquire, release | `lua/semaphore/acquire_fair.lua`, `lua/semaphore/release_fair.lua` | **fair waiting**: the same permits, granted only when they fit together with every live waiter ahead in the key's line (arrival order across processes); a release wakes by name the first waiters that fit ([`crate::fence::Waiters::acquire_permit`]) |
 //! | [`PermitFence::write`] | `lua/semaphore/write_fenced.lua` | store a value for the permit's seat, only while it holds the seat with its fence |
 //!
 //! Every call is also an operation value ([`AcquirePermit`],
@@ -78,11 +79,15 @@
 //! between the callers of a key (another size is refused, above); lowering
 //! it through a configuration admits nobody until enough holders are gone.
 //!
-//! **No queue.** Waiters are not served in order: whoever asks when a permit
-//! is free gets it. A [`Semaphore`] that waits spreads the retries with jitter
-//! and never sleeps past `retry_after`, but a holder that asks again at once
-//! after releasing can win repeatedly; give work a moment between permits
-//! (as `examples/worker_pool.rs` does) if fairness matters.
+//! **No queue by default.** Waiters are not served in order: whoever asks
+//! when a permit is free gets it. A [`Semaphore`] that waits spreads the
+//! retries with jitter and never sleeps past `retry_after`, but a holder
+//! that asks again at once after releasing can win repeatedly (and a waiter
+//! of weight 2 can wait behind light ones for ever). [`Semaphore::fair`]
+//! serves waiting acquires in arrival order; wait with
+//! [`crate::fence::Waiters::acquire_permit`] to be woken by the releases
+//! (polling by place in line costs most of the throughput under
+//! contention: `examples/fair_wait.rs`).
 //!
 //! Stored state is checked before anything is written, to this exact reach:
 //! a key that is not a sorted set, or whose tag, lowest permit or highest
@@ -154,7 +159,7 @@ mod handle;
 mod lease;
 mod peek;
 mod release;
-mod retry;
+pub(crate) mod retry;
 
 pub use acquire::AcquirePermit;
 pub use fenced::{PermitFence, WritePermit};
@@ -257,6 +262,9 @@ pub(crate) struct Holding {
     pub(crate) ttl: Duration,
     /// A fenced permit's seat and fence ([`Semaphore::fenced`]).
     pub(crate) seat: Option<fenced::Seat>,
+    /// Granted by a fair semaphore ([`Semaphore::fair`]): its release wakes
+    /// the waiters in line that fit.
+    pub(crate) fair: bool,
 }
 
 /// One holder's permits: a receipt of [`Semaphore::acquire`], naming the

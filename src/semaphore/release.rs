@@ -6,6 +6,7 @@ use std::time::Instant;
 use redis::aio::ConnectionLike;
 
 use super::{Holding, Permit, PermitExtend, PermitExtension, PermitRelease};
+use crate::keys::derive;
 use crate::script::{embedded, run_one, Invocation, Operation, Reply, Script};
 #[cfg(doc)]
 use crate::Error;
@@ -13,6 +14,7 @@ use crate::Result;
 
 pub(super) static RELEASE: Script = embedded!("semaphore/release");
 pub(super) static EXTEND: Script = embedded!("semaphore/extend");
+static RELEASE_FAIR: Script = embedded!("semaphore/release_fair");
 
 impl Permit {
     /// Give the permits back, and only these (their id's members): one
@@ -70,6 +72,7 @@ impl Permit {
 #[derive(Debug, Clone)]
 pub struct ReleasePermit {
     call: Invocation,
+    fair: bool,
 }
 
 impl ReleasePermit {
@@ -77,11 +80,21 @@ impl ReleasePermit {
     pub fn new(permit: &Permit) -> Self {
         ReleasePermit {
             call: release_call(&permit.holding),
+            fair: permit.holding.fair,
         }
     }
 }
 
 pub(super) fn release_call(holding: &Holding) -> Invocation {
+    if holding.fair {
+        // A fair semaphore's permits: the same removal, then the waiters in
+        // line that fit are woken by name.
+        let key = holding.key.as_str();
+        let (line, alive) = (derive(key, "queue"), derive(key, "queue:alive"));
+        return Invocation::new(&RELEASE_FAIR, &[key, &line, &alive])
+            .arg(holding.id.as_str())
+            .arg(holding.weight);
+    }
     Invocation::new(&RELEASE, &[holding.key.as_str()])
         .arg(holding.id.as_str())
         .arg(holding.weight)
@@ -95,7 +108,8 @@ impl Operation for ReleasePermit {
     }
 
     fn decode(&self, reply: redis::Value) -> Result<PermitRelease> {
-        let mut reply = Reply::new(RELEASE.name(), reply)?;
+        let script = if self.fair { &RELEASE_FAIR } else { &RELEASE };
+        let mut reply = Reply::new(script.name(), reply)?;
         let released = reply.flag()?;
         reply.finish()?;
         Ok(if released {
@@ -194,6 +208,7 @@ where
     run_one(
         &ReleasePermit {
             call: release_call(holding),
+            fair: holding.fair,
         },
         conn,
     )
