@@ -49,6 +49,8 @@ pub struct Config {
 
 /// Permits of the concurrency limit (holders check).
 const PERMITS: u64 = 3;
+/// Where the fair semaphores' key numbers start (`Semaphore::fair`).
+const FAIR_KEYS: u32 = 1_000_000;
 /// Seats of the fenced semaphore (`Semaphore::fenced`).
 const SEATS: u64 = 2;
 /// The counter's limit per key; a new key every [`EPOCH`].
@@ -808,13 +810,20 @@ async fn client(
                 lost(&o)
             }
             30..=44 => {
-                let epoch = epoch_of(start);
+                // One in three waits in line on a fair semaphore of its own
+                // keys (numbered from FAIR_KEYS), judged by the same
+                // holders checker.
+                let fair = rng.u32(0..3) == 0;
+                let epoch = epoch_of(start) + if fair { FAIR_KEYS } else { 0 };
                 let key = keys.holders(epoch);
                 let mut held = None;
                 let o = h
                     .holders
                     .record(process, Permit::Acquire { key: epoch }, async {
-                        let sem = target.semaphore()?;
+                        let sem = match fair {
+                            true => target.semaphore()?.fair().with_wait(FAIR_WAIT),
+                            false => target.semaphore()?,
+                        };
                         sem.acquire(c, &key).await.map(|a| {
                             held = a.acquired();
                             held.is_some()
